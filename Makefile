@@ -1,0 +1,53 @@
+# mallocinfo: the developer's entry points. Each target is one line of intent.
+REBAR   ?= rebar3
+EBIN    := _build/default/lib/mallocinfo/ebin
+TARBALL := mallocinfo.tar.gz
+export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
+
+.PHONY: deps build run test test-c eunit ct tarball fmt fmt-check clean
+
+# Install missing Debian packages (docker/packages.txt); a no-op when all are present.
+deps:
+	@docker/install-deps.sh
+
+# Compile Erlang and (through rebar.config's pre_hook) the native code.
+build: deps
+	@$(REBAR) compile
+
+# Start a shell with mallocinfo loaded and print the malloc summary (no shell when stdin is not a terminal).
+RUN_EVAL := c:l(mallocinfo), io:format("~p~n", [mallocinfo:summary()])
+run: build
+	@if [ -t 0 ]; then erl -pa $(EBIN) -eval '$(RUN_EVAL).'; \
+	else erl -noshell -pa $(EBIN) -eval '$(RUN_EVAL), halt().'; fi
+
+# Everything: formatting, Catch2, EUnit, Common Test (release injection). CT's summary is the last line.
+test: build fmt-check tarball test-c eunit ct
+
+test-c: deps
+	@$(MAKE) -s -C c_src test
+
+eunit: build
+	@$(REBAR) eunit
+
+ct: build tarball
+	@$(REBAR) ct
+
+# ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
+tarball: build
+	@rm -rf _build/tarball && mkdir -p _build/tarball/mallocinfo
+	@cp -rL $(EBIN) _build/tarball/mallocinfo/ebin
+	@mkdir -p _build/tarball/mallocinfo/priv && cp -L priv/*.so _build/tarball/mallocinfo/priv/
+	@tar -C _build/tarball -czf $(TARBALL) mallocinfo
+	@echo "tarball: $(TARBALL)"
+
+FMT_FILES = $(shell find c_src -path c_src/build -prune -o \( -name '*.cpp' -o -name '*.h' \) -print)
+fmt:
+	@clang-format -i $(FMT_FILES)
+
+fmt-check: deps
+	@clang-format --dry-run --Werror $(FMT_FILES)
+
+clean:
+	@$(REBAR) clean -a >/dev/null 2>&1 || true
+	@$(MAKE) -s -C c_src clean
+	@rm -rf _build $(TARBALL)

@@ -1,0 +1,24 @@
+// NIF bodies for the glibc introspection API (module mallocinfo).
+// Each is wrapped by guarded<> in nif.cpp; the scheduler for each is chosen
+// there, beside the function table.
+#ifndef MALLOCINFO_NIF_GLIBC_NIF_H
+#define MALLOCINFO_NIF_GLIBC_NIF_H
+
+#include <erl_nif.h>
+
+namespace mi::nif {
+
+ERL_NIF_TERM info_file(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM info_xml(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM malloc_stats(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM stats_text(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM mallinfo(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM trim(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM mallopt(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM rss(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM version(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM libc_version(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+
+}  // namespace mi::nif
+
+#endif

@@ -1,0 +1,61 @@
+// ERL_NIF_INIT for mallocinfo_nif: the function table and the lifecycle.
+//
+// Scheduler choice, per STYLE.md §7: a NIF that locks malloc arenas, waits on
+// a child process or touches a file runs on a dirty scheduler; only the O(1)
+// constant-returning ones stay on a normal scheduler.
+#include <erl_nif.h>
+
+#include "atoms.h"
+#include "glibc_nif.h"
+#include "term.h"
+
+namespace {
+
+using mi::nif::guarded;
+namespace n = mi::nif;
+
+constexpr unsigned kCpu = ERL_NIF_DIRTY_JOB_CPU_BOUND;
+constexpr unsigned kIo = ERL_NIF_DIRTY_JOB_IO_BOUND;
+
+ErlNifFunc nif_funcs[] = {
+    // malloc_info writes a file: filesystem latency is unbounded.
+    {"info_file", 1, guarded<n::info_file>, kIo},
+    // malloc_info locks every arena in turn and walks all bins.
+    {"info_xml", 0, guarded<n::info_xml>, kCpu},
+    // Locks every arena and writes to stderr, which may block.
+    {"malloc_stats", 0, guarded<n::malloc_stats>, kIo},
+    // Forks and waits for the child.
+    {"stats_text", 0, guarded<n::stats_text>, kIo},
+    // mallinfo2 locks every arena in turn; a busy arena can make it wait.
+    {"mallinfo", 0, guarded<n::mallinfo>, kCpu},
+    // malloc_trim walks and madvises every arena; reads /proc/self/statm.
+    {"trim", 1, guarded<n::trim>, kCpu},
+    // mallopt takes the main arena lock.
+    {"mallopt", 2, guarded<n::mallopt>, kCpu},
+    // Reads /proc/self/statm.
+    {"rss", 0, guarded<n::rss>, kIo},
+    // Constant strings: regular scheduler.
+    {"version", 0, guarded<n::version>, 0},
+    {"libc_version", 0, guarded<n::libc_version>, 0},
+};
+
+// The NIF keeps no per-instance state: atoms are global and identical for
+// every instance, so load and upgrade just (re)make them, and unload has
+// nothing to free. This is what makes load/purge/reload cycles leak-free.
+int on_load(ErlNifEnv* env, void** priv, ERL_NIF_TERM) {
+  n::make_atoms(env);
+  *priv = nullptr;
+  return 0;
+}
+
+int on_upgrade(ErlNifEnv* env, void** priv, void**, ERL_NIF_TERM) {
+  n::make_atoms(env);
+  *priv = nullptr;
+  return 0;
+}
+
+void on_unload(ErlNifEnv*, void*) {}
+
+}  // namespace
+
+ERL_NIF_INIT(mallocinfo_nif, nif_funcs, on_load, nullptr, on_upgrade, on_unload)

@@ -1,0 +1,237 @@
+%% @doc Where did my memory go? glibc malloc introspection for a running node.
+%%
+%% Every function is safe to call from a remote console on a live node: the
+%% ones that lock malloc arenas, fork or touch files run on dirty schedulers.
+%% Wrong argument types raise `badarg'; runtime conditions return
+%% `{error, Reason}' with a POSIX atom (`enoent', `eacces', ...).
+%%
+%% Loading this module (`l(mallocinfo).') also loads every other module of
+%% the application, so the whole API works in releases running in embedded
+%% code-loading mode, where nothing is loaded on first call.
+-module(mallocinfo).
+
+-on_load(load_siblings/0).
+
+-export([info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0, mallinfo/0,
+         trim/0, trim/1, mallopt/2, version/0]).
+-export([xmerl_candidates/1, load_xmerl/1]).
+
+-export_type([posix/0, mallopt_param/0]).
+
+-type posix() :: file:posix() | atom().
+-type mallopt_param() :: arena_max | arena_test | mmap_threshold | mmap_max
+                       | trim_threshold | top_pad | perturb.
+
+-define(INT_MIN, -16#80000000).
+-define(INT_MAX, 16#7fffffff).
+-define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
+
+%% @doc glibc's `malloc_info(0, ...)' XML written to `Path'. The document is
+%% written to a temporary file in the same directory and renamed into place,
+%% so a reader never sees half of it. Errors are POSIX atoms: `enoent'
+%% (missing directory), `eacces', `enotdir', `eisdir' (Path is a directory),
+%% `enospc', ...
+-spec info(Path :: file:name_all()) -> ok | {error, posix()}.
+info(Path) ->
+    mallocinfo_nif:info_file(path_binary(Path, [Path])).
+
+%% @doc The same XML in memory, without a temporary file.
+-spec info() -> {ok, Xml :: binary()} | {error, enomem}.
+info() ->
+    mallocinfo_nif:info_xml().
+
+%% @doc `malloc_info' parsed into terms with xmerl: per heap (arena) the
+%% free-chunk size classes, `fast'/`rest' free totals, `system' current/max
+%% and `aspace'; then the totals, including `mmap'. `free_bytes' and
+%% `in_use_bytes' are derived (`in_use = system current - fast - rest').
+%% If the running release lacks xmerl it is loaded from the OTP installation
+%% when one can be found, else `{error, {missing_application, xmerl}}'.
+-spec heaps() -> {ok, mallocinfo_parse:heaps()}
+               | {error, {missing_application, xmerl} | enomem}.
+heaps() ->
+    case ensure_xmerl() of
+        ok ->
+            case info() of
+                {ok, Xml} -> {ok, mallocinfo_parse:heaps(Xml)};
+                {error, _} = E -> E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc glibc's `malloc_stats()', exactly: its text goes to the node's
+%% standard error (often lost in a release; see {@link log_stats/0}).
+-spec stats() -> ok.
+stats() ->
+    mallocinfo_nif:malloc_stats().
+
+%% @doc The figures `malloc_stats()' prints, as terms: per arena
+%% `system_bytes' and `in_use_bytes', then the totals (which include mmapped
+%% blocks). Taken from one frozen copy of the heap: a short-lived child
+%% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
+%% numbers are consistent with each other even while the node allocates.
+%% Returns `{error, enomem | eagain}' if the node cannot fork.
+-spec summary() -> mallocinfo_parse:summary() | {error, posix()}.
+summary() ->
+    case mallocinfo_nif:stats_text() of
+        {ok, Text} -> mallocinfo_parse:stats(Text);
+        {error, _} = E -> E
+    end.
+
+%% @doc The lines of `malloc_stats()' sent to `logger' at `info' level, one
+%% event per line, with metadata `#{domain => [mallocinfo]}'. The default
+%% logger primary level is `notice': raise it to `info' to see them.
+-spec log_stats() -> ok | {error, posix()}.
+log_stats() ->
+    case mallocinfo_nif:stats_text() of
+        {ok, Text} ->
+            Lines = binary:split(Text, <<"\n">>, [global, trim_all]),
+            lists:foreach(
+              fun(L) ->
+                      logger:info("malloc_stats: ~ts", [L], #{domain => [mallocinfo]})
+              end, Lines);
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Every `mallinfo2()' field, as unbounded integers (no 32-bit wrap).
+-spec mallinfo() -> #{arena | ordblks | smblks | hblks | hblkhd | usmblks | fsmblks
+                      | uordblks | fordblks | keepcost => non_neg_integer()}.
+mallinfo() ->
+    mallocinfo_nif:mallinfo().
+
+%% @equiv trim(0)
+-spec trim() -> {ok, #{released := boolean(),
+                       rss_before := non_neg_integer() | undefined,
+                       rss_after := non_neg_integer() | undefined}}.
+trim() ->
+    trim(0).
+
+%% @doc `malloc_trim(Pad)': return free memory at the top of the heap and
+%% free whole pages inside every arena to the system. `rss_before' and
+%% `rss_after' are the resident set size in bytes (`/proc/self/statm').
+-spec trim(Pad :: non_neg_integer()) ->
+          {ok, #{released := boolean(),
+                 rss_before := non_neg_integer() | undefined,
+                 rss_after := non_neg_integer() | undefined}}.
+trim(Pad) when is_integer(Pad), Pad >= 0, Pad < 16#10000000000000000 ->
+    mallocinfo_nif:trim(Pad);
+trim(Pad) ->
+    erlang:error(badarg, [Pad]).
+
+%% @doc `mallopt(3)'. An unknown parameter or a non-integer value raises
+%% `badarg'; a value glibc would ignore or refuse returns `{error, einval}'
+%% (`arena_max'/`arena_test' =< 0, `mmap_threshold' outside 0..32 MiB,
+%% negative `mmap_max'/`top_pad', `trim_threshold' < -1, anything outside a
+%% C int).
+-spec mallopt(mallopt_param(), integer()) -> ok | {error, einval}.
+mallopt(Param, Value) when is_integer(Value) ->
+    case lists:member(Param, [arena_max, arena_test, mmap_threshold, mmap_max,
+                              trim_threshold, top_pad, perturb]) of
+        false -> erlang:error(badarg, [Param, Value]);
+        true when Value < ?INT_MIN; Value > ?INT_MAX -> {error, einval};
+        true -> mallocinfo_nif:mallopt(Param, Value)
+    end;
+mallopt(Param, Value) ->
+    erlang:error(badarg, [Param, Value]).
+
+%% @doc The version of the loaded shared object.
+-spec version() -> binary().
+version() ->
+    mallocinfo_nif:version().
+
+%%% ---------------------------------------------------------------------------
+%%% Internals
+
+path_binary(Path, Args) when is_binary(Path) ->
+    check_nul(Path, Args);
+path_binary(Path, Args) when is_list(Path); is_atom(Path) ->
+    try unicode:characters_to_binary(filename:flatten(Path), unicode,
+                                     file:native_name_encoding()) of
+        Bin when is_binary(Bin) -> check_nul(Bin, Args);
+        _ -> erlang:error(badarg, Args)
+    catch
+        error:_ -> erlang:error(badarg, Args)
+    end;
+path_binary(_, Args) ->
+    erlang:error(badarg, Args).
+
+check_nul(Bin, Args) ->
+    case binary:match(Bin, <<0>>) of
+        nomatch -> Bin;
+        _ -> erlang:error(badarg, Args)
+    end.
+
+%% Loads the other modules of the application. In embedded mode the code
+%% server loads nothing on first call, so without this `l(mallocinfo).'
+%% would leave mallocinfo_nif (and the rest) undefined.
+load_siblings() ->
+    %% code:ensure_modules_loaded/1 refuses in embedded mode; load_file/1
+    %% (what l/1 does) works in both modes.
+    Failed = [{M, Why} || M <- app_modules() -- [?MODULE],
+                          code:is_loaded(M) =:= false,
+                          {error, Why} <- [code:load_file(M)]],
+    case Failed of
+        [] -> ok;
+        _ -> logger:error("mallocinfo: could not load ~p", [Failed])
+    end,
+    ok.
+
+app_modules() ->
+    Ebin = filename:dirname(code:which(?MODULE)),
+    case file:consult(filename:join(Ebin, "mallocinfo.app")) of
+        {ok, [{application, mallocinfo, Props}]} ->
+            proplists:get_value(modules, Props, []);
+        _ ->
+            [list_to_atom(filename:basename(F, ".beam"))
+             || F <- filelib:wildcard(filename:join(Ebin, "mallocinfo*.beam"))]
+    end.
+
+%% xmerl is part of OTP but not of every release. When it is not loadable
+%% from the code path, look for it in the OTP installation the emulator runs
+%% from, and load all of its modules (embedded mode loads nothing lazily).
+ensure_xmerl() ->
+    case code:is_loaded(xmerl_scan) of
+        {file, _} ->
+            ok;
+        false ->
+            Dirs = case code:lib_dir(xmerl, ebin) of
+                       {error, _} -> [];
+                       D -> [D]
+                   end ++ xmerl_candidates(otp_roots()),
+            load_xmerl(Dirs)
+    end.
+
+%% @private Loads xmerl from the first directory that has it.
+-spec load_xmerl([file:filename()]) -> ok | {error, {missing_application, xmerl}}.
+load_xmerl([]) ->
+    {error, {missing_application, xmerl}};
+load_xmerl([Dir | Rest]) ->
+    Mods = [list_to_atom(filename:basename(F, ".beam"))
+            || F <- filelib:wildcard(filename:join(Dir, "*.beam"))],
+    case lists:all(fun(M) -> lists:member(M, Mods) end, ?XMERL_MODULES) of
+        false ->
+            load_xmerl(Rest);
+        true ->
+            _ = code:add_pathz(Dir),
+            case code:ensure_modules_loaded(Mods) of
+                ok -> ok;
+                {error, _} -> load_xmerl(Rest)
+            end
+    end.
+
+%% @private Candidate xmerl ebin directories under the given OTP roots,
+%% newest version first.
+-spec xmerl_candidates([file:filename()]) -> [file:filename()].
+xmerl_candidates(Roots) ->
+    lists:append(
+      [lists:reverse(lists:sort(filelib:wildcard(filename:join([R, "lib", "xmerl-*", "ebin"]))))
+       || R <- lists:usort(Roots)]).
+
+otp_roots() ->
+    %% BINDIR is <otp>/erts-<vsn>/bin for the emulator actually running.
+    FromBindir = case os:getenv("BINDIR") of
+                     false -> [];
+                     Bindir -> [filename:dirname(filename:dirname(Bindir))]
+                 end,
+    [code:root_dir() | FromBindir].

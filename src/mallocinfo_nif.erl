@@ -1,0 +1,49 @@
+%% @doc NIF stubs for priv/mallocinfo_nif.so. No logic lives here: the
+%% public API is in {@link mallocinfo}. Every stub is replaced when the
+%% shared object loads; if it does not, calls fail with `nif_not_loaded'.
+-module(mallocinfo_nif).
+
+-nifs([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
+       trim/1, mallopt/2, rss/0, version/0, libc_version/0]).
+-on_load(init/0).
+
+-export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
+         trim/1, mallopt/2, rss/0, version/0, libc_version/0]).
+-export([so_path/0]).
+
+-define(LIB, "mallocinfo_nif").
+
+init() ->
+    erlang:load_nif(so_path(), 0).
+
+%% @doc Path of the shared object without its extension. The application's
+%% priv dir when the code server knows it, else the `priv' directory beside
+%% this module's `ebin', so an unpacked tarball works from any directory.
+-spec so_path() -> file:filename().
+so_path() ->
+    Candidates =
+        case code:priv_dir(mallocinfo) of
+            {error, _} -> [];
+            Dir -> [Dir]
+        end ++ [beside_ebin()],
+    Found = [D || D <- Candidates, filelib:is_regular(filename:join(D, ?LIB ".so"))],
+    filename:join(hd(Found ++ Candidates), ?LIB).
+
+beside_ebin() ->
+    case code:which(?MODULE) of
+        File when is_list(File) ->
+            filename:join(filename:dirname(filename:dirname(File)), "priv");
+        _ ->
+            "priv"
+    end.
+
+info_file(_Path) -> erlang:nif_error(nif_not_loaded).
+info_xml() -> erlang:nif_error(nif_not_loaded).
+malloc_stats() -> erlang:nif_error(nif_not_loaded).
+stats_text() -> erlang:nif_error(nif_not_loaded).
+mallinfo() -> erlang:nif_error(nif_not_loaded).
+trim(_Pad) -> erlang:nif_error(nif_not_loaded).
+mallopt(_Param, _Value) -> erlang:nif_error(nif_not_loaded).
+rss() -> erlang:nif_error(nif_not_loaded).
+version() -> erlang:nif_error(nif_not_loaded).
+libc_version() -> erlang:nif_error(nif_not_loaded).

@@ -1,0 +1,173 @@
+%% End-to-end: inject the tarball into a running release, as an operator.
+%%
+%% Builds a minimal release (test/mallocinfo_release_SUITE_data/fixture) with
+%% `rebar3 release', starts it as a daemon (embedded code loading), unpacks
+%% mallocinfo.tar.gz into a directory of its own, and types into the
+%% release's own `remote_console', through a pty owned by tmux, what a person
+%% types. Then checks the XML the node wrote against its mallinfo().
+-module(mallocinfo_release_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+-include_lib("xmerl/include/xmerl.hrl").
+
+-export([all/0, init_per_suite/1, end_per_suite/1]).
+-export([inject_through_remote_console/1]).
+
+-define(REL, "mi_fixture").
+
+all() -> [inject_through_remote_console].
+
+init_per_suite(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Data = ?config(data_dir, Config),
+    Tarball = tarball(),
+    Fixture = filename:join(Priv, "fixture"),
+    sh("cp -r " ++ q(filename:join(Data, "fixture")) ++ " " ++ q(Fixture)),
+    Node = "mi_fixture_" ++ integer_to_list(erlang:unique_integer([positive])),
+    ok = file:write_file(filename:join([Fixture, "config", "vm.args"]),
+                         ["-sname ", Node, "\n-setcookie mi_fixture_cookie\n"]),
+    sh("cd " ++ q(Fixture) ++ " && rebar3 release"),
+    Rel = filename:join([Fixture, "_build", "default", "rel", ?REL]),
+    Inject = filename:join(Priv, "operator_copy"),
+    ok = file:make_dir(Inject),
+    sh("tar -C " ++ q(Inject) ++ " -xzf " ++ q(Tarball)),
+    Script = filename:join([Rel, "bin", ?REL]),
+    sh(q(Script) ++ " daemon"),
+    ok = wait_ping(Script, 50),
+    Sock = "mi_ct_" ++ integer_to_list(erlang:unique_integer([positive])),
+    [{script, Script}, {inject, Inject}, {tmux, Sock} | Config].
+
+end_per_suite(Config) ->
+    os:cmd("tmux -L " ++ ?config(tmux, Config) ++ " kill-server"),
+    os:cmd(q(?config(script, Config)) ++ " stop"),
+    ok.
+
+inject_through_remote_console(Config) ->
+    Script = ?config(script, Config),
+    Ebin = filename:join([?config(inject, Config), "mallocinfo", "ebin"]),
+    Xml = filename:join(?config(priv_dir, Config), "x.xml"),
+    T = ?config(tmux, Config),
+    sh("tmux -L " ++ T ++ " new-session -d -s console -x 250 -y 60 " ++
+           q(Script ++ " remote_console")),
+    Console = {T, "console"},
+    wait_for(Console, "", "\\(mi_fixture_[0-9]+@[^)]+\\)1> $", 30),
+    %% A release started as a daemon loads code in embedded mode.
+    type(Console, "code:get_mode().", "^embedded$"),
+    type(Console, "code:add_path(\"" ++ Ebin ++ "\").", "^true$"),
+    type(Console, "l(mallocinfo).", "^\\{module,mallocinfo\\}$"),
+    ok = xml_matches_mallinfo(Console, Xml, 5),
+    %% xmerl is not part of the release: heaps/0 loads it from OTP.
+    type(Console, "element(1, mallocinfo:heaps()).", "^ok$"),
+    type(Console, "maps:is_key(in_use_bytes, mallocinfo:summary()).", "^true$"),
+    type(Console, "mallocinfo:info(\"/nonexistent/x.xml\").", "^\\{error,enoent\\}$"),
+    type(Console, "catch mallocinfo:info(42).", "badarg"),
+    %% Leave the console the way a person does (^G q), not with q(), which
+    %% would stop the release.
+    sh("tmux -L " ++ T ++ " send-keys -t console C-g"),
+    wait_for(Console, "", "User switch command", 10),
+    sh("tmux -L " ++ T ++ " send-keys -t console q Enter"),
+    %% The release survived all of this and stops cleanly.
+    "pong\n" = os:cmd(q(Script) ++ " ping"),
+    sh(q(Script) ++ " stop"),
+    ok = wait_down(Script, 50).
+
+%% The XML's `system current' total is the bytes in all arenas, which is
+%% mallinfo2().arena. Both are read from the live node; if the heap grew
+%% between the two reads (the node is idle, but not frozen) read again.
+xml_matches_mallinfo(_Console, _Xml, 0) ->
+    ct:fail(xml_never_matched_mallinfo);
+xml_matches_mallinfo(Console, Xml, Tries) ->
+    type(Console, "mallocinfo:info(\"" ++ Xml ++ "\").", "^ok$"),
+    Out = type(Console, "io:format(\"MI_ARENA=~p~n\", [maps:get(arena, mallocinfo:mallinfo())]).",
+               "^MI_ARENA=[0-9]+$"),
+    {match, [Arena]} = re:run(Out, "^MI_ARENA=([0-9]+)$", [multiline, {capture, all_but_first, list}]),
+    {Doc, _} = xmerl_scan:file(Xml, [{quiet, true}]),
+    #xmlElement{name = malloc, content = Content} = Doc,
+    [Current] = [list_to_integer(V)
+                 || #xmlElement{name = system, attributes = As} <- Content,
+                    {"current", V} <- [{attr(type, As), attr(size, As)}]],
+    ct:pal("XML system current ~p, mallinfo arena ~s", [Current, Arena]),
+    case integer_to_list(Current) of
+        Arena -> ok;
+        _ -> xml_matches_mallinfo(Console, Xml, Tries - 1)
+    end.
+
+attr(Name, Attrs) ->
+    hd([V || #xmlAttribute{name = N, value = V} <- Attrs, N =:= Name]).
+
+%%% Helpers ------------------------------------------------------------------
+
+%% Types Line and Enter, then waits until the text after the echoed line
+%% matches Regex. Returns that text.
+type({Sock, Sess} = Console, Line, Regex) ->
+    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " -l " ++ q(Line)),
+    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " Enter"),
+    wait_for(Console, Line, Regex, 30).
+
+wait_for(Console, Line, Regex, Secs) ->
+    wait_for(Console, Line, Regex, Secs * 10, "").
+
+wait_for(_Console, Line, Regex, 0, Last) ->
+    ct:fail({console_timeout, Line, Regex, Last});
+wait_for({Sock, Sess} = Console, Line, Regex, N, _) ->
+    Screen = os:cmd("tmux -L " ++ Sock ++ " capture-pane -p -J -S -1000 -t " ++ Sess),
+    After = case string:find(Screen, Line, trailing) of
+                nomatch -> "";
+                Rest -> string:slice(Rest, length(Line))
+            end,
+    case re:run(After, Regex, [multiline]) of
+        {match, _} ->
+            After;
+        nomatch ->
+            timer:sleep(100),
+            wait_for(Console, Line, Regex, N - 1, Screen)
+    end.
+
+wait_ping(_Script, 0) -> {error, release_did_not_start};
+wait_ping(Script, N) ->
+    case os:cmd(q(Script) ++ " ping") of
+        "pong\n" -> ok;
+        _ -> timer:sleep(200), wait_ping(Script, N - 1)
+    end.
+
+wait_down(_Script, 0) -> {error, release_did_not_stop};
+wait_down(Script, N) ->
+    case os:cmd(q(Script) ++ " ping") of
+        "pong\n" -> timer:sleep(200), wait_down(Script, N - 1);
+        _ -> ok
+    end.
+
+%% The tarball `make tarball' built (make ct exports its path), else build it.
+tarball() ->
+    case os:getenv("MALLOCINFO_TARBALL") of
+        Path when is_list(Path), Path =/= "" ->
+            true = filelib:is_regular(Path),
+            Path;
+        _ ->
+            Root = project_root(filename:absname(code:lib_dir(mallocinfo))),
+            sh("make -s -C " ++ q(Root) ++ " tarball"),
+            filename:join(Root, "mallocinfo.tar.gz")
+    end.
+
+project_root("/") -> ct:fail(no_project_root);
+project_root(Dir) ->
+    case filelib:is_regular(filename:join(Dir, "Makefile"))
+        andalso filelib:is_dir(filename:join(Dir, "c_src")) of
+        true -> Dir;
+        false -> project_root(filename:dirname(Dir))
+    end.
+
+%% Runs a shell command; fails the test with its output on a non-zero exit.
+sh(Cmd) ->
+    Port = open_port({spawn, "sh -c " ++ q(Cmd ++ " 2>&1")}, [exit_status, binary, stream]),
+    sh_loop(Port, Cmd, []).
+
+sh_loop(Port, Cmd, Acc) ->
+    receive
+        {Port, {data, D}} -> sh_loop(Port, Cmd, [Acc, D]);
+        {Port, {exit_status, 0}} -> iolist_to_binary(Acc);
+        {Port, {exit_status, S}} -> ct:fail({command_failed, Cmd, S, iolist_to_binary(Acc)})
+    after 300000 -> ct:fail({command_timeout, Cmd})
+    end.
+
+q(S) -> "'" ++ string:replace(S, "'", "'\\''", all) ++ "'".
