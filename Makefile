@@ -4,7 +4,7 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build run test test-c eunit ct tarball fmt fmt-check clean
+.PHONY: deps build run test test-c eunit ct tarball bench fmt fmt-check clean
 
 # Install missing Debian packages (docker/packages.txt); a no-op when all are present.
 deps:
@@ -24,13 +24,17 @@ run: build
 test: build fmt-check tarball test-c eunit ct
 
 test-c: deps
-	@$(MAKE) -s -C c_src test
+	@$(MAKE) -s -C c_src test test-san test-preload
 
 eunit: build
 	@$(REBAR) eunit
 
 ct: build tarball
 	@$(REBAR) ct
+
+# Tracker overhead side by side with glibc and heaptrack; results go to BENCHMARKS.md.
+bench: build
+	@c_src/bench/run.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 tarball: build

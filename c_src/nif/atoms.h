@@ -1,19 +1,93 @@
 // Every atom the NIF returns, made once at load (and again, idempotently, at
 // upgrade). Read-only after load, so any scheduler may read it without locks.
+// Add an atom by adding one line to MI_ATOMS: X(c_name, "erlang_name").
 #ifndef MALLOCINFO_NIF_ATOMS_H
 #define MALLOCINFO_NIF_ATOMS_H
 
 #include <erl_nif.h>
 
+#define MI_ATOMS(X)                               \
+  X(ok, "ok")                                     \
+  X(error, "error")                               \
+  X(true_, "true")                                \
+  X(false_, "false")                              \
+  X(undefined, "undefined")                       \
+  X(enomem, "enomem")                             \
+  X(mallocinfo_error, "mallocinfo_error")         \
+  /* mallinfo2 */                                 \
+  X(arena, "arena")                               \
+  X(ordblks, "ordblks")                           \
+  X(smblks, "smblks")                             \
+  X(hblks, "hblks")                               \
+  X(hblkhd, "hblkhd")                             \
+  X(usmblks, "usmblks")                           \
+  X(fsmblks, "fsmblks")                           \
+  X(uordblks, "uordblks")                         \
+  X(fordblks, "fordblks")                         \
+  X(keepcost, "keepcost")                         \
+  /* trim */                                      \
+  X(released, "released")                         \
+  X(rss_before, "rss_before")                     \
+  X(rss_after, "rss_after")                       \
+  /* tracker status */                            \
+  X(not_preloaded, "not_preloaded")               \
+  X(preloaded, "preloaded")                       \
+  X(recording, "recording")                       \
+  X(mode, "mode")                                 \
+  X(full, "full")                                 \
+  X(sample, "sample")                             \
+  X(counters, "counters")                         \
+  X(off, "off")                                   \
+  X(table_capacity, "table_capacity")             \
+  X(table_bytes, "table_bytes")                   \
+  X(live_entries, "live_entries")                 \
+  X(live_bytes, "live_bytes")                     \
+  X(dropped, "dropped")                           \
+  X(stacks, "stacks")                             \
+  X(stack_capacity, "stack_capacity")             \
+  X(stack_bytes, "stack_bytes")                   \
+  X(stacks_dropped, "stacks_dropped")             \
+  X(stack_depth, "stack_depth")                   \
+  X(sample_bytes, "sample_bytes")                 \
+  X(unwinder, "unwinder")                         \
+  X(cached, "cached")                             \
+  X(libunwind, "libunwind")                       \
+  X(frees_untracked, "frees_untracked")           \
+  X(bytes_allocated, "bytes_allocated")           \
+  X(bytes_freed, "bytes_freed")                   \
+  X(calls, "calls")                               \
+  /* interposed functions, in enum mi_fn order */ \
+  X(fn_malloc, "malloc")                          \
+  X(fn_calloc, "calloc")                          \
+  X(fn_realloc, "realloc")                        \
+  X(fn_reallocarray, "reallocarray")              \
+  X(fn_free, "free")                              \
+  X(fn_posix_memalign, "posix_memalign")          \
+  X(fn_aligned_alloc, "aligned_alloc")            \
+  X(fn_memalign, "memalign")                      \
+  X(fn_valloc, "valloc")                          \
+  X(fn_pvalloc, "pvalloc")                        \
+  X(fn_strdup, "strdup")                          \
+  X(fn_strndup, "strndup")                        \
+  /* olds, sites, frames */                       \
+  X(address, "address")                           \
+  X(size, "size")                                 \
+  X(age_ms, "age_ms")                             \
+  X(stack, "stack")                               \
+  X(count, "count")                               \
+  X(bytes, "bytes")                               \
+  X(oldest_age_ms, "oldest_age_ms")               \
+  X(estimated, "estimated")                       \
+  X(object, "object")                             \
+  X(symbol, "symbol")                             \
+  X(offset, "offset")
+
 namespace mi::nif {
 
 struct Atoms {
-  ERL_NIF_TERM ok, error, true_, false_, undefined, enomem, mallocinfo_error;
-  // mallinfo2 field names
-  ERL_NIF_TERM arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks,
-      keepcost;
-  // trim result
-  ERL_NIF_TERM released, rss_before, rss_after;
+#define MI_ATOM_FIELD(name, text) ERL_NIF_TERM name;
+  MI_ATOMS(MI_ATOM_FIELD)
+#undef MI_ATOM_FIELD
 };
 
 extern Atoms atoms;

@@ -36,17 +36,19 @@ ERL_NIF_TERM stats_text(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 
 ERL_NIF_TERM mallinfo(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   const g::Mallinfo m = g::read_mallinfo();
-  ERL_NIF_TERM keys[] = {atoms.arena,    atoms.ordblks, atoms.smblks,  atoms.hblks,
-                         atoms.hblkhd,   atoms.usmblks, atoms.fsmblks, atoms.uordblks,
-                         atoms.fordblks, atoms.keepcost};
-  ERL_NIF_TERM values[] = {enif_make_uint64(env, m.arena),    enif_make_uint64(env, m.ordblks),
-                           enif_make_uint64(env, m.smblks),   enif_make_uint64(env, m.hblks),
-                           enif_make_uint64(env, m.hblkhd),   enif_make_uint64(env, m.usmblks),
-                           enif_make_uint64(env, m.fsmblks),  enif_make_uint64(env, m.uordblks),
-                           enif_make_uint64(env, m.fordblks), enif_make_uint64(env, m.keepcost)};
-  ERL_NIF_TERM map;
-  if (!enif_make_map_from_arrays(env, keys, values, 10, &map)) throw std::bad_alloc();
-  return map;
+  auto u = [env](uint64_t v) { return enif_make_uint64(env, v); };
+  return MapBuilder()
+      .put(atoms.arena, u(m.arena))
+      .put(atoms.ordblks, u(m.ordblks))
+      .put(atoms.smblks, u(m.smblks))
+      .put(atoms.hblks, u(m.hblks))
+      .put(atoms.hblkhd, u(m.hblkhd))
+      .put(atoms.usmblks, u(m.usmblks))
+      .put(atoms.fsmblks, u(m.fsmblks))
+      .put(atoms.uordblks, u(m.uordblks))
+      .put(atoms.fordblks, u(m.fordblks))
+      .put(atoms.keepcost, u(m.keepcost))
+      .build(env);
 }
 
 namespace {
@@ -61,10 +63,11 @@ ERL_NIF_TERM trim(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const ERL_NIF_TERM before = rss_term(env);
   const bool released = g::trim(static_cast<size_t>(pad));
   const ERL_NIF_TERM after = rss_term(env);
-  ERL_NIF_TERM keys[] = {atoms.released, atoms.rss_before, atoms.rss_after};
-  ERL_NIF_TERM values[] = {make_bool(released), before, after};
-  ERL_NIF_TERM map;
-  if (!enif_make_map_from_arrays(env, keys, values, 3, &map)) throw std::bad_alloc();
+  const ERL_NIF_TERM map = MapBuilder()
+                               .put(atoms.released, make_bool(released))
+                               .put(atoms.rss_before, before)
+                               .put(atoms.rss_after, after)
+                               .build(env);
   return enif_make_tuple2(env, atoms.ok, map);
 }
 

@@ -8,6 +8,7 @@
 #include "atoms.h"
 #include "glibc_nif.h"
 #include "term.h"
+#include "trace_nif.h"
 
 namespace {
 
@@ -34,6 +35,17 @@ ErlNifFunc nif_funcs[] = {
     {"mallopt", 2, guarded<n::mallopt>, kCpu},
     // Reads /proc/self/statm.
     {"rss", 0, guarded<n::rss>, kIo},
+    // Tracker: status sums at most 1024 per-thread counter blocks (~10 us)
+    // with no lock: regular.
+    {"trace_status", 0, guarded<n::trace_status>, 0},
+    // set_mode(off) and reset walk the whole live table.
+    {"trace_set_mode", 1, guarded<n::trace_set_mode>, kCpu},
+    {"trace_reset", 0, guarded<n::trace_reset>, kCpu},
+    // Snapshot of up to millions of entries, sorting, symbolization (reads
+    // ELF files on a cold cache).
+    {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
+    {"trace_sites", 2, guarded<n::trace_sites>, kCpu},
+    {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
     // Constant strings: regular scheduler.
     {"version", 0, guarded<n::version>, 0},
     {"libc_version", 0, guarded<n::libc_version>, 0},

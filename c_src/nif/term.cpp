@@ -1,6 +1,7 @@
 #include "term.h"
 
 #include <cstring>
+#include <stdexcept>
 
 #include "../glibc/glibc_introspect.h"
 
@@ -16,6 +17,13 @@ ERL_NIF_TERM make_binary(ErlNifEnv* env, std::string_view bytes) {
   if (dst == nullptr) throw std::bad_alloc();
   if (!bytes.empty()) std::memcpy(dst, bytes.data(), bytes.size());
   return term;
+}
+
+ERL_NIF_TERM MapBuilder::build(ErlNifEnv* env) {
+  ERL_NIF_TERM map;
+  if (!enif_make_map_from_arrays(env, keys_.data(), values_.data(), keys_.size(), &map))
+    throw std::logic_error("duplicate map key");
+  return map;
 }
 
 std::string get_path(ErlNifEnv* env, ERL_NIF_TERM t) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "atoms.h"
 
@@ -48,6 +49,21 @@ std::string get_path(ErlNifEnv* env, ERL_NIF_TERM t);  // binary without NUL byt
 uint64_t get_u64(ErlNifEnv* env, ERL_NIF_TERM t);
 int get_int(ErlNifEnv* env, ERL_NIF_TERM t);
 std::string get_atom(ErlNifEnv* env, ERL_NIF_TERM t);
+
+// Builds a map from key/value pairs. Throws std::logic_error on a duplicate
+// key (a programming error, reported as an exception term).
+class MapBuilder {
+ public:
+  MapBuilder& put(ERL_NIF_TERM key, ERL_NIF_TERM value) {
+    keys_.push_back(key);
+    values_.push_back(value);
+    return *this;
+  }
+  ERL_NIF_TERM build(ErlNifEnv* env);
+
+ private:
+  std::vector<ERL_NIF_TERM> keys_, values_;
+};
 
 template <NifFn F>
 ERL_NIF_TERM guarded(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) noexcept {

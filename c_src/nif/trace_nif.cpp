@@ -1,0 +1,302 @@
+#include "trace_nif.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../common/mi_abi.h"
+#include "../symbolize/symbolize.h"
+#include "term.h"
+
+namespace mi::nif {
+
+namespace {
+
+// The interposer's ABI, or nullptr when it is not in the process (or its
+// version is not one we understand). Looked up on every call until found:
+// dlsym is cheap, and a failed lookup must not stick (there is no way to
+// preload later, but tests load and unload the NIF freely).
+const mi_preload_abi* find_abi() {
+  static std::atomic<const mi_preload_abi*> cached{nullptr};
+  const mi_preload_abi* abi = cached.load(std::memory_order_acquire);
+  if (abi != nullptr) return abi;
+  auto fn = reinterpret_cast<mi_preload_abi_fn>(::dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
+  if (fn == nullptr) return nullptr;
+  abi = fn();
+  if (abi == nullptr || abi->abi_version != MI_ABI_VERSION ||
+      abi->struct_size < sizeof(mi_preload_abi))
+    return nullptr;
+  cached.store(abi, std::memory_order_release);
+  return abi;
+}
+
+ERL_NIF_TERM not_preloaded(ErlNifEnv* env) {
+  return error_tuple(env, atoms.not_preloaded);
+}
+
+ERL_NIF_TERM mode_atom(uint32_t mode) {
+  switch (mode) {
+    case MI_MODE_FULL:
+      return atoms.full;
+    case MI_MODE_SAMPLE:
+      return atoms.sample;
+    case MI_MODE_COUNTERS:
+      return atoms.counters;
+    default:
+      return atoms.off;
+  }
+}
+
+ERL_NIF_TERM u64(ErlNifEnv* env, uint64_t v) {
+  return enif_make_uint64(env, v);
+}
+
+// The process-wide symbolizer: its caches outlive single calls.
+mi::symbolize::Symbolizer& symbolizer() {
+  static mi::symbolize::Symbolizer s;
+  return s;
+}
+
+ERL_NIF_TERM frame_term(ErlNifEnv* env, const mi::symbolize::Frame& f) {
+  return MapBuilder()
+      .put(atoms.address, u64(env, f.address))
+      .put(atoms.object, make_binary(env, f.object))
+      .put(atoms.symbol, f.symbol ? make_binary(env, *f.symbol) : atoms.undefined)
+      .put(atoms.offset, u64(env, f.symbol ? f.symbol_offset : f.object_offset))
+      .build(env);
+}
+
+// Symbolized stacks, memoized per call: many entries share a stack.
+class StackCache {
+ public:
+  StackCache(const mi_preload_abi* abi, bool demangle) : abi_(abi), demangle_(demangle) {}
+
+  ERL_NIF_TERM term(ErlNifEnv* env, uint32_t id) {
+    auto it = terms_.find(id);
+    if (it != terms_.end()) return it->second;
+    uint64_t frames[256];
+    const uint32_t n = std::min<uint32_t>(abi_->stack(id, frames, 256), 256);
+    std::vector<ERL_NIF_TERM> list;
+    list.reserve(n);
+    for (uint32_t i = 0; i < n; ++i)
+      list.push_back(frame_term(env, symbolizer().resolve(frames[i], demangle_)));
+    const ERL_NIF_TERM t = enif_make_list_from_array(env, list.data(), n);
+    terms_.emplace(id, t);
+    return t;
+  }
+
+ private:
+  const mi_preload_abi* abi_;
+  bool demangle_;
+  std::unordered_map<uint32_t, ERL_NIF_TERM> terms_;
+};
+
+std::vector<mi_abi_entry> snapshot(const mi_preload_abi* abi) {
+  mi_abi_status st{};
+  abi->status(&st, sizeof st);
+  std::vector<mi_abi_entry> entries;
+  entries.reserve(st.live_entries + st.live_entries / 8 + 64);
+  abi->snapshot(
+      [](void* ctx, const mi_abi_entry* e, size_t n) {
+        auto* v = static_cast<std::vector<mi_abi_entry>*>(ctx);
+        v->insert(v->end(), e, e + n);
+      },
+      &entries);
+  return entries;
+}
+
+uint64_t age_ms(uint64_t now, uint64_t ts) {
+  return now > ts ? (now - ts) / 1000000 : 0;
+}
+
+}  // namespace
+
+ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr)
+    return MapBuilder()
+        .put(atoms.preloaded, atoms.false_)
+        .put(atoms.recording, atoms.false_)
+        .put(atoms.mode, atoms.off)
+        .build(env);
+  mi_abi_status s{};
+  abi->status(&s, sizeof s);
+  static const ERL_NIF_TERM* const fn_atoms[MI_FN_COUNT] = {
+      &atoms.fn_malloc, &atoms.fn_calloc,         &atoms.fn_realloc,       &atoms.fn_reallocarray,
+      &atoms.fn_free,   &atoms.fn_posix_memalign, &atoms.fn_aligned_alloc, &atoms.fn_memalign,
+      &atoms.fn_valloc, &atoms.fn_pvalloc,        &atoms.fn_strdup,        &atoms.fn_strndup};
+  MapBuilder calls;
+  for (int i = 0; i < MI_FN_COUNT; ++i) calls.put(*fn_atoms[i], u64(env, s.calls[i]));
+  return MapBuilder()
+      .put(atoms.preloaded, atoms.true_)
+      .put(atoms.recording, make_bool(s.recording != 0))
+      .put(atoms.mode, mode_atom(s.mode))
+      .put(atoms.table_capacity, u64(env, s.table_capacity))
+      .put(atoms.table_bytes, u64(env, s.table_bytes))
+      .put(atoms.live_entries, u64(env, s.live_entries))
+      .put(atoms.live_bytes, u64(env, s.live_bytes))
+      .put(atoms.dropped, u64(env, s.dropped))
+      .put(atoms.stacks, u64(env, s.stacks))
+      .put(atoms.stack_capacity, u64(env, s.stack_capacity))
+      .put(atoms.stack_bytes, u64(env, s.stack_bytes))
+      .put(atoms.stacks_dropped, u64(env, s.stacks_dropped))
+      .put(atoms.stack_depth, u64(env, s.stack_depth))
+      .put(atoms.sample_bytes, u64(env, s.sample_bytes))
+      .put(atoms.unwinder, s.unwinder != 0 ? atoms.cached : atoms.libunwind)
+      .put(atoms.frees_untracked, u64(env, s.frees_untracked))
+      .put(atoms.bytes_allocated, u64(env, s.bytes_allocated))
+      .put(atoms.bytes_freed, u64(env, s.bytes_freed))
+      .put(atoms.calls, calls.build(env))
+      .build(env);
+}
+
+ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  uint32_t mode;
+  if (enif_is_identical(argv[0], atoms.full))
+    mode = MI_MODE_FULL;
+  else if (enif_is_identical(argv[0], atoms.sample))
+    mode = MI_MODE_SAMPLE;
+  else if (enif_is_identical(argv[0], atoms.counters))
+    mode = MI_MODE_COUNTERS;
+  else if (enif_is_identical(argv[0], atoms.off))
+    mode = MI_MODE_OFF;
+  else
+    throw BadArg{};
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr) return not_preloaded(env);
+  if (abi->set_mode(mode) != 0) return error_tuple(env, atoms.not_preloaded);
+  return atoms.ok;
+}
+
+ERL_NIF_TERM trace_reset(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr) return not_preloaded(env);
+  return enif_make_tuple2(env, atoms.ok, u64(env, abi->reset()));
+}
+
+// olds(N, MinAgeMs, MinSize, Demangle): the N oldest live blocks.
+ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  const uint64_t n = get_u64(env, argv[0]);
+  const uint64_t min_age = get_u64(env, argv[1]);
+  const uint64_t min_size = get_u64(env, argv[2]);
+  const bool demangle = enif_is_identical(argv[3], atoms.true_);
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr) return not_preloaded(env);
+  std::vector<mi_abi_entry> entries = snapshot(abi);
+  const uint64_t now = abi->now_ns();
+  std::erase_if(entries, [&](const mi_abi_entry& e) {
+    return e.size < min_size || age_ms(now, e.timestamp_ns) < min_age;
+  });
+  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
+  auto older = [](const mi_abi_entry& a, const mi_abi_entry& b) {
+    return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
+                                            : a.address < b.address;
+  };
+  std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
+                    older);
+  StackCache stacks(abi, demangle);
+  std::vector<ERL_NIF_TERM> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i) {
+    const mi_abi_entry& e = entries[i];
+    out.push_back(MapBuilder()
+                      .put(atoms.address, u64(env, e.address))
+                      .put(atoms.size, u64(env, e.size))
+                      .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
+                      .put(atoms.stack, stacks.term(env, e.stack_id))
+                      .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
+                      .build(env));
+  }
+  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+}
+
+// sites(N, Demangle): live blocks grouped by stack, the N largest by bytes.
+// Sampled entries count 1/p(size) blocks and size/p(size) bytes.
+ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  const uint64_t n = get_u64(env, argv[0]);
+  const bool demangle = enif_is_identical(argv[1], atoms.true_);
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr) return not_preloaded(env);
+  mi_abi_status st{};
+  abi->status(&st, sizeof st);
+  const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
+  struct Site {
+    uint32_t stack;
+    double count, bytes;
+    uint64_t oldest;
+    bool estimated;
+  };
+  struct Ctx {
+    std::unordered_map<uint32_t, Site> by_stack;
+    double mean;
+  } ctx{{}, mean};
+  ctx.by_stack.reserve(st.stacks + 16);
+  const uint64_t now = abi->now_ns();
+  abi->snapshot(
+      [](void* p, const mi_abi_entry* e, size_t count) {
+        Ctx& c = *static_cast<Ctx*>(p);
+        for (size_t i = 0; i < count; ++i) {
+          auto it =
+              c.by_stack.try_emplace(e[i].stack_id, Site{e[i].stack_id, 0, 0, UINT64_MAX, false})
+                  .first;
+          Site& s = it->second;
+          const double size = static_cast<double>(e[i].size);
+          if (e[i].flags & MI_ENTRY_SAMPLED) {
+            const double prob = -std::expm1(-size / c.mean);
+            const double w = prob > 0 ? 1.0 / prob : 1.0;
+            s.count += w;
+            s.bytes += size * w;
+            s.estimated = true;
+          } else {
+            s.count += 1;
+            s.bytes += size;
+          }
+          s.oldest = std::min(s.oldest, e[i].timestamp_ns);
+        }
+      },
+      &ctx);
+  std::vector<Site> sites;
+  sites.reserve(ctx.by_stack.size());
+  for (auto& [id, site] : ctx.by_stack) sites.push_back(site);
+  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
+  std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
+                    [](const Site& a, const Site& b) {
+                      return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
+                    });
+  StackCache stacks(abi, demangle);
+  std::vector<ERL_NIF_TERM> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i) {
+    const Site& s = sites[i];
+    out.push_back(MapBuilder()
+                      .put(atoms.stack, stacks.term(env, s.stack))
+                      .put(atoms.count, u64(env, static_cast<uint64_t>(std::llround(s.count))))
+                      .put(atoms.bytes, u64(env, static_cast<uint64_t>(std::llround(s.bytes))))
+                      .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
+                      .put(atoms.estimated, make_bool(s.estimated))
+                      .build(env));
+  }
+  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+}
+
+// symbolize([Address], Demangle) -> [Frame]: for callers holding raw
+// addresses (tests, reports).
+ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  unsigned len;
+  if (!enif_get_list_length(env, argv[0], &len)) throw BadArg{};
+  const bool demangle = enif_is_identical(argv[1], atoms.true_);
+  std::vector<ERL_NIF_TERM> out;
+  out.reserve(len);
+  ERL_NIF_TERM list = argv[0], head;
+  while (enif_get_list_cell(env, list, &head, &list))
+    out.push_back(frame_term(env, symbolizer().resolve(get_u64(env, head), demangle, false)));
+  return enif_make_list_from_array(env, out.data(), len);
+}
+
+}  // namespace mi::nif

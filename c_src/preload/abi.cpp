@@ -1,0 +1,74 @@
+// The one non-malloc export: the versioned ABI the NIF reads
+// (common/mi_abi.h). Everything here is a query; none of it runs in a hook.
+#include <cstring>
+
+#include "../common/mi_abi.h"
+#include "runtime.h"
+
+namespace mi::preload {
+namespace {
+
+void abi_status(mi_abi_status* out, size_t out_size) {
+  mi_abi_status s{};
+  if (ensure_init() && g_recording) {
+    g_tracker.status(&s);
+    s.recording = 1;
+  } else {
+    s.mode = MI_MODE_OFF;
+  }
+  std::memcpy(out, &s, out_size < sizeof s ? out_size : sizeof s);
+}
+
+int abi_set_mode(uint32_t mode) {
+  if (!ensure_init() || !g_recording) return -1;
+  return g_tracker.set_mode(mode) ? 0 : -1;
+}
+
+uint64_t abi_snapshot(mi_abi_sink sink, void* ctx) {
+  if (!ensure_init() || !g_recording) return 0;
+  // Batches on this thread's stack; the sink may allocate (through the
+  // hooks, normally: this is not a hook).
+  constexpr size_t kBatch = 512;
+  mi_abi_entry batch[kBatch];
+  size_t n = 0;
+  const uint64_t total = g_tracker.for_each_live([&](const mi::track::LiveEntry& e) {
+    batch[n++] =
+        mi_abi_entry{e.address, e.size, e.timestamp_ns, e.stack_id & ~mi::track::kSampledBit,
+                     (e.stack_id & mi::track::kSampledBit) != 0 ? MI_ENTRY_SAMPLED : 0u};
+    if (n == kBatch) {
+      sink(ctx, batch, n);
+      n = 0;
+    }
+  });
+  if (n > 0) sink(ctx, batch, n);
+  return total;
+}
+
+uint32_t abi_stack(uint32_t id, uint64_t* frames, uint32_t max) {
+  if (!ensure_init() || !g_recording) return 0;
+  return g_tracker.stack(id, frames, max);
+}
+
+uint64_t abi_reset() {
+  if (!ensure_init() || !g_recording) return 0;
+  return g_tracker.reset();
+}
+
+uint64_t abi_now_ns() {
+  return mi::track::coarse_monotonic_ns();
+}
+
+constexpr mi_preload_abi kAbi = {
+    MI_ABI_VERSION, sizeof(mi_preload_abi),
+    abi_status,     abi_set_mode,
+    abi_snapshot,   abi_stack,
+    abi_reset,      abi_now_ns,
+};
+
+}  // namespace
+}  // namespace mi::preload
+
+extern "C" __attribute__((visibility("default"))) const mi_preload_abi* mallocinfo_preload_abi(
+    void) {
+  return &mi::preload::kAbi;
+}

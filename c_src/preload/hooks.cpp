@@ -1,0 +1,232 @@
+// The interposed malloc family. Each hook forwards to the next allocator
+// and tells the tracker; the order matters:
+//  - on allocation, record after the real call (we need the address);
+//  - on free, forget BEFORE the real call: once freed, the address can be
+//    returned to another thread and recorded again, and removing it after
+//    would delete that thread's entry.
+// Hooks never allocate through malloc (the tracker's memory is mmapped),
+// never recurse (t_in_hook: anything allocated while inside a hook, by
+// libunwind or dlsym, is forwarded untracked), never throw, never lock.
+// A process whose executable did not match MALLOCINFO_TRACE_EXE pays one
+// predictable branch per call.
+#include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#include "../common/mi_abi.h"
+#include "runtime.h"
+
+#define MI_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace mi::preload {
+namespace {
+
+struct Guard {
+  Guard() { t_in_hook = true; }
+  ~Guard() { t_in_hook = false; }
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+};
+
+// True when the call should be recorded: start-up done, this executable
+// records, tracking not switched off, and not re-entered from a hook.
+// Callers must have checked ensure_init() (g_next usable) first.
+inline bool tracking() {
+  return g_recording && !t_in_hook && g_tracker.mode() != MI_MODE_OFF;
+}
+
+inline bool ready() {
+  return g_state.load(std::memory_order_acquire) == kReady || ensure_init();
+}
+
+size_t page_size() {
+  static size_t cached = 0;  // a plain word: racing writers store the same value
+  if (cached == 0) cached = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return cached;
+}
+
+// realloc semantics shared by realloc and reallocarray. `size` has been
+// overflow-checked by the caller.
+void* do_realloc(mi_fn fn, void* p, size_t size, void* (*real)(void*, size_t)) {
+  if (!tracking()) return real(p, size);
+  Guard g;
+  mi::track::LiveEntry old{};
+  const bool had = g_tracker.take(p, &old);
+  void* r = real(p, size);
+  if (r == nullptr && size != 0) {
+    // Failure: p is untouched and still live.
+    if (had) g_tracker.restore(old);
+    g_tracker.count(fn);
+    return r;
+  }
+  if (r == nullptr) {  // realloc(p, 0): glibc frees p
+    g_tracker.count(fn);
+    return r;
+  }
+  g_tracker.on_alloc(fn, r, size);
+  return r;
+}
+
+void* pool_realloc(void* p, size_t size) {
+  // A block from the bootstrap pool: move it to the real heap.
+  void* r = ::malloc(size);
+  if (r != nullptr) {
+    const size_t old = pool_size_of(p);
+    ::memcpy(r, p, old < size ? old : size);
+  }
+  return r;
+}
+
+}  // namespace
+}  // namespace mi::preload
+
+using namespace mi::preload;
+
+MI_EXPORT void* malloc(size_t size) noexcept {
+  if (!ready()) [[unlikely]]
+    return pool_alloc(size, 16);
+  if (!tracking()) return g_next.malloc(size);
+  Guard g;
+  void* p = g_next.malloc(size);
+  g_tracker.on_alloc(MI_FN_MALLOC, p, size);
+  return p;
+}
+
+MI_EXPORT void free(void* p) noexcept {
+  if (pool_owns(p)) [[unlikely]]
+    return;
+  if (!ready()) [[unlikely]]
+    return;  // not reachable with a real pointer: nothing was allocated yet
+  if (!tracking()) return g_next.free(p);
+  Guard g;
+  g_tracker.on_free(MI_FN_FREE, p);
+  g_next.free(p);
+}
+
+MI_EXPORT void* calloc(size_t n, size_t size) noexcept {
+  if (!ready()) [[unlikely]] {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) return nullptr;
+    return pool_alloc(total, 16);
+  }
+  if (!tracking()) return g_next.calloc(n, size);
+  Guard g;
+  void* p = g_next.calloc(n, size);  // overflow: glibc returns NULL, ENOMEM
+  g_tracker.on_alloc(MI_FN_CALLOC, p, p != nullptr ? n * size : 0);
+  return p;
+}
+
+MI_EXPORT void* realloc(void* p, size_t size) noexcept {
+  if (pool_owns(p)) [[unlikely]]
+    return pool_realloc(p, size);
+  if (!ready()) [[unlikely]]
+    return pool_alloc(size, 16);
+  return do_realloc(MI_FN_REALLOC, p, size, g_next.realloc);
+}
+
+namespace {
+void* next_realloc_checked(void* p, size_t size) {
+  return g_next.realloc(p, size);
+}
+}  // namespace
+
+MI_EXPORT void* reallocarray(void* p, size_t n, size_t size) noexcept {
+  size_t total;
+  if (__builtin_mul_overflow(n, size, &total)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  if (pool_owns(p)) [[unlikely]]
+    return pool_realloc(p, total);
+  if (!ready()) [[unlikely]]
+    return pool_alloc(total, 16);
+  return do_realloc(MI_FN_REALLOCARRAY, p, total, next_realloc_checked);
+}
+
+MI_EXPORT int posix_memalign(void** out, size_t align, size_t size) noexcept {
+  if (!ready()) [[unlikely]] {
+    if (align == 0 || (align & (align - 1)) != 0 || align % sizeof(void*) != 0) return EINVAL;
+    void* p = pool_alloc(size, align);
+    if (p == nullptr) return ENOMEM;
+    *out = p;
+    return 0;
+  }
+  if (!tracking()) return g_next.posix_memalign(out, align, size);
+  Guard g;
+  const int rc = g_next.posix_memalign(out, align, size);
+  g_tracker.on_alloc(MI_FN_POSIX_MEMALIGN, rc == 0 ? *out : nullptr, size);
+  return rc;
+}
+
+MI_EXPORT void* aligned_alloc(size_t align, size_t size) noexcept {
+  if (!ready()) [[unlikely]]
+    return pool_alloc(size, align);
+  if (!tracking()) return g_next.aligned_alloc(align, size);
+  Guard g;
+  void* p = g_next.aligned_alloc(align, size);
+  g_tracker.on_alloc(MI_FN_ALIGNED_ALLOC, p, size);
+  return p;
+}
+
+MI_EXPORT void* memalign(size_t align, size_t size) noexcept {
+  if (!ready()) [[unlikely]]
+    return pool_alloc(size, align);
+  if (!tracking()) return g_next.memalign(align, size);
+  Guard g;
+  void* p = g_next.memalign(align, size);
+  g_tracker.on_alloc(MI_FN_MEMALIGN, p, size);
+  return p;
+}
+
+MI_EXPORT void* valloc(size_t size) noexcept {
+  if (!ready()) [[unlikely]]
+    return pool_alloc(size, page_size());
+  if (!tracking()) return g_next.valloc(size);
+  Guard g;
+  void* p = g_next.valloc(size);
+  g_tracker.on_alloc(MI_FN_VALLOC, p, size);
+  return p;
+}
+
+MI_EXPORT void* pvalloc(size_t size) noexcept {
+  if (!ready()) [[unlikely]] {
+    const size_t ps = page_size();
+    return pool_alloc((size + ps - 1) & ~(ps - 1), ps);
+  }
+  if (!tracking()) return g_next.pvalloc(size);
+  Guard g;
+  void* p = g_next.pvalloc(size);
+  g_tracker.on_alloc(MI_FN_PVALLOC, p, size);
+  return p;
+}
+
+// strdup/strndup are counted here; the block itself is recorded by the
+// malloc hook that glibc's strdup calls (its stack then starts in strdup).
+MI_EXPORT char* strdup(const char* s) noexcept {
+  if (!ready()) [[unlikely]] {
+    const size_t n = ::strlen(s) + 1;
+    char* p = static_cast<char*>(pool_alloc(n, 16));
+    if (p != nullptr) ::memcpy(p, s, n);
+    return p;
+  }
+  if (tracking()) g_tracker.count(MI_FN_STRDUP);
+  return g_next.strdup(s);
+}
+
+MI_EXPORT char* strndup(const char* s, size_t n) noexcept {
+  if (!ready()) [[unlikely]] {
+    const size_t len = ::strnlen(s, n);
+    char* p = static_cast<char*>(pool_alloc(len + 1, 16));
+    if (p != nullptr) {
+      ::memcpy(p, s, len);
+      p[len] = '\0';
+    }
+    return p;
+  }
+  if (tracking()) g_tracker.count(MI_FN_STRNDUP);
+  return g_next.strndup(s, n);
+}

@@ -1,0 +1,229 @@
+// Start-up of the interposer: resolve the next allocator, read the
+// environment without malloc, decide whether this executable records, and
+// map the tracker's tables. Runs inside the first malloc call.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "../track/glob.h"
+#include "runtime.h"
+
+extern char** environ;
+// Linker-provided bounds of this object's image: the hooks' and tracker's
+// own frames lie in [__ehdr_start, etext) and are cut from captured stacks.
+extern "C" char __ehdr_start;
+extern "C" char etext;
+
+namespace mi::preload {
+
+constinit Next g_next{};
+constinit std::atomic<int> g_state{kUninit};
+constinit bool g_recording = false;
+constinit mi::track::Tracker g_tracker;
+__thread bool t_in_hook = false;
+
+namespace {
+
+// --- bootstrap pool ---------------------------------------------------------
+constexpr size_t kPoolBytes = 1 << 20;
+alignas(64) char g_pool[kPoolBytes];
+std::atomic<size_t> g_pool_used{0};
+
+// --- environment, read without malloc --------------------------------------
+const char* env_find(const char* name) {
+  const size_t len = std::strlen(name);
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e)
+    if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
+  return nullptr;
+}
+
+// "4096", "512k", "64M", "1g": a byte count or an entry count. 0 when the
+// text is not a number (the caller keeps its default).
+uint64_t parse_count(const char* s) {
+  if (s == nullptr || *s < '0' || *s > '9') return 0;
+  uint64_t v = 0;
+  for (; *s >= '0' && *s <= '9'; ++s) {
+    if (v > UINT64_MAX / 10) return 0;
+    v = v * 10 + static_cast<uint64_t>(*s - '0');
+  }
+  uint64_t mult = 1;
+  switch (*s) {
+    case 'k':
+    case 'K':
+      mult = uint64_t{1} << 10;
+      ++s;
+      break;
+    case 'm':
+    case 'M':
+      mult = uint64_t{1} << 20;
+      ++s;
+      break;
+    case 'g':
+    case 'G':
+      mult = uint64_t{1} << 30;
+      ++s;
+      break;
+    default:
+      break;
+  }
+  if (*s != '\0' || v > UINT64_MAX / mult) return 0;
+  return v * mult;
+}
+
+void warn(const char* what, const char* value) {
+  // stderr through write(2): no stdio buffers, no malloc.
+  const char* parts[] = {"mallocinfo: ignoring ", what, "=", value, "\n"};
+  for (const char* p : parts) {
+    const ssize_t n = ::write(2, p, std::strlen(p));
+    (void)n;
+  }
+}
+
+bool parse_mode(const char* s, uint32_t* mode) {
+  if (std::strcmp(s, "full") == 0)
+    *mode = MI_MODE_FULL;
+  else if (std::strcmp(s, "sample") == 0)
+    *mode = MI_MODE_SAMPLE;
+  else if (std::strcmp(s, "counters") == 0)
+    *mode = MI_MODE_COUNTERS;
+  else if (std::strcmp(s, "off") == 0)
+    *mode = MI_MODE_OFF;
+  else
+    return false;
+  return true;
+}
+
+// Base name of this process's executable (readlink: a system call, no
+// malloc). Empty when /proc is unavailable.
+void exe_basename(char* out, size_t cap) {
+  char path[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  out[0] = '\0';
+  if (n <= 0) return;
+  path[n] = '\0';
+  const char* base = std::strrchr(path, '/');
+  base = base != nullptr ? base + 1 : path;
+  size_t i = 0;
+  for (; base[i] != '\0' && i + 1 < cap; ++i) out[i] = base[i];
+  out[i] = '\0';
+}
+
+template <class F>
+void resolve(F*& slot, const char* name) {
+  slot = reinterpret_cast<F*>(::dlsym(RTLD_NEXT, name));
+}
+
+void resolve_next() {
+  resolve(g_next.malloc, "malloc");
+  resolve(g_next.free, "free");
+  resolve(g_next.calloc, "calloc");
+  resolve(g_next.realloc, "realloc");
+  resolve(g_next.reallocarray, "reallocarray");
+  resolve(g_next.posix_memalign, "posix_memalign");
+  resolve(g_next.aligned_alloc, "aligned_alloc");
+  resolve(g_next.memalign, "memalign");
+  resolve(g_next.valloc, "valloc");
+  resolve(g_next.pvalloc, "pvalloc");
+  resolve(g_next.strdup, "strdup");
+  resolve(g_next.strndup, "strndup");
+}
+
+void configure() {
+  const char* pattern = env_find("MALLOCINFO_TRACE_EXE");
+  if (pattern == nullptr || *pattern == '\0') pattern = "beam*";
+  char exe[256];
+  exe_basename(exe, sizeof exe);
+  if (!mi::track::glob_match(pattern, exe)) return;
+
+  mi::track::Config config;
+  if (const char* m = env_find("MALLOCINFO_TRACE"); m != nullptr && !parse_mode(m, &config.mode))
+    warn("MALLOCINFO_TRACE", m);
+  struct Knob {
+    const char* name;
+    uint64_t min, max;
+    uint64_t* out;
+  };
+  uint64_t table = config.table_capacity, stacks = config.stack_capacity,
+           depth = config.stack_depth, sample = config.sample_bytes;
+  const Knob knobs[] = {
+      {"MALLOCINFO_TABLE_SIZE", 64, uint64_t{1} << 32, &table},
+      {"MALLOCINFO_STACK_TABLE_SIZE", 64, uint64_t{1} << 30, &stacks},
+      {"MALLOCINFO_STACK_DEPTH", 1, mi::track::kMaxStackDepth, &depth},
+      {"MALLOCINFO_SAMPLE_BYTES", 1, uint64_t{1} << 40, &sample},
+  };
+  for (const Knob& k : knobs) {
+    const char* v = env_find(k.name);
+    if (v == nullptr) continue;
+    const uint64_t n = parse_count(v);
+    if (n >= k.min && n <= k.max)
+      *k.out = n;
+    else
+      warn(k.name, v);
+  }
+  config.table_capacity = table;
+  config.stack_capacity = stacks;
+  config.stack_depth = static_cast<unsigned>(depth);
+  config.sample_bytes = sample;
+  if (const char* u = env_find("MALLOCINFO_UNWIND"); u != nullptr) {
+    if (std::strcmp(u, "libunwind") == 0)
+      config.cached_unwinder = false;
+    else if (std::strcmp(u, "cached") != 0)
+      warn("MALLOCINFO_UNWIND", u);
+  }
+  if (!g_tracker.init(
+          config,
+          config.cached_unwinder ? mi::track::unwind_with_cache : mi::track::unwind_libunwind_only,
+          mi::track::coarse_monotonic_ns))
+    return;
+  g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
+                           reinterpret_cast<uintptr_t>(&etext));
+  g_recording = true;
+}
+
+}  // namespace
+
+bool ensure_init() {
+  int s = g_state.load(std::memory_order_acquire);
+  if (s == kReady) return true;
+  if (s == kUninit &&
+      g_state.compare_exchange_strong(s, kInitializing, std::memory_order_acq_rel)) {
+    const bool outer = t_in_hook;
+    t_in_hook = true;
+    resolve_next();
+    configure();
+    t_in_hook = outer;
+    g_state.store(kReady, std::memory_order_release);
+    return true;
+  }
+  return false;
+}
+
+void* pool_alloc(size_t size, size_t align) {
+  // Header of 16 bytes in front of each block holds its size (for realloc).
+  if (align < 16) align = 16;
+  size_t used = g_pool_used.load(std::memory_order_relaxed);
+  for (;;) {
+    const size_t start = (used + 16 + align - 1) & ~(align - 1);
+    if (start + size > kPoolBytes || start + size < start) return nullptr;
+    if (g_pool_used.compare_exchange_weak(used, start + size, std::memory_order_relaxed)) {
+      std::memcpy(g_pool + start - sizeof(size_t), &size, sizeof(size_t));
+      return g_pool + start;
+    }
+  }
+}
+
+bool pool_owns(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto lo = reinterpret_cast<uintptr_t>(g_pool);
+  return a >= lo && a < lo + kPoolBytes;
+}
+
+size_t pool_size_of(const void* p) {
+  size_t n;
+  std::memcpy(&n, static_cast<const char*>(p) - sizeof(size_t), sizeof(size_t));
+  return n;
+}
+
+}  // namespace mi::preload

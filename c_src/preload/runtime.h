@@ -1,0 +1,55 @@
+// Shared state of the interposer (this directory is one link unit:
+// libmallocinfo_preload.so). Owned here: the one Tracker, the resolved next
+// allocator, the re-entrancy guard and the start-up state machine.
+#ifndef MALLOCINFO_PRELOAD_RUNTIME_H
+#define MALLOCINFO_PRELOAD_RUNTIME_H
+
+#include <atomic>
+#include <cstddef>
+
+#include "../track/tracker.h"
+
+namespace mi::preload {
+
+// The allocator after us in the symbol search order (glibc, or jemalloc /
+// tcmalloc when preloaded after us), resolved with dlsym(RTLD_NEXT).
+struct Next {
+  void* (*malloc)(size_t);
+  void (*free)(void*);
+  void* (*calloc)(size_t, size_t);
+  void* (*realloc)(void*, size_t);
+  void* (*reallocarray)(void*, size_t, size_t);
+  int (*posix_memalign)(void**, size_t, size_t);
+  void* (*aligned_alloc)(size_t, size_t);
+  void* (*memalign)(size_t, size_t);
+  void* (*valloc)(size_t);
+  void* (*pvalloc)(size_t);
+  char* (*strdup)(const char*);
+  char* (*strndup)(const char*, size_t);
+};
+
+enum : int { kUninit = 0, kInitializing = 1, kReady = 2 };
+
+extern Next g_next;
+extern std::atomic<int> g_state;
+extern bool g_recording;  // this executable matched MALLOCINFO_TRACE_EXE
+extern mi::track::Tracker g_tracker;
+
+// Set while this thread is inside a hook (or initialising): any allocation
+// it makes meanwhile is forwarded untracked. initial-exec TLS.
+extern __thread bool t_in_hook;
+
+// Runs start-up once (first hook call of the process). True when the
+// caller may use g_next; false when start-up is in progress (re-entry from
+// dlsym, or another thread racing the first call): use the bootstrap pool.
+bool ensure_init();
+
+// Static bootstrap pool for allocations made before the next allocator is
+// known. Memory is never reused (it is zero, as calloc needs).
+void* pool_alloc(size_t size, size_t align);
+bool pool_owns(const void* p);
+size_t pool_size_of(const void* p);
+
+}  // namespace mi::preload
+
+#endif

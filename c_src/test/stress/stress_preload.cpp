@@ -1,0 +1,379 @@
+// Runs under the real interposer:
+//   LD_PRELOAD=priv/libmallocinfo_preload.so MALLOCINFO_TRACE_EXE=stress_preload
+// and reads it back through the ABI, as the NIF does. Checks glibc-exact
+// edge cases, C++ new/delete, a concurrency stress with a concurrent
+// snapshot/reset thread (afterwards counters are exact and the table holds
+// exactly the live blocks), and fork() from a multi-threaded process.
+// Prints "N passed, N failed"; exit status 1 on any failure.
+#include <dlfcn.h>
+#include <errno.h>
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "../../common/mi_abi.h"
+
+// The checks look freed addresses up in the table (never dereference
+// them), which is exactly what this warning is about.
+#pragma GCC diagnostic ignored "-Wuse-after-free"
+
+namespace {
+
+int g_passed = 0, g_failed = 0;
+
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (cond) {                                                         \
+      ++g_passed;                                                       \
+    } else {                                                            \
+      ++g_failed;                                                       \
+      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                   \
+  } while (0)
+
+const mi_preload_abi* g_abi = nullptr;
+
+mi_abi_status status() {
+  mi_abi_status s{};
+  g_abi->status(&s, sizeof s);
+  return s;
+}
+
+// Snapshot into a buffer reserved up front, so that reading the table does
+// not itself allocate through the hooks.
+struct Snap {
+  std::vector<mi_abi_entry> v;
+  uint64_t live_after = 0;  // status().live_entries right after the snapshot
+  Snap() { v.reserve(1 << 20); }
+  std::map<uint64_t, mi_abi_entry> take() {
+    v.clear();
+    g_abi->snapshot(
+        [](void* ctx, const mi_abi_entry* e, size_t n) {
+          auto* vec = static_cast<std::vector<mi_abi_entry>*>(ctx);
+          for (size_t i = 0; i < n && vec->size() < vec->capacity(); ++i) vec->push_back(e[i]);
+        },
+        &v);
+    live_after = status().live_entries;
+    std::map<uint64_t, mi_abi_entry> m;
+    for (const auto& e : v) m[e.address] = e;
+    return m;
+  }
+};
+
+bool live(const std::map<uint64_t, mi_abi_entry>& m, const void* p, uint64_t size) {
+  auto it = m.find(reinterpret_cast<uintptr_t>(p));
+  return it != m.end() && it->second.size == size;
+}
+bool absent(const std::map<uint64_t, mi_abi_entry>& m, const void* p) {
+  return m.find(reinterpret_cast<uintptr_t>(p)) == m.end();
+}
+
+// Keeps the compiler from pairing and deleting malloc/free calls, and from
+// reasoning about sizes it would otherwise reject at compile time.
+void* volatile g_sink;
+template <class T>
+T opaque(T v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
+void test_edge_cases(Snap& snap) {
+  const mi_abi_status s0 = status();
+  void* a = malloc(100);
+  void* b = calloc(10, 30);
+  void* c = opaque(realloc(opaque<void*>(nullptr), 40));  // realloc(NULL, n) is malloc
+  void* d = nullptr;
+  CHECK(posix_memalign(&d, 64, 50) == 0);
+  void* e = aligned_alloc(128, 256);
+  void* f = memalign(32, 70);
+  void* g = valloc(10);
+  void* h = pvalloc(10);
+  char* i = strdup("hello");
+  char* j = strndup("hello world", 5);
+  void* k = reallocarray(nullptr, 7, 9);
+  errno = 0;
+  void* over = calloc(opaque(SIZE_MAX / 2), 4);  // overflow: NULL, ENOMEM, nothing recorded
+  CHECK(over == nullptr);
+  CHECK(errno == ENOMEM);
+  errno = 0;
+  CHECK(reallocarray(a, opaque(SIZE_MAX / 2), 4) == nullptr);
+  CHECK(errno == ENOMEM);
+  free(opaque<void*>(nullptr));
+
+  auto m = snap.take();
+  CHECK(live(m, a, 100));
+  CHECK(live(m, b, 300));
+  CHECK(live(m, c, 40));
+  CHECK(live(m, d, 50));
+  CHECK(live(m, e, 256));
+  CHECK(live(m, f, 70));
+  CHECK(live(m, g, 10));
+  CHECK(live(m, h, 10));
+  CHECK(live(m, i, 6));
+  CHECK(live(m, j, 6));
+  CHECK(live(m, k, 63));
+
+  const mi_abi_status s1 = status();
+  CHECK(s1.calls[MI_FN_CALLOC] - s0.calls[MI_FN_CALLOC] == 2);
+  CHECK(s1.calls[MI_FN_POSIX_MEMALIGN] - s0.calls[MI_FN_POSIX_MEMALIGN] == 1);
+  CHECK(s1.calls[MI_FN_ALIGNED_ALLOC] - s0.calls[MI_FN_ALIGNED_ALLOC] == 1);
+  CHECK(s1.calls[MI_FN_MEMALIGN] - s0.calls[MI_FN_MEMALIGN] == 1);
+  CHECK(s1.calls[MI_FN_VALLOC] - s0.calls[MI_FN_VALLOC] == 1);
+  CHECK(s1.calls[MI_FN_PVALLOC] - s0.calls[MI_FN_PVALLOC] == 1);
+  CHECK(s1.calls[MI_FN_STRDUP] - s0.calls[MI_FN_STRDUP] == 1);
+  CHECK(s1.calls[MI_FN_STRNDUP] - s0.calls[MI_FN_STRNDUP] == 1);
+  CHECK(s1.calls[MI_FN_REALLOCARRAY] - s0.calls[MI_FN_REALLOCARRAY] == 1);
+  CHECK(s1.calls[MI_FN_FREE] - s0.calls[MI_FN_FREE] == 1);  // free(NULL)
+
+  // realloc growing: the old address leaves, the new one carries the size.
+  void* a2 = realloc(a, 100000);
+  m = snap.take();
+  CHECK(live(m, a2, 100000));
+  if (a2 != a) CHECK(absent(m, a));
+  // realloc failure: NULL, the block is untouched and still recorded.
+  errno = 0;
+  void* fail = realloc(a2, opaque(SIZE_MAX - 4096));
+  CHECK(fail == nullptr);
+  m = snap.take();
+  CHECK(live(m, a2, 100000));
+  // realloc(p, 0) frees p (glibc) and returns NULL.
+  CHECK(realloc(b, 0) == nullptr);
+  m = snap.take();
+  CHECK(absent(m, b));
+
+  // C++ new/delete go through the hooks.
+  char* arr = new char[12345];
+  g_sink = arr;
+  m = snap.take();
+  CHECK(live(m, arr, 12345));
+  delete[] arr;
+  m = snap.take();
+  CHECK(absent(m, arr));
+
+  for (void* p : {a2, c, d, e, f, g, h, static_cast<void*>(i), static_cast<void*>(j), k}) free(p);
+  m = snap.take();
+  for (void* p : {a2, c, d, e, f, g, h, static_cast<void*>(i), static_cast<void*>(j), k})
+    CHECK(absent(m, p));
+}
+
+constexpr int kWorkers = 4;
+constexpr int kOps = 100000;
+
+// Workers keep their bookkeeping in fixed arrays, so that the only
+// allocations they make are the ones they count.
+constexpr size_t kMaxHeld = 512;
+
+struct WorkerResult {
+  std::pair<void*, size_t> held[kMaxHeld + 1];
+  size_t nheld = 0;
+  uint64_t calls[MI_FN_COUNT] = {};
+};
+
+// Mixed allocation traffic; keeps up to kMaxHeld blocks live.
+void worker(int id, WorkerResult* r) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 1);
+  auto rnd = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  auto& held = r->held;
+  size_t& n = r->nheld;
+  for (int op = 0; op < kOps; ++op) {
+    const uint64_t v = rnd();
+    if (n >= kMaxHeld || (n > 0 && v % 3 == 0)) {
+      const size_t at = static_cast<size_t>(rnd() % n);
+      if (v % 7 == 0) {
+        const size_t ns = 1 + rnd() % 2000;
+        held[at] = {realloc(held[at].first, ns), ns};
+        ++r->calls[MI_FN_REALLOC];
+      } else {
+        free(held[at].first);
+        ++r->calls[MI_FN_FREE];
+        held[at] = held[--n];
+      }
+      continue;
+    }
+    size_t size = 1 + rnd() % 3000;
+    void* p = nullptr;
+    switch (v % 5) {
+      case 0:
+        p = malloc(size);
+        ++r->calls[MI_FN_MALLOC];
+        break;
+      case 1:
+        p = calloc(1, size);
+        ++r->calls[MI_FN_CALLOC];
+        break;
+      case 2:
+        p = memalign(64, size);
+        ++r->calls[MI_FN_MEMALIGN];
+        break;
+      case 3:
+        if (posix_memalign(&p, 32, size) != 0) p = nullptr;
+        ++r->calls[MI_FN_POSIX_MEMALIGN];
+        break;
+      default:
+        size = (size + 15) & ~size_t{15};
+        p = aligned_alloc(16, size);
+        ++r->calls[MI_FN_ALIGNED_ALLOC];
+        break;
+    }
+    held[n++] = {p, size};
+  }
+}
+
+void test_stress(Snap& snap) {
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> snapshots{0}, resets{0};
+  // Phase 1: workers run while another thread snapshots and resets.
+  std::thread chaos([&] {
+    Snap local;
+    while (!stop.load()) {
+      local.take();
+      ++snapshots;
+      if (snapshots % 4 == 0) {
+        g_abi->reset();
+        ++resets;
+      }
+    }
+  });
+  {
+    static WorkerResult res[kWorkers];
+    std::vector<std::thread> ts;
+    for (int w = 0; w < kWorkers; ++w) ts.emplace_back(worker, w, &res[w]);
+    for (auto& t : ts) t.join();
+    for (auto& r : res)
+      for (size_t k = 0; k < r.nheld; ++k) free(r.held[k].first);
+  }
+  stop = true;
+  chaos.join();
+  CHECK(snapshots.load() > 0);
+  CHECK(resets.load() > 0);
+
+  // Phase 2: from a clean table, the same traffic without interference.
+  // Counters must move by exactly the workers' calls, and the table must
+  // hold exactly the blocks they still hold.
+  g_abi->reset();
+  const mi_abi_status s0 = status();
+  static WorkerResult res[kWorkers];
+  {
+    std::vector<std::thread> ts;
+    ts.reserve(kWorkers);
+    for (int w = 0; w < kWorkers; ++w) ts.emplace_back(worker, w, &res[w]);
+    for (auto& t : ts) t.join();
+  }
+  const mi_abi_status s1 = status();
+  uint64_t expected[MI_FN_COUNT] = {};
+  size_t held = 0;
+  for (auto& r : res) {
+    for (int f = 0; f < MI_FN_COUNT; ++f) expected[f] += r.calls[f];
+    held += r.nheld;
+  }
+  for (int f : {MI_FN_MALLOC, MI_FN_REALLOC, MI_FN_FREE, MI_FN_MEMALIGN, MI_FN_POSIX_MEMALIGN,
+                MI_FN_ALIGNED_ALLOC}) {
+    // Starting and ending a thread makes glibc and libstdc++ call
+    // malloc/calloc/free a few dozen times (thread state, TLS, atexit
+    // lists): a small allowance for those three, none for the functions
+    // only the workers call.
+    if (f == MI_FN_MALLOC || f == MI_FN_FREE || f == MI_FN_CALLOC) {
+      CHECK(s1.calls[f] - s0.calls[f] >= expected[f]);
+      CHECK(s1.calls[f] - s0.calls[f] <= expected[f] + 32 * kWorkers);
+    } else {
+      CHECK(s1.calls[f] - s0.calls[f] == expected[f]);
+    }
+  }
+  CHECK(s1.dropped == s0.dropped);
+  auto m = snap.take();
+  size_t found = 0;
+  bool sizes_ok = true;
+  for (auto& r : res)
+    for (size_t k = 0; k < r.nheld; ++k) {
+      auto it = m.find(reinterpret_cast<uintptr_t>(r.held[k].first));
+      if (it != m.end()) {
+        ++found;
+        if (it->second.size != r.held[k].second) sizes_ok = false;
+      }
+    }
+  CHECK(found == held);
+  CHECK(sizes_ok);
+  // Nothing else is live but what thread start-up allocated (a handful).
+  CHECK(m.size() >= held);
+  CHECK(m.size() <= held + 4 * kWorkers);
+  CHECK(snap.live_after == m.size());
+  for (auto& r : res)
+    for (size_t k = 0; k < r.nheld; ++k) free(r.held[k].first);
+  m.clear();  // its nodes are live blocks too
+  m = snap.take();
+  CHECK(m.size() <= 4 * kWorkers);
+}
+
+void test_fork() {
+  // fork() while other threads allocate: the child must be able to
+  // allocate, record and exit normally (no lock held across fork).
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> ts;
+  for (int w = 0; w < 3; ++w)
+    ts.emplace_back([&stop] {
+      while (!stop.load()) {
+        void* p = malloc(64);
+        g_sink = p;
+        free(p);
+      }
+    });
+  int ok_children = 0;
+  for (int n = 0; n < 20; ++n) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<void*> v;
+      for (int i = 0; i < 1000; ++i) v.push_back(malloc(32 + i));
+      mi_abi_status s{};
+      g_abi->status(&s, sizeof s);
+      for (void* p : v) free(p);
+      _exit(s.live_entries >= 1000 ? 0 : 3);
+    }
+    int st = 0;
+    if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      ++ok_children;
+  }
+  stop = true;
+  for (auto& t : ts) t.join();
+  CHECK(ok_children == 20);
+}
+
+}  // namespace
+
+int main() {
+  auto fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
+  if (fn == nullptr) {
+    fprintf(stderr, "stress_preload: run me with LD_PRELOAD=libmallocinfo_preload.so\n");
+    return 2;
+  }
+  g_abi = fn();
+  CHECK(g_abi->abi_version == MI_ABI_VERSION);
+  CHECK(g_abi->struct_size >= sizeof(mi_preload_abi));
+  const mi_abi_status s = status();
+  CHECK(s.recording == 1);
+  CHECK(s.mode == MI_MODE_FULL);
+  if (s.recording != 1) {
+    fprintf(stderr, "stress_preload: not recording (MALLOCINFO_TRACE_EXE?)\n");
+    return 2;
+  }
+  Snap snap;
+  test_edge_cases(snap);
+  test_stress(snap);
+  test_fork();
+  printf("stress_preload: %d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

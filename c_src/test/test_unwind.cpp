@@ -1,0 +1,456 @@
+// The cached unwinder returns exactly libunwind's stacks: over many frame
+// shapes (unwind_fixture.cpp), warm and cold, truncated or not, from libc
+// code, signal handlers, code without CFI, and two threads at once.
+//
+// Both back ends are always called through one call site (capture_site via
+// a function pointer; libunwind through a frameless stub with the same
+// signature), so whole stacks, first frame included, are compared.
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "../track/unwind.h"
+
+// The fixture's frames are x86_64 assembly and CFI; elsewhere capture_cached
+// is libunwind's loop and there is nothing of its own to test.
+#if defined(__x86_64__)
+
+// Declared again from unwind_fixture.cpp (the two files share no header).
+namespace unwind_fixture {
+enum class Shape : uint8_t { kFp, kNoFp, kAlloca, kVla, kAligned, kBusy, kExpr, kQuirk, kJit };
+struct Ctx {
+  const Shape* shapes;  // shape of level i is shapes[i % nshapes]
+  size_t nshapes;
+  int depth;
+  size_t bytes;  // alloca/VLA size (plus the level)
+  void (*leaf)(void*);
+  void* arg;
+};
+}  // namespace unwind_fixture
+
+extern "C" {
+int unwind_fixture_run(unwind_fixture::Ctx* c, int level);
+bool unwind_fixture_jit_available();
+size_t unwind_fixture_libunwind_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
+size_t unwind_fixture_backtrace_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
+}
+
+namespace {
+
+using mi::track::UnwindCache;
+using mi::track::UnwindCacheStats;
+using unwind_fixture::Shape;
+using Stack = std::vector<uintptr_t>;
+using CaptureFn = size_t (*)(UnwindCache*, uintptr_t*, size_t);
+
+const CaptureFn kLibunwind = unwind_fixture_libunwind_stub;
+const CaptureFn kCached = mi::track::capture_cached;
+const CaptureFn kUnwBacktrace = unwind_fixture_backtrace_stub;
+
+// Cache memory as the tracker gets it: mmap'd, hence zero-filled.
+class CacheMem {
+ public:
+  CacheMem() {
+    mem_ = mmap(nullptr, mi::track::unwind_cache_bytes(), PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem_ == MAP_FAILED) std::abort();
+    cache = mi::track::unwind_cache_init(mem_);
+  }
+  ~CacheMem() { munmap(mem_, mi::track::unwind_cache_bytes()); }
+  CacheMem(const CacheMem&) = delete;
+  CacheMem& operator=(const CacheMem&) = delete;
+  UnwindCacheStats stats() const { return mi::track::unwind_cache_stats(cache); }
+
+  UnwindCache* cache;
+
+ private:
+  void* mem_;
+};
+
+// The one call site of every capture in these tests.
+__attribute__((noipa)) size_t capture_site(CaptureFn fn, UnwindCache* cache, uintptr_t* out,
+                                           size_t max) {
+  size_t n = fn(cache, out, max);
+  __asm__ volatile("" : "+r"(n));
+  return n;
+}
+
+// Returns its return address in the shape of a capture.
+__attribute__((noipa)) size_t return_address_probe(UnwindCache*, uintptr_t* out, size_t max) {
+  if (max > 0) out[0] = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
+  return max > 0 ? 1 : 0;
+}
+
+struct Delta {
+  uint64_t hits, misses, fallbacks;
+};
+
+// What one leaf call captures: one stack per function in fns, in order, with
+// the cache counters' change around each.
+struct Session {
+  UnwindCache* cache = nullptr;
+  size_t max = 256;
+  std::vector<CaptureFn> fns;
+  std::vector<Stack> stacks;
+  std::vector<Delta> deltas;
+  std::vector<size_t> counts;
+  int calls = 0;
+};
+
+// Allocates nothing: it also runs in signal handlers.
+__attribute__((noipa)) void leaf(void* arg) {
+  auto* s = static_cast<Session*>(arg);
+  ++s->calls;
+  for (size_t k = 0; k < s->fns.size(); ++k) {
+    Stack& out = s->stacks[k];
+    std::fill(out.begin(), out.end(), 0x5a5a5a5a);  // max + 1, to catch writes past max
+    const UnwindCacheStats before = mi::track::unwind_cache_stats(s->cache);
+    s->counts[k] = capture_site(s->fns[k], s->cache, out.data(), s->max);
+    const UnwindCacheStats after = mi::track::unwind_cache_stats(s->cache);
+    s->deltas[k] = Delta{after.hits - before.hits, after.misses - before.misses,
+                         after.fallbacks - before.fallbacks};
+  }
+}
+
+// Checks every captured stack against the first (libunwind's).
+void check_same(const Session& s) {
+  REQUIRE(s.stacks.size() == s.fns.size());
+  for (size_t k = 0; k < s.stacks.size(); ++k) {
+    REQUIRE(s.counts[k] <= s.max);
+    CHECK(s.stacks[k][s.max] == 0x5a5a5a5a);
+    const Stack got(s.stacks[k].begin(), s.stacks[k].begin() + static_cast<long>(s.counts[k]));
+    const Stack want(s.stacks[0].begin(), s.stacks[0].begin() + static_cast<long>(s.counts[0]));
+    INFO("capture " << k);
+    CHECK(got == want);
+  }
+}
+
+void run_chain(Session& s, const std::vector<Shape>& shapes, int depth, size_t bytes = 64) {
+  unwind_fixture::Ctx ctx{shapes.data(), shapes.size(), depth, bytes, leaf, &s};
+  unwind_fixture_run(&ctx, 0);
+}
+
+// libunwind, then the cached back end `reps` times, then `extra`.
+Session session(UnwindCache* cache, size_t max, int reps, CaptureFn extra = nullptr) {
+  Session s;
+  s.cache = cache;
+  s.max = max;
+  s.fns.push_back(kLibunwind);
+  for (int i = 0; i < reps; ++i) s.fns.push_back(kCached);
+  if (extra != nullptr) s.fns.push_back(extra);
+  s.stacks.assign(s.fns.size(), Stack(max + 1));
+  s.deltas.resize(s.fns.size());
+  s.counts.resize(s.fns.size());
+  return s;
+}
+
+const std::vector<Shape> kAllCacheable = {
+    Shape::kFp,   Shape::kNoFp,   Shape::kAlloca, Shape::kVla,  Shape::kAligned, Shape::kBusy,
+    Shape::kNoFp, Shape::kAlloca, Shape::kFp,     Shape::kBusy, Shape::kVla};
+
+}  // namespace
+
+TEST_CASE("unwind: cache memory is 64-256 KiB and starts empty", "[unwind]") {
+  CHECK(mi::track::unwind_cache_bytes() >= 64 * 1024);
+  CHECK(mi::track::unwind_cache_bytes() <= 256 * 1024);
+  CacheMem mem;
+  const UnwindCacheStats st = mem.stats();
+  CHECK(st.hits == 0);
+  CHECK(st.misses == 0);
+  CHECK(st.fallbacks == 0);
+  CHECK(st.entries == 0);
+}
+
+TEST_CASE("unwind: the first frame is the return address into the caller", "[unwind]") {
+  CacheMem mem;
+  // probe, libunwind, cached (cold), cached (warm), all from one call site.
+  const CaptureFn fns[] = {return_address_probe, kLibunwind, kCached, kCached, kCached};
+  uintptr_t out[5][64] = {};
+  size_t n[5] = {};
+  for (size_t k = 0; k < 5; ++k) n[k] = capture_site(fns[k], mem.cache, out[k], 64);
+  REQUIRE(n[0] == 1);
+  REQUIRE(n[1] > 2);
+  for (size_t k = 1; k < 5; ++k) {
+    INFO("capture " << k);
+    CHECK(out[k][0] == out[0][0]);
+    REQUIRE(n[k] == n[1]);
+    CHECK(std::memcmp(out[k], out[1], n[1] * sizeof out[1][0]) == 0);
+  }
+  // Called directly, the first frame is in this function, and the next one
+  // is the same for both.
+  uintptr_t direct[4] = {};
+  uintptr_t direct_lib[4] = {};
+  REQUIRE(mi::track::capture_cached(mem.cache, direct, 4) == 4);
+  REQUIRE(mi::track::capture_libunwind(direct_lib, 4) == 4);
+  CHECK(direct[0] != direct_lib[0]);
+  CHECK(direct[1] == direct_lib[1]);
+  CHECK(direct[2] == direct_lib[2]);
+}
+
+TEST_CASE("unwind: max of 0 writes nothing", "[unwind]") {
+  CacheMem mem;
+  uintptr_t out[1] = {7};
+  CHECK(mi::track::capture_cached(mem.cache, out, 0) == 0);
+  CHECK(mi::track::capture_libunwind(out, 0) == 0);
+  CHECK(out[0] == 7);
+}
+
+TEST_CASE("unwind: each frame shape, cold then warm", "[unwind]") {
+  const std::vector<std::pair<const char*, Shape>> shapes = {
+      {"frame pointer", Shape::kFp},     {"no frame pointer", Shape::kNoFp},
+      {"alloca", Shape::kAlloca},        {"VLA", Shape::kVla},
+      {"over-aligned", Shape::kAligned}, {"callee-saved pushes", Shape::kBusy}};
+  for (const auto& [name, shape] : shapes) {
+    INFO(name);
+    CacheMem mem;
+    Session s = session(mem.cache, 256, 3);
+    run_chain(s, {shape}, 12);
+    check_same(s);
+    CHECK(s.counts[0] >= 24);
+    CHECK(s.deltas[1].fallbacks == 1);  // cold: learnt through libunwind
+    for (size_t k = 2; k < s.fns.size(); ++k) {
+      CHECK(s.deltas[k].fallbacks == 0);
+      CHECK(s.deltas[k].misses == 0);
+      CHECK(s.deltas[k].hits == s.counts[k]);  // every frame, the last one's end rule too
+    }
+  }
+}
+
+TEST_CASE("unwind: alloca and VLA sizes change under a warm cache", "[unwind]") {
+  // The classic trap: an RSP-relative rule learnt at one alloca size is wrong
+  // at the next. The CFI says RBP-relative, so the rule holds for every size.
+  CacheMem mem;
+  const std::vector<Shape> shapes = {Shape::kAlloca, Shape::kVla, Shape::kNoFp};
+  for (size_t bytes : {size_t{16}, size_t{5000}, size_t{0}, size_t{123}, size_t{70000}}) {
+    INFO("bytes " << bytes);
+    Session s = session(mem.cache, 256, 2);
+    run_chain(s, shapes, 9, bytes);
+    check_same(s);
+    if (bytes != 16) {
+      CHECK(s.deltas[1].fallbacks == 0);
+      CHECK(s.deltas[1].hits == s.counts[1]);
+    }
+  }
+}
+
+TEST_CASE("unwind: mixed shapes, repeated calls", "[unwind]") {
+  CacheMem mem;
+  for (int round = 0; round < 20; ++round) {
+    Session s = session(mem.cache, 256, 1);
+    run_chain(s, kAllCacheable, 10 + round, 32 + static_cast<size_t>(round) * 40);
+    check_same(s);
+    if (round > 0) CHECK(s.deltas[1].fallbacks == 0);
+  }
+  CHECK(mem.stats().hits > 0);
+  CHECK(mem.stats().entries > 20);
+}
+
+TEST_CASE("unwind: deep recursion, truncated and whole", "[unwind]") {
+  CacheMem mem;
+  for (size_t max : {size_t{32}, size_t{1000}, size_t{32}}) {
+    INFO("max " << max);
+    Session s = session(mem.cache, max, 2);
+    run_chain(s, {Shape::kFp, Shape::kNoFp}, 200);
+    check_same(s);
+    if (max == 32) {
+      CHECK(s.counts[0] == 32);
+    } else {
+      CHECK(s.counts[0] > 400);
+      CHECK(s.counts[0] < max);
+    }
+    CHECK(s.deltas[2].fallbacks == 0);
+  }
+}
+
+TEST_CASE("unwind: max smaller than, equal to and larger than the depth", "[unwind]") {
+  CacheMem mem;
+  Session full = session(mem.cache, 512, 1);
+  run_chain(full, kAllCacheable, 15);
+  check_same(full);
+  const size_t depth = full.counts[0];
+  for (size_t max :
+       {size_t{1}, size_t{2}, size_t{3}, size_t{7}, depth - 1, depth, depth + 1, depth + 100}) {
+    INFO("max " << max);
+    Session s = session(mem.cache, max, 2);
+    run_chain(s, kAllCacheable, 15);
+    check_same(s);
+    CHECK(s.counts[0] == std::min(max, depth));
+  }
+}
+
+TEST_CASE("unwind: frames inside libc (qsort comparator)", "[unwind]") {
+  CacheMem mem;
+  static Session* current = nullptr;
+  std::vector<int> data(300);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<int>((i * 7919) % 1009);
+  for (int round = 0; round < 3; ++round) {
+    Session s = session(mem.cache, 256, 2);
+    current = &s;
+    std::vector<int> copy = data;
+    qsort(copy.data(), copy.size(), sizeof(int), [](const void* a, const void* b) -> int {
+      if (current->calls < 3) leaf(current);
+      return *static_cast<const int*>(a) - *static_cast<const int*>(b);
+    });
+    current = nullptr;
+    REQUIRE(s.calls == 3);
+    check_same(s);
+    if (round > 0) CHECK(s.deltas[2].fallbacks == 0);
+  }
+}
+
+namespace {
+Session* g_signal_session = nullptr;
+
+void signal_leaf(void*) {
+  raise(SIGUSR1);
+}
+}  // namespace
+
+TEST_CASE("unwind: through a signal frame (and on an alternate stack)", "[unwind]") {
+  CacheMem mem;
+  for (bool altstack : {false, true}) {
+    INFO("altstack " << altstack);
+    stack_t ss{};
+    std::vector<char> alt(1 << 16);
+    if (altstack) {
+      ss.ss_sp = alt.data();
+      ss.ss_size = alt.size();
+      REQUIRE(sigaltstack(&ss, nullptr) == 0);
+    }
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { leaf(g_signal_session); };
+    sa.sa_flags = altstack ? SA_ONSTACK : 0;
+    sigemptyset(&sa.sa_mask);
+    struct sigaction old {};
+    REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+    for (int round = 0; round < 3; ++round) {
+      Session s = session(mem.cache, 256, 2);
+      g_signal_session = &s;
+      unwind_fixture::Ctx ctx{
+          kAllCacheable.data(), kAllCacheable.size(), 6, 64, signal_leaf, nullptr};
+      unwind_fixture_run(&ctx, 0);
+      g_signal_session = nullptr;
+      REQUIRE(s.calls == 1);
+      check_same(s);
+      // The handler's frames, the signal frame, then the interrupted chain.
+      CHECK(s.counts[0] > 12);
+#ifndef __SANITIZE_THREAD__
+      // A signal frame is never cached: libunwind does it every time. (TSan
+      // defers signals and runs handlers from its interceptors instead.)
+      CHECK(s.deltas[2].fallbacks == 1);
+#endif
+    }
+    sigaction(SIGUSR1, &old, nullptr);
+    if (altstack) {
+      ss.ss_flags = SS_DISABLE;
+      sigaltstack(&ss, nullptr);
+    }
+  }
+}
+
+TEST_CASE("unwind: code without CFI (JIT-like) is left to libunwind", "[unwind]") {
+  if (!unwind_fixture_jit_available()) {
+    WARN("cannot map executable memory here: no JIT-like frame to test");
+    return;
+  }
+  CacheMem mem;
+  const std::vector<Shape> shapes = {Shape::kFp, Shape::kNoFp, Shape::kJit, Shape::kAlloca,
+                                     Shape::kBusy};
+  for (int round = 0; round < 3; ++round) {
+    Session s = session(mem.cache, 256, 2);
+    run_chain(s, shapes, 10);
+    check_same(s);
+    CHECK(s.counts[0] > 6);
+    CHECK(s.deltas[2].fallbacks == 1);
+  }
+}
+
+TEST_CASE("unwind: CFI the cache does not model is stepped by libunwind, then fast again",
+          "[unwind]") {
+  for (Shape odd : {Shape::kExpr, Shape::kQuirk}) {
+    INFO("shape " << static_cast<int>(odd));
+    CacheMem mem;
+    // One odd frame near the innermost end of a deep chain.
+    std::vector<Shape> shapes(40, Shape::kNoFp);
+    shapes[37] = odd;
+    for (int round = 0; round < 3; ++round) {
+      Session s = session(mem.cache, 256, 2);
+      run_chain(s, shapes, 40);
+      check_same(s);
+      REQUIRE(s.counts[0] > 80);
+      const Delta& warm = s.deltas[2];
+      CHECK(warm.fallbacks == 1);
+      // libunwind steps only the frames up to the odd one; the rest is fast.
+      CHECK(warm.misses < 16);
+      CHECK(warm.hits > s.counts[2] - 16);
+    }
+  }
+}
+
+TEST_CASE("unwind: two threads, one cache each", "[unwind]") {
+  struct Result {
+    int mismatches = 0;
+    int captures = 0;
+    UnwindCacheStats stats{};
+  };
+  auto work = [](Result* r, int seed) {
+    CacheMem mem;
+    for (int i = 0; i < 300; ++i) {
+      Session s = session(mem.cache, 64 + static_cast<size_t>((i * 7 + seed) % 200), 1);
+      std::vector<Shape> shapes = kAllCacheable;
+      std::rotate(shapes.begin(), shapes.begin() + (i + seed) % 5, shapes.end());
+      run_chain(s, shapes, 5 + (i + seed) % 30, static_cast<size_t>(i % 300));
+      ++r->captures;
+      if (s.counts[0] != s.counts[1] ||
+          !std::equal(s.stacks[0].begin(), s.stacks[0].begin() + static_cast<long>(s.counts[0]),
+                      s.stacks[1].begin()))
+        ++r->mismatches;
+    }
+    r->stats = mem.stats();
+  };
+  Result a, b;
+  std::thread ta(work, &a, 1);
+  std::thread tb(work, &b, 2);
+  ta.join();
+  tb.join();
+  CHECK(a.captures == 300);
+  CHECK(b.captures == 300);
+  CHECK(a.mismatches == 0);
+  CHECK(b.mismatches == 0);
+  // Mostly warm: far more frames from the cache than from libunwind.
+  CHECK(a.stats.hits > 10 * a.stats.misses);
+  CHECK(b.stats.hits > 10 * b.stats.misses);
+}
+
+TEST_CASE("unwind: forgetting rules after code is unmapped", "[unwind]") {
+  CacheMem mem;
+  Session warm = session(mem.cache, 256, 2);
+  run_chain(warm, kAllCacheable, 8);
+  check_same(warm);
+  REQUIRE(mem.stats().entries > 0);
+  mi::track::unwind_code_unmapped();
+  Session s = session(mem.cache, 256, 2);
+  run_chain(s, kAllCacheable, 8);
+  check_same(s);
+  CHECK(s.deltas[1].fallbacks == 1);  // relearnt
+  CHECK(s.deltas[2].fallbacks == 0);
+}
+
+TEST_CASE("unwind: capture_libunwind agrees with unw_backtrace", "[unwind]") {
+  // unw_backtrace (libunwind's own cached trace) starts at its caller too.
+  CacheMem mem;
+  for (size_t max : {size_t{3}, size_t{64}}) {
+    Session s = session(mem.cache, max, 1, kUnwBacktrace);
+    run_chain(s, kAllCacheable, 12);
+    check_same(s);
+  }
+}
+
+#endif  // __x86_64__

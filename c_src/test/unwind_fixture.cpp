@@ -1,0 +1,232 @@
+// Call chains of particular frame shapes for test_unwind.cpp: with and
+// without frame pointer, alloca, VLA, over-aligned locals, hand-written CFI
+// (a CFA expression; a CFI instruction exactly at a return address) and code
+// without any CFI (like JIT output). Every chain level is two frames: the
+// dispatcher unwind_fixture_run() and one shape function. noipa keeps GCC
+// from inlining, cloning or turning the recursion into a loop.
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+
+// Declared again in test_unwind.cpp (the two files share no header).
+namespace unwind_fixture {
+enum class Shape : uint8_t { kFp, kNoFp, kAlloca, kVla, kAligned, kBusy, kExpr, kQuirk, kJit };
+struct Ctx {
+  const Shape* shapes;  // shape of level i is shapes[i % nshapes]
+  size_t nshapes;
+  int depth;
+  size_t bytes;  // alloca/VLA size (plus the level)
+  void (*leaf)(void*);
+  void* arg;
+};
+}  // namespace unwind_fixture
+
+extern "C" {
+int unwind_fixture_run(unwind_fixture::Ctx* c, int level);
+int unwind_fixture_expr_frame(unwind_fixture::Ctx* c, int level);
+int unwind_fixture_quirk_frame(unwind_fixture::Ctx* c, int level);
+bool unwind_fixture_jit_available();
+}
+
+namespace {
+
+using unwind_fixture::Ctx;
+using unwind_fixture::Shape;
+
+// Uses a value so the compiler must keep the frame's work after the call.
+inline int keep(int v) {
+  __asm__ volatile("" : "+r"(v)::"memory");
+  return v;
+}
+
+__attribute__((noipa, optimize("no-omit-frame-pointer"))) int shape_fp(Ctx* c, int level) {
+  return keep(unwind_fixture_run(c, level + 1)) + 1;
+}
+
+__attribute__((noipa, optimize("omit-frame-pointer"))) int shape_nofp(Ctx* c, int level) {
+  volatile char pad[40];
+  pad[0] = static_cast<char>(level);
+  return keep(unwind_fixture_run(c, level + 1)) + pad[0];
+}
+
+__attribute__((noipa, optimize("omit-frame-pointer"))) int shape_alloca(Ctx* c, int level) {
+  char* p = static_cast<char*>(__builtin_alloca(c->bytes + static_cast<size_t>(level) + 1));
+  p[0] = static_cast<char>(level);
+  __asm__ volatile("" ::"r"(p) : "memory");
+  return keep(unwind_fixture_run(c, level + 1)) + p[0];
+}
+
+__attribute__((noipa, optimize("omit-frame-pointer"))) int shape_vla(Ctx* c, int level) {
+  char vla[c->bytes + 1];
+  vla[0] = static_cast<char>(level);
+  __asm__ volatile("" ::"r"(vla) : "memory");
+  return keep(unwind_fixture_run(c, level + 1)) + vla[0];
+}
+
+__attribute__((noipa, optimize("omit-frame-pointer"))) int shape_aligned(Ctx* c, int level) {
+  alignas(64) char buf[64];
+  buf[0] = static_cast<char>(level);
+  __asm__ volatile("" ::"r"(buf) : "memory");
+  return keep(unwind_fixture_run(c, level + 1)) + buf[0];
+}
+
+// A frame with pushes around the call (CFA offset changes mid-function) and
+// many callee-saved registers in use.
+__attribute__((noipa, optimize("omit-frame-pointer"))) int shape_busy(Ctx* c, int level) {
+  int a = level, b = level * 3, d = level * 5, e = level * 7, f = level * 11;
+  __asm__ volatile("" : "+r"(a), "+r"(b), "+r"(d), "+r"(e), "+r"(f));
+  const int r = keep(unwind_fixture_run(c, level + 1));
+  __asm__ volatile("" : "+r"(a), "+r"(b), "+r"(d), "+r"(e), "+r"(f));
+  return r + a + b + d + e + f;
+}
+
+using ShapeFn = int (*)(Ctx*, int);
+
+// Code without CFI, built at run time like a JIT's: a frame-pointer frame
+// that calls unwind_fixture_run(ctx, level + 1).
+ShapeFn jit_shape() {
+  static ShapeFn fn = [] {
+    static const uint8_t kCode[] = {
+        0x55,                                   // push %rbp
+        0x48, 0x89, 0xe5,                       // mov %rsp,%rbp
+        0x83, 0xc6, 0x01,                       // add $1,%esi
+        0x48, 0xb8, 0,    0, 0, 0, 0, 0, 0, 0,  // movabs $unwind_fixture_run,%rax
+        0xff, 0xd0,                             // call *%rax
+        0x5d,                                   // pop %rbp
+        0xc3,                                   // ret
+    };
+    void* mem = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return static_cast<ShapeFn>(nullptr);
+    auto* code = static_cast<uint8_t*>(mem);
+    memcpy(code, kCode, sizeof kCode);
+    const auto target = reinterpret_cast<uintptr_t>(&unwind_fixture_run);
+    memcpy(code + 9, &target, sizeof target);
+    if (mprotect(mem, 4096, PROT_READ | PROT_EXEC) != 0) return static_cast<ShapeFn>(nullptr);
+    return reinterpret_cast<ShapeFn>(mem);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+// The stubs give capture_libunwind and unw_backtrace capture_cached's
+// signature without a frame of their own (a tail jump), so all three can be
+// called through one call site. Hand-written CFI: the expression frame's CFA is
+// DW_CFA_def_cfa_expression (DW_OP_breg6 16), i.e. RBP + 16 written in a form the cache does not
+// evaluate. The quirk frame has a (harmless) CFI instruction exactly at the
+// return address, where libunwind and the DWARF standard disagree on which
+// row applies.
+__asm__(R"(
+  .text
+  .p2align 4
+  .globl unwind_fixture_expr_frame
+  .type unwind_fixture_expr_frame, @function
+unwind_fixture_expr_frame:
+  .cfi_startproc
+  pushq %rbp
+  .cfi_def_cfa_offset 16
+  .cfi_offset %rbp, -16
+  movq %rsp, %rbp
+  .cfi_escape 0x0f, 0x02, 0x76, 0x10
+  addl $1, %esi
+  call unwind_fixture_run
+  addl $1, %eax
+  popq %rbp
+  .cfi_def_cfa %rsp, 8
+  ret
+  .cfi_endproc
+  .size unwind_fixture_expr_frame, .-unwind_fixture_expr_frame
+
+  .p2align 4
+  .globl unwind_fixture_quirk_frame
+  .type unwind_fixture_quirk_frame, @function
+unwind_fixture_quirk_frame:
+  .cfi_startproc
+  pushq %rbp
+  .cfi_def_cfa_offset 16
+  .cfi_offset %rbp, -16
+  movq %rsp, %rbp
+  addl $1, %esi
+  call unwind_fixture_run
+  .cfi_offset %rbp, -16
+  addl $1, %eax
+  popq %rbp
+  .cfi_def_cfa_offset 8
+  ret
+  .cfi_endproc
+  .size unwind_fixture_quirk_frame, .-unwind_fixture_quirk_frame
+
+  .p2align 4
+  .globl unwind_fixture_libunwind_stub
+  .type unwind_fixture_libunwind_stub, @function
+unwind_fixture_libunwind_stub:
+  .cfi_startproc
+  movq %rsi, %rdi
+  movq %rdx, %rsi
+  jmp _ZN2mi5track17capture_libunwindEPmm
+  .cfi_endproc
+  .size unwind_fixture_libunwind_stub, .-unwind_fixture_libunwind_stub
+
+  .p2align 4
+  .globl unwind_fixture_backtrace_stub
+  .type unwind_fixture_backtrace_stub, @function
+unwind_fixture_backtrace_stub:
+  .cfi_startproc
+  movq %rsi, %rdi
+  movl $0x7fffffff, %esi
+  cmpq %rsi, %rdx
+  cmovbl %edx, %esi
+  jmp unw_backtrace@PLT
+  .cfi_endproc
+  .size unwind_fixture_backtrace_stub, .-unwind_fixture_backtrace_stub
+)");
+
+extern "C" bool unwind_fixture_jit_available() {
+  return jit_shape() != nullptr;
+}
+
+extern "C" __attribute__((noipa)) int unwind_fixture_run(Ctx* c, int level) {
+  if (level >= c->depth) {
+    c->leaf(c->arg);
+    return keep(0);
+  }
+  int r = 0;
+  switch (c->shapes[static_cast<size_t>(level) % c->nshapes]) {
+    case Shape::kFp:
+      r = shape_fp(c, level);
+      break;
+    case Shape::kNoFp:
+      r = shape_nofp(c, level);
+      break;
+    case Shape::kAlloca:
+      r = shape_alloca(c, level);
+      break;
+    case Shape::kVla:
+      r = shape_vla(c, level);
+      break;
+    case Shape::kAligned:
+      r = shape_aligned(c, level);
+      break;
+    case Shape::kBusy:
+      r = shape_busy(c, level);
+      break;
+    case Shape::kExpr:
+      r = unwind_fixture_expr_frame(c, level);
+      break;
+    case Shape::kQuirk:
+      r = unwind_fixture_quirk_frame(c, level);
+      break;
+    case Shape::kJit:
+      // Where W^X policy forbids the mapping, a plain frame stands in (and
+      // the JIT test says so).
+      r = jit_shape() != nullptr ? jit_shape()(c, level) : shape_fp(c, level);
+      break;
+  }
+  return keep(r) + 1;
+}
+
+#endif  // __x86_64__

@@ -1,0 +1,136 @@
+#include "live_table.h"
+
+#include <sched.h>
+
+#include "os_mem.h"
+
+namespace mi::track {
+
+bool LiveTable::init(size_t capacity) {
+  size_t cap = kWindow;
+  unsigned bits = 6;
+  while (cap < capacity) {
+    cap <<= 1;
+    ++bits;
+  }
+  const size_t slot_bytes = cap * sizeof(Slot);
+  const size_t group_bytes = ((cap >> kGroupShift) + 1) * sizeof(std::atomic<uint32_t>);
+  void* mem = os_map(slot_bytes + group_bytes);
+  if (mem == nullptr) return false;
+  slots_ = static_cast<Slot*>(mem);
+  groups_ = reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(mem) + slot_bytes);
+  mask_ = cap - 1;
+  shift_ = 64 - bits;
+  bytes_ = slot_bytes + group_bytes;
+  return true;
+}
+
+void LiveTable::destroy() {
+  os_unmap(slots_, bytes_);
+  slots_ = nullptr;
+  groups_ = nullptr;
+  bytes_ = 0;
+}
+
+bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id) {
+  const size_t h = home(address);
+  for (size_t i = 0; i < kWindow; ++i) {
+    Slot& s = slots_[(h + i) & mask_];
+    uint64_t k = s.key.load(std::memory_order_relaxed);
+    if (k != kEmpty && k != kTomb) continue;
+    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      continue;
+    // The slot is ours. Count it in its group before publishing, so a
+    // concurrent remove() of this address cannot skip the window.
+    groups_[h >> kGroupShift].fetch_add(1, std::memory_order_relaxed);
+    // Sequence lock without fences (which TSan cannot model): the field
+    // stores are release, so a reader that sees any of them also sees the
+    // odd sequence number stored before; on x86 these are plain moves.
+    const uint32_t q = s.seq.load(std::memory_order_relaxed);
+    s.seq.store(q + 1, std::memory_order_relaxed);
+    s.size.store(size, std::memory_order_release);
+    s.ts.store(timestamp_ns, std::memory_order_release);
+    s.stack.store(stack_id, std::memory_order_release);
+    s.key.store(address, std::memory_order_release);
+    s.seq.store(q + 2, std::memory_order_release);
+    return true;
+  }
+  return false;
+}
+
+void LiveTable::release_slot(Slot& s, size_t home_index, LiveEntry* out) {
+  const uint32_t q = s.seq.load(std::memory_order_relaxed);
+  s.seq.store(q + 1, std::memory_order_relaxed);
+  if (out != nullptr) {
+    out->size = s.size.load(std::memory_order_relaxed);
+    out->timestamp_ns = s.ts.load(std::memory_order_relaxed);
+    out->stack_id = s.stack.load(std::memory_order_relaxed);
+  }
+  s.key.store(kTomb, std::memory_order_release);
+  s.seq.store(q + 2, std::memory_order_release);
+  groups_[home_index >> kGroupShift].fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool LiveTable::remove(uint64_t address, LiveEntry* out) {
+  const size_t h = home(address);
+  if (groups_[h >> kGroupShift].load(std::memory_order_relaxed) == 0) return false;
+  for (size_t i = 0; i < kWindow; ++i) {
+    Slot& s = slots_[(h + i) & mask_];
+    uint64_t k = s.key.load(std::memory_order_acquire);
+    if (k == kEmpty) return false;
+    if (k != address) continue;
+    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      return false;  // someone else removed it (a double free race)
+    if (out != nullptr) out->address = address;
+    release_slot(s, h, out);
+    return true;
+  }
+  return false;
+}
+
+bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
+  // A writer holds a slot for a handful of instructions, but it can be
+  // preempted there: retry a little, yield, and give up on the slot rather
+  // than spin for long (readers run on dirty schedulers, never in hooks).
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const uint32_t q1 = s.seq.load(std::memory_order_acquire);
+    if ((q1 & 1) == 0) {
+      // Acquire loads keep the second sequence read after the field reads.
+      const uint64_t k = s.key.load(std::memory_order_acquire);
+      out->size = s.size.load(std::memory_order_acquire);
+      out->timestamp_ns = s.ts.load(std::memory_order_acquire);
+      out->stack_id = s.stack.load(std::memory_order_acquire);
+      const uint32_t q2 = s.seq.load(std::memory_order_relaxed);
+      if (q1 == q2) {
+        if (k <= kBusy) return false;
+        out->address = k;
+        return true;
+      }
+    }
+    if (attempt >= 8) ::sched_yield();
+  }
+  return false;
+}
+
+uint64_t LiveTable::clear(uint64_t* bytes) {
+  uint64_t n = 0;
+  uint64_t b = 0;
+  for (size_t i = 0; i <= mask_; ++i) {
+    Slot& s = slots_[i];
+    uint64_t k = s.key.load(std::memory_order_acquire);
+    if (k <= kBusy) continue;
+    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      continue;
+    LiveEntry e;
+    release_slot(s, home(k), &e);
+    ++n;
+    b += e.size;
+  }
+  if (bytes != nullptr) *bytes = b;
+  return n;
+}
+
+}  // namespace mi::track

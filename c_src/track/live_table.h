@@ -1,0 +1,118 @@
+// The live table: one 32-byte slot per recorded live block, keyed by
+// address, open addressing with linear probing bounded to kWindow slots.
+//
+// Concurrency: lock-free. Any number of threads insert and remove while any
+// number of readers iterate. A slot is claimed by CAS on its key
+// (EMPTY/TOMB -> BUSY), written under a per-slot sequence lock, then
+// published; readers retry a slot whose sequence changed, so every entry a
+// reader sees has address, size, timestamp and stack from one allocation.
+//
+// Capacity is fixed at init. An insert whose window is full fails (the
+// caller counts it as dropped): collisions never silently lose entries.
+// Removed slots become tombstones, reused by later inserts; a slot never
+// returns to EMPTY (except through reset_all on a quiescent table), which is
+// what lets a lookup stop at the first EMPTY slot.
+//
+// A small array of per-group counters (one per 64 home slots) lets remove()
+// answer "not here" with one load when no live entry hashes near the
+// address: the common case in sample mode, where most freed blocks were
+// never recorded.
+//
+// Never allocates through malloc (memory from os_map). All methods are
+// thread-safe unless noted.
+#ifndef MALLOCINFO_TRACK_LIVE_TABLE_H
+#define MALLOCINFO_TRACK_LIVE_TABLE_H
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace mi::track {
+
+struct LiveEntry {
+  uint64_t address;
+  uint64_t size;
+  uint64_t timestamp_ns;
+  uint32_t stack_id;  // bit 31: kSampledBit; bits 0-30: the stack's id
+};
+
+// Set in LiveEntry::stack_id when the block was recorded by the sampler, so
+// estimates stay right when the mode changes while blocks are live.
+constexpr uint32_t kSampledBit = 0x80000000u;
+
+class LiveTable {
+ public:
+  static constexpr size_t kWindow = 64;
+
+  // Reserves at least `capacity` slots (rounded up to a power of two, at
+  // least kWindow). False when the memory cannot be mapped. Not thread-safe.
+  bool init(size_t capacity);
+  // Unmaps. Not thread-safe; only for tests.
+  void destroy();
+
+  // Records a live block. False when the probe window is full. Precondition:
+  // `address` is not already in the table (the allocator just returned it).
+  bool insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id);
+  // Removes `address` if present, copying its entry to *out. False if absent.
+  bool remove(uint64_t address, LiveEntry* out);
+
+  // Calls f(const LiveEntry&) for every live entry, each read consistently.
+  // Entries inserted or removed during the walk may or may not be seen.
+  // Returns the number of entries passed to f.
+  template <class F>
+  uint64_t for_each(F&& f) const;
+
+  // Removes every live entry; returns how many, and their bytes in *bytes.
+  uint64_t clear(uint64_t* bytes);
+
+  size_t capacity() const { return mask_ + 1; }
+  size_t bytes_reserved() const { return bytes_; }
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> key;
+    std::atomic<uint64_t> size;
+    std::atomic<uint64_t> ts;
+    std::atomic<uint32_t> stack;
+    std::atomic<uint32_t> seq;  // odd while a writer owns the slot's fields
+  };
+  static_assert(sizeof(Slot) == 32, "a live entry costs 32 bytes");
+
+  static constexpr uint64_t kEmpty = 0;
+  static constexpr uint64_t kTomb = 1;
+  static constexpr uint64_t kBusy = 2;
+  static constexpr unsigned kGroupShift = 6;
+
+  size_t home(uint64_t address) const;
+  bool read_slot(const Slot& s, LiveEntry* out) const;
+  void release_slot(Slot& s, size_t home_index, LiveEntry* out);
+
+  Slot* slots_ = nullptr;
+  std::atomic<uint32_t>* groups_ = nullptr;
+  size_t mask_ = 0;
+  unsigned shift_ = 64;
+  size_t bytes_ = 0;
+};
+
+inline size_t LiveTable::home(uint64_t address) const {
+  // Blocks are at least 16-byte aligned; Fibonacci hashing spreads the rest.
+  return static_cast<size_t>(((address >> 4) * 0x9E3779B97F4A7C15ull) >> shift_);
+}
+
+template <class F>
+uint64_t LiveTable::for_each(F&& f) const {
+  uint64_t n = 0;
+  LiveEntry e;
+  for (size_t i = 0; i <= mask_; ++i) {
+    if (slots_[i].key.load(std::memory_order_relaxed) <= kBusy) continue;
+    if (read_slot(slots_[i], &e)) {
+      f(static_cast<const LiveEntry&>(e));
+      ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace mi::track
+
+#endif

@@ -1,0 +1,99 @@
+#include "stack_table.h"
+
+#include "os_mem.h"
+
+namespace mi::track {
+
+namespace {
+uint64_t hash_frames(const uintptr_t* frames, unsigned n) {
+  uint64_t h = 0xcbf29ce484222325ull ^ n;
+  for (unsigned i = 0; i < n; ++i) {
+    h ^= frames[i];
+    h *= 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+bool StackTable::init(size_t capacity, unsigned depth) {
+  size_t cap = kWindow;
+  while (cap < capacity) cap <<= 1;
+  const size_t header_bytes = cap * sizeof(Header);
+  const size_t frame_bytes = cap * depth * sizeof(uintptr_t);
+  void* mem = os_map(header_bytes + frame_bytes);
+  if (mem == nullptr) return false;
+  headers_ = static_cast<Header*>(mem);
+  frames_ = reinterpret_cast<uintptr_t*>(static_cast<char*>(mem) + header_bytes);
+  mask_ = cap - 1;
+  depth_ = depth;
+  bytes_ = header_bytes + frame_bytes;
+  return true;
+}
+
+void StackTable::destroy() {
+  os_unmap(headers_, bytes_);
+  headers_ = nullptr;
+  frames_ = nullptr;
+  bytes_ = 0;
+}
+
+bool StackTable::equal(size_t slot, uint64_t hash, const uintptr_t* frames, unsigned n) const {
+  const Header& h = headers_[slot];
+  if (h.hash != hash || h.depth != n) return false;
+  const uintptr_t* f = frames_ + slot * depth_;
+  for (unsigned i = 0; i < n; ++i)
+    if (f[i] != frames[i]) return false;
+  return true;
+}
+
+uint32_t StackTable::intern(const uintptr_t* frames, unsigned n) {
+  if (n == 0) return 0;
+  if (n > depth_) n = depth_;
+  const uint64_t hash = hash_frames(frames, n);
+  const size_t start = static_cast<size_t>(hash * 0x9E3779B97F4A7C15ull >> 17) & mask_;
+  for (size_t i = 0; i < kWindow; ++i) {
+    const size_t slot = (start + i) & mask_;
+    Header& h = headers_[slot];
+    uint32_t st = h.state.load(std::memory_order_acquire);
+    if (st == kEmpty) {
+      if (h.state.compare_exchange_strong(st, kWriting, std::memory_order_acquire,
+                                          std::memory_order_acquire)) {
+        h.hash = hash;
+        h.depth = n;
+        uintptr_t* f = frames_ + slot * depth_;
+        for (unsigned j = 0; j < n; ++j) f[j] = frames[j];
+        h.state.store(kReady, std::memory_order_release);
+        count_.fetch_add(1, std::memory_order_relaxed);
+        return static_cast<uint32_t>(slot + 1);
+      }
+      // Lost the race: st now holds the winner's state; examine it below.
+    }
+    for (int spin = 0; st == kWriting && spin < 256; ++spin) {
+      cpu_relax();
+      st = h.state.load(std::memory_order_acquire);
+    }
+    if (st == kReady && equal(slot, hash, frames, n)) return static_cast<uint32_t>(slot + 1);
+  }
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+  return 0;
+}
+
+unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
+  if (id == 0 || id > mask_ + 1) return 0;
+  const size_t slot = id - 1;
+  const Header& h = headers_[slot];
+  if (h.state.load(std::memory_order_acquire) != kReady) return 0;
+  const unsigned n = h.depth;
+  const uintptr_t* f = frames_ + slot * depth_;
+  for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i];
+  return n;
+}
+
+}  // namespace mi::track

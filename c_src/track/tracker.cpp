@@ -1,0 +1,281 @@
+#include "tracker.h"
+
+#include <time.h>
+
+#include "os_mem.h"
+
+namespace mi::track {
+
+namespace {
+
+// The calling thread's state. initial-exec TLS (set for all of track/ by
+// the Makefile): no allocation, no lazy TLS resolution inside malloc.
+thread_local ThreadState* t_state = nullptr;
+
+constexpr size_t kThreadStates = 1024;
+
+inline void bump(ThreadState* ts, std::atomic<uint64_t>& c, uint64_t v) {
+  // The owner is the only writer of its own state: a plain load and store
+  // (no lock prefix) is enough, readers tolerate a slightly stale value.
+  // The shared overflow state has many writers and needs the atomic add.
+  if (ts->shared != 0)
+    c.fetch_add(v, std::memory_order_relaxed);
+  else
+    c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+}
+
+inline uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+}  // namespace
+
+uint64_t coarse_monotonic_ns() {
+  // Ages are reported in ms: the coarse clock (a few ms resolution, a vDSO
+  // read without rdtsc) is plenty and cheaper on the hot path.
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+
+size_t unwind_with_cache(UnwindCache* cache, uintptr_t* out, size_t max) {
+  return cache != nullptr ? capture_cached(cache, out, max) : capture_libunwind(out, max);
+}
+
+size_t unwind_libunwind_only(UnwindCache*, uintptr_t* out, size_t max) {
+  return capture_libunwind(out, max);
+}
+
+bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
+  config_ = config;
+  if (config_.stack_depth == 0) config_.stack_depth = 1;
+  if (config_.stack_depth > kMaxStackDepth) config_.stack_depth = kMaxStackDepth;
+  if (config_.sample_bytes == 0) config_.sample_bytes = 1;
+  unwind_ = unwind;
+  clock_ = clock;
+  if (!table_.init(config_.table_capacity)) return false;
+  if (!stacks_.init(config_.stack_capacity, config_.stack_depth)) {
+    table_.destroy();
+    return false;
+  }
+  states_bytes_ = kThreadStates * sizeof(ThreadState);
+  states_ = static_cast<ThreadState*>(os_map(states_bytes_));
+  if (states_ == nullptr) {
+    table_.destroy();
+    stacks_.destroy();
+    return false;
+  }
+  nstates_ = kThreadStates;
+  for (size_t i = 0; i < nstates_; ++i) states_[i].owner = this;
+  states_[0].shared = 1;
+  states_[0].in_use.store(1, std::memory_order_relaxed);
+  // pthread_key_create does not allocate; the destructor hands a thread's
+  // state back to the pool when the thread exits.
+  key_ok_ = ::pthread_key_create(&key_, &Tracker::release_state) == 0;
+  mode_.store(config_.mode <= MI_MODE_FULL ? config_.mode : uint32_t{MI_MODE_FULL},
+              std::memory_order_release);
+  return true;
+}
+
+void Tracker::destroy() {
+  mode_.store(MI_MODE_OFF, std::memory_order_release);
+  if (key_ok_) ::pthread_key_delete(key_);
+  key_ok_ = false;
+  if (t_state != nullptr && t_state->owner == this) t_state = nullptr;
+  for (size_t i = 0; i < nstates_; ++i)
+    if (states_[i].unwind_cache != nullptr) os_unmap(states_[i].unwind_cache, unwind_cache_bytes());
+  os_unmap(states_, states_bytes_);
+  states_ = nullptr;
+  nstates_ = 0;
+  table_.destroy();
+  stacks_.destroy();
+}
+
+ThreadState* Tracker::acquire_state() {
+  const size_t start = state_hint_.load(std::memory_order_relaxed);
+  for (size_t k = 0; k < nstates_ - 1; ++k) {
+    const size_t i = 1 + (start - 1 + k) % (nstates_ - 1);
+    ThreadState& s = states_[i];
+    uint32_t expected = 0;
+    if (s.in_use.load(std::memory_order_relaxed) == 0 &&
+        s.in_use.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+      state_hint_.store(i + 1 < nstates_ ? i + 1 : 1, std::memory_order_relaxed);
+      if (s.sampler.rng == 0) {
+        sampler_seed(s.sampler, mix(reinterpret_cast<uintptr_t>(&s) ^ clock_()),
+                     config_.sample_bytes);
+      }
+      if (key_ok_) ::pthread_setspecific(key_, &s);
+      return &s;
+    }
+  }
+  return &states_[0];
+}
+
+void Tracker::release_state(void* p) {
+  auto* ts = static_cast<ThreadState*>(p);
+  // Whatever this thread still frees or allocates during the rest of its
+  // exit goes to the shared state, never to a state another thread may be
+  // handed next.
+  t_state = &ts->owner->states_[0];
+  ts->in_use.store(0, std::memory_order_release);
+}
+
+inline ThreadState* Tracker::thread_state() {
+  ThreadState* ts = t_state;
+  if (ts != nullptr && ts->owner == this) [[likely]]
+    return ts;
+  ts = acquire_state();
+  t_state = ts;
+  return ts;
+}
+
+bool Tracker::set_mode(uint32_t mode) {
+  if (mode > MI_MODE_FULL) return false;
+  mode_.store(mode, std::memory_order_release);
+  if (mode == MI_MODE_OFF) reset();
+  return true;
+}
+
+uint32_t Tracker::capture(ThreadState* ts) {
+  uintptr_t buf[kMaxStackDepth + 8];
+  if (ts->unwind_cache == nullptr && ts->shared == 0 && config_.cached_unwinder) {
+    void* mem = os_map(unwind_cache_bytes());
+    if (mem != nullptr) ts->unwind_cache = unwind_cache_init(mem);
+  }
+  const size_t n =
+      unwind_(ts->shared != 0 ? nullptr : ts->unwind_cache, buf, config_.stack_depth + 8);
+  size_t skip = 0;
+  while (skip < n && buf[skip] >= self_lo_ && buf[skip] < self_hi_) ++skip;
+  size_t keep = n - skip;
+  if (keep > config_.stack_depth) keep = config_.stack_depth;
+  return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
+}
+
+void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled) {
+  const uint32_t id = capture(ts) | (sampled ? kSampledBit : 0u);
+  if (table_.insert(address, size, clock_(), id)) {
+    bump(ts, ts->inserts, 1);
+    bump(ts, ts->insert_bytes, size);
+  } else {
+    bump(ts, ts->dropped, 1);
+  }
+}
+
+void Tracker::on_alloc(mi_fn fn, void* p, size_t size) {
+  const uint32_t mode = mode_.load(std::memory_order_relaxed);
+  if (mode == MI_MODE_OFF) return;
+  ThreadState* ts = thread_state();
+  bump(ts, ts->calls[fn], 1);
+  if (p == nullptr) return;
+  bump(ts, ts->bytes_allocated, size);
+  if (mode == MI_MODE_COUNTERS) return;
+  const uint64_t address = reinterpret_cast<uintptr_t>(p);
+  if (mode == MI_MODE_SAMPLE) {
+    bool hit;
+    if (ts->shared == 0) {
+      hit = sampler_hit(ts->sampler, size, config_.sample_bytes);
+    } else {
+      // Many threads share this state: an independent Bernoulli draw with
+      // the same probability p(size), keyed on the address.
+      const double u = static_cast<double>(mix(address ^ clock_()) >> 11) * 0x1.0p-53;
+      hit = u < sample_probability(size, config_.sample_bytes);
+    }
+    if (!hit) return;
+    record(ts, address, size, true);
+    return;
+  }
+  record(ts, address, size, false);
+}
+
+void Tracker::forget(ThreadState* ts, uint64_t address, bool count_untracked) {
+  LiveEntry e;
+  if (table_.remove(address, &e)) {
+    bump(ts, ts->removes, 1);
+    bump(ts, ts->remove_bytes, e.size);
+    bump(ts, ts->bytes_freed, e.size);
+  } else if (count_untracked) {
+    bump(ts, ts->frees_untracked, 1);
+  }
+}
+
+void Tracker::on_free(mi_fn fn, void* p) {
+  if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
+  ThreadState* ts = thread_state();
+  bump(ts, ts->calls[fn], 1);
+  if (p != nullptr) forget(ts, reinterpret_cast<uintptr_t>(p), true);
+}
+
+bool Tracker::take(void* p, LiveEntry* out) {
+  if (p == nullptr || mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return false;
+  ThreadState* ts = thread_state();
+  if (!table_.remove(reinterpret_cast<uintptr_t>(p), out)) return false;
+  bump(ts, ts->removes, 1);
+  bump(ts, ts->remove_bytes, out->size);
+  return true;
+}
+
+void Tracker::restore(const LiveEntry& e) {
+  ThreadState* ts = thread_state();
+  if (table_.insert(e.address, e.size, e.timestamp_ns, e.stack_id)) {
+    bump(ts, ts->inserts, 1);
+    bump(ts, ts->insert_bytes, e.size);
+  } else {
+    bump(ts, ts->dropped, 1);
+  }
+}
+
+void Tracker::count(mi_fn fn) {
+  if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
+  ThreadState* ts = thread_state();
+  bump(ts, ts->calls[fn], 1);
+}
+
+uint64_t Tracker::reset() {
+  uint64_t bytes = 0;
+  const uint64_t n = table_.clear(&bytes);
+  cleared_.fetch_add(n, std::memory_order_relaxed);
+  cleared_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return n;
+}
+
+void Tracker::status(mi_abi_status* out) const {
+  mi_abi_status s{};
+  s.mode = mode();
+  s.stack_depth = config_.stack_depth;
+  s.unwinder = config_.cached_unwinder ? 1 : 0;
+  s.table_capacity = table_.capacity();
+  s.table_bytes = table_.bytes_reserved();
+  s.stacks = stacks_.count();
+  s.stack_capacity = stacks_.capacity();
+  s.stack_bytes = stacks_.bytes_reserved();
+  s.stacks_dropped = stacks_.dropped();
+  s.sample_bytes = config_.sample_bytes;
+  uint64_t inserts = 0, insert_bytes = 0, removes = 0, remove_bytes = 0;
+  for (size_t i = 0; i < nstates_; ++i) {
+    const ThreadState& t = states_[i];
+    for (int f = 0; f < MI_FN_COUNT; ++f) s.calls[f] += t.calls[f].load(std::memory_order_relaxed);
+    s.bytes_allocated += t.bytes_allocated.load(std::memory_order_relaxed);
+    s.bytes_freed += t.bytes_freed.load(std::memory_order_relaxed);
+    s.dropped += t.dropped.load(std::memory_order_relaxed);
+    s.frees_untracked += t.frees_untracked.load(std::memory_order_relaxed);
+    inserts += t.inserts.load(std::memory_order_relaxed);
+    insert_bytes += t.insert_bytes.load(std::memory_order_relaxed);
+    removes += t.removes.load(std::memory_order_relaxed);
+    remove_bytes += t.remove_bytes.load(std::memory_order_relaxed);
+  }
+  const uint64_t cleared = cleared_.load(std::memory_order_relaxed);
+  const uint64_t cleared_bytes = cleared_bytes_.load(std::memory_order_relaxed);
+  // Counters are read one by one while other threads run: clamp rather than
+  // wrap when a remove is seen before its insert.
+  s.live_entries = inserts > removes + cleared ? inserts - removes - cleared : 0;
+  s.live_bytes =
+      insert_bytes > remove_bytes + cleared_bytes ? insert_bytes - remove_bytes - cleared_bytes : 0;
+  *out = s;
+}
+
+}  // namespace mi::track

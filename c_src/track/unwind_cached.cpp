@@ -1,0 +1,906 @@
+// The fast back end: per return address, the rule that finds the caller's
+// frame, read from the DWARF CFI (.eh_frame) of the code at that address.
+//
+// Why the rules are exact, not guessed: a rule is the CFI row in force at the
+// call instruction, evaluated the way libunwind 1.6 evaluates it (see
+// derive_rule). On x86_64, GCC and clang describe nearly every call site with
+//   CFA = RSP + k or RBP + k,  RA = [CFA - 8],  RBP unchanged or [CFA + j],
+// so applying that row to (RSP, RBP) gives the caller's (RIP, RSP, RBP), which
+// is all the next row needs. Functions with alloca/VLAs have an RBP-based row,
+// functions without frame pointer an RSP-based one: the CFI says which, no
+// observation of the stack is needed. Anything outside that shape (CFA or
+// register expressions, DW_CFA_register on RBP/RSP/RA, signal frames, code
+// without CFI, CFI libunwind reads differently from the DWARF standard) gets
+// a "slow" entry and libunwind unwinds that frame. As a safety net, a rule is
+// stored only after it reproduced the libunwind step it was learnt on.
+//
+// A warm walk is, per frame: one rule load (found through the previous
+// rule's `next` hint, not the hash), one or two stack loads, a few compares.
+//
+// Thread safety: a cache belongs to one thread (unwind.h). The only shared
+// state is the generation counter bumped by unwind_code_unmapped().
+//
+// x86_64 only; elsewhere capture_cached() is libunwind's loop (bottom).
+#define UNW_LOCAL_ONLY
+#include <dlfcn.h>
+#include <libunwind.h>
+#include <string.h>
+
+#include "unwind.h"
+
+#if defined(__x86_64__)
+
+namespace mi::track {
+
+namespace {
+
+// 8192 rules of 16 bytes: 128 KiB per thread. A workload's distinct return
+// addresses on malloc paths are typically a few hundred to a few thousand.
+constexpr unsigned kSlotBits = 13;
+constexpr size_t kSlots = size_t{1} << kSlotBits;
+constexpr size_t kProbe = 8;
+// A CFA further than this above SP is treated as garbage (libunwind decides).
+constexpr uintptr_t kMaxFrameBytes = uintptr_t{16} << 20;
+
+// Rule::kind. Values up to kStepMax are step rules, their bits telling how
+// to step; an empty slot reads as one, which is harmless because lookups
+// only ever return a slot whose ip matches a nonzero return address.
+enum Kind : uint8_t {
+  kCfaFromBp = 1,  // CFA = RBP + off, else RSP + off
+  kBpSaved = 2,    // the caller's RBP is at CFA + 8 * bp_off8, else unchanged
+  kStepMax = 3,
+  kEnd = 0x10,        // libunwind stops here (return address or RBP undefined)
+  kSlowCfi = 0x20,    // CFI too complex to cache; libunwind steps it the DWARF way
+  kSlowOther = 0x30,  // no/odd CFI, signal frame, or a rule libunwind disagreed with
+};
+
+struct Rule {
+  uintptr_t ip;  // return address; 0 = empty slot
+  // Byte offset of the caller's rule the last time through: a guess that
+  // lets the next rule load start before this frame's return address is
+  // read, which takes the hash off the critical path of a warm walk.
+  uint32_t next;
+  int16_t cfa_off8;  // CFA = (RBP or RSP) + 8 * cfa_off8
+  int8_t bp_off8;
+  uint8_t kind;
+};
+static_assert(sizeof(Rule) == 16, "a rule is 16 bytes");
+
+// The registers that matter to a rule, for one frame.
+struct Frame {
+  uintptr_t ip;
+  uintptr_t sp;
+  uintptr_t bp;
+};
+
+uint32_t g_generation = 0;
+
+}  // namespace
+
+// Plain data in zero-filled memory: all-zero is a valid empty cache.
+struct UnwindCache {
+  Rule slots[kSlots];
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t fallbacks;
+  uint64_t entries;
+  uint32_t generation;
+  uint32_t evict;
+};
+
+namespace {
+
+inline size_t slot_of(uintptr_t ip) {
+  return static_cast<size_t>((ip * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
+}
+
+inline Rule* find_rule(UnwindCache* cache, uintptr_t ip) {
+  if (ip == 0) return nullptr;
+  const size_t home = slot_of(ip);
+  for (size_t i = 0; i < kProbe; ++i) {
+    Rule* r = &cache->slots[(home + i) & (kSlots - 1)];
+    if (r->ip == ip) return r;
+    if (r->ip == 0) return nullptr;
+  }
+  return nullptr;
+}
+
+// Slots are never emptied one by one (only all at once), so overwriting a
+// full probe window keeps every other key reachable.
+void insert_rule(UnwindCache* cache, const Rule& rule) {
+  if (rule.ip == 0) return;
+  const size_t home = slot_of(rule.ip);
+  for (size_t i = 0; i < kProbe; ++i) {
+    Rule* r = &cache->slots[(home + i) & (kSlots - 1)];
+    if (r->ip == rule.ip || r->ip == 0) {
+      if (r->ip == 0) ++cache->entries;
+      *r = rule;
+      return;
+    }
+  }
+  cache->slots[(home + (cache->evict++ % kProbe)) & (kSlots - 1)] = rule;
+}
+
+void flush_if_stale(UnwindCache* cache) {
+  const uint32_t gen = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
+  if (gen == cache->generation) return;
+  memset(cache->slots, 0, sizeof cache->slots);
+  cache->entries = 0;
+  cache->generation = gen;
+}
+
+// ---------------------------------------------------------------------------
+// Reading .eh_frame_hdr / .eh_frame. The data comes from loaded ELF objects;
+// every read is still bounds-checked so a malformed object only makes its
+// addresses "slow".
+
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  bool ok;
+
+  bool need(size_t n) {
+    if (!ok || static_cast<size_t>(end - p) < n) ok = false;
+    return ok;
+  }
+  template <typename T>
+  T fixed() {
+    T v{};
+    if (need(sizeof v)) {
+      memcpy(&v, p, sizeof v);
+      p += sizeof v;
+    }
+    return v;
+  }
+  uint8_t u8() { return fixed<uint8_t>(); }
+  uint64_t uleb() {
+    uint64_t v = 0;
+    for (unsigned shift = 0; need(1); shift += 7) {
+      const uint8_t b = *p++;
+      if (shift < 64) v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+    return 0;
+  }
+  int64_t sleb() {
+    uint64_t v = 0;
+    unsigned shift = 0;
+    while (need(1)) {
+      const uint8_t b = *p++;
+      if (shift < 64) v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      shift += 7;
+      if ((b & 0x80) == 0) {
+        if (shift < 64 && (b & 0x40) != 0) v |= ~uint64_t{0} << shift;
+        return static_cast<int64_t>(v);
+      }
+    }
+    return 0;
+  }
+};
+
+constexpr uint8_t kPeOmit = 0xff;
+
+// A DW_EH_PE-encoded pointer. Supports what GCC, clang and the GNU
+// assemblers emit: absolute or pc-relative (plus data-relative when a base
+// is given), not indirect, text- or function-relative or aligned.
+bool read_encoded(Reader& r, uint8_t enc, uintptr_t data_base, uintptr_t* out) {
+  if (enc == kPeOmit || (enc & 0x80) != 0) return false;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(r.p);
+  uint64_t v = 0;
+  switch (enc & 0x0f) {
+    case 0x00:
+    case 0x04:
+      v = r.fixed<uint64_t>();
+      break;
+    case 0x01:
+      v = r.uleb();
+      break;
+    case 0x02:
+      v = r.fixed<uint16_t>();
+      break;
+    case 0x03:
+      v = r.fixed<uint32_t>();
+      break;
+    case 0x09:
+      v = static_cast<uint64_t>(r.sleb());
+      break;
+    case 0x0a:
+      v = static_cast<uint64_t>(static_cast<int64_t>(r.fixed<int16_t>()));
+      break;
+    case 0x0b:
+      v = static_cast<uint64_t>(static_cast<int64_t>(r.fixed<int32_t>()));
+      break;
+    case 0x0c:
+      v = r.fixed<uint64_t>();
+      break;
+    default:
+      return false;
+  }
+  switch (enc & 0x70) {
+    case 0x00:
+      break;
+    case 0x10:
+      v += at;
+      break;
+    case 0x30:
+      if (data_base == 0) return false;
+      v += data_base;
+      break;
+    default:
+      return false;
+  }
+  *out = static_cast<uintptr_t>(v);
+  return r.ok;
+}
+
+// Skips a value of the given encoding without interpreting it (personality).
+bool skip_encoded(Reader& r, uint8_t enc) {
+  if (enc == kPeOmit) return true;
+  switch (enc & 0x0f) {
+    case 0x00:
+    case 0x04:
+    case 0x0c:
+      r.fixed<uint64_t>();
+      break;
+    case 0x01:
+      r.uleb();
+      break;
+    case 0x02:
+    case 0x0a:
+      r.fixed<uint16_t>();
+      break;
+    case 0x03:
+    case 0x0b:
+      r.fixed<uint32_t>();
+      break;
+    case 0x09:
+      r.sleb();
+      break;
+    default:
+      return false;
+  }
+  return r.ok;
+}
+
+// Length-prefixed .eh_frame record at p: sets *body to after the length,
+// *end to the end of the record.
+bool record_bounds(const uint8_t* p, const uint8_t** body, const uint8_t** end) {
+  uint32_t len32;
+  memcpy(&len32, p, 4);
+  p += 4;
+  uint64_t len = len32;
+  if (len32 == 0xffffffffu) {
+    memcpy(&len, p, 8);
+    p += 8;
+  }
+  if (len == 0 || len > (uint64_t{1} << 30)) return false;
+  *body = p;
+  *end = p + len;
+  return true;
+}
+
+struct Cie {
+  uint64_t code_align;
+  int64_t data_align;
+  uint64_t ra_reg;
+  uint8_t fde_enc;
+  bool has_aug_data;
+  bool signal_frame;
+  const uint8_t* instr;
+  const uint8_t* instr_end;
+};
+
+bool parse_cie(const uint8_t* cie, Cie* out) {
+  const uint8_t* body;
+  const uint8_t* end;
+  if (!record_bounds(cie, &body, &end)) return false;
+  const bool is64 = body - cie == 12;
+  Reader r{body, end, true};
+  const uint64_t id = is64 ? r.fixed<uint64_t>() : r.fixed<uint32_t>();
+  if (id != 0) return false;
+  const uint8_t version = r.u8();
+  if (version != 1 && version != 3) return false;
+  const char* aug = reinterpret_cast<const char*>(r.p);
+  size_t aug_len = 0;
+  while (r.need(1) && *r.p != 0) {
+    ++r.p;
+    ++aug_len;
+  }
+  r.u8();
+  out->code_align = r.uleb();
+  out->data_align = r.sleb();
+  out->ra_reg = version == 1 ? r.u8() : r.uleb();
+  out->fde_enc = 0;
+  out->signal_frame = false;
+  out->has_aug_data = aug_len > 0 && aug[0] == 'z';
+  if (aug_len > 0 && !out->has_aug_data) return false;
+  if (out->has_aug_data) {
+    const uint64_t len = r.uleb();
+    if (!r.need(len)) return false;
+    const uint8_t* aug_end = r.p + len;
+    for (size_t i = 1; i < aug_len; ++i) {
+      switch (aug[i]) {
+        case 'L':
+          r.u8();
+          break;
+        case 'P':
+          if (!skip_encoded(r, r.u8())) return false;
+          break;
+        case 'R':
+          out->fde_enc = r.u8();
+          break;
+        case 'S':
+          out->signal_frame = true;
+          break;
+        default:
+          return false;
+      }
+    }
+    if (!r.ok || r.p > aug_end) return false;
+    r.p = aug_end;
+  }
+  out->instr = r.p;
+  out->instr_end = end;
+  return r.ok;
+}
+
+struct Fde {
+  Cie cie;
+  uintptr_t pc_begin;
+  uintptr_t pc_end;
+  const uint8_t* instr;
+  const uint8_t* instr_end;
+};
+
+bool parse_fde(const uint8_t* fde, Fde* out) {
+  const uint8_t* body;
+  const uint8_t* end;
+  if (!record_bounds(fde, &body, &end)) return false;
+  const bool is64 = body - fde == 12;
+  Reader r{body, end, true};
+  const uint64_t cie_off = is64 ? r.fixed<uint64_t>() : r.fixed<uint32_t>();
+  if (!r.ok || cie_off == 0) return false;
+  if (!parse_cie(body - cie_off, &out->cie)) return false;
+  uintptr_t range = 0;
+  if (!read_encoded(r, out->cie.fde_enc, 0, &out->pc_begin)) return false;
+  if (!read_encoded(r, out->cie.fde_enc & 0x0f, 0, &range)) return false;
+  out->pc_end = out->pc_begin + range;
+  if (out->cie.has_aug_data) {
+    const uint64_t len = r.uleb();
+    if (!r.need(len)) return false;
+    r.p += len;
+  }
+  out->instr = r.p;
+  out->instr_end = end;
+  return r.ok;
+}
+
+// The FDE covering pc, through the binary-search table of .eh_frame_hdr,
+// exactly as libunwind finds it (last entry starting at or before pc).
+// _dl_find_object (glibc 2.35+) is lock-free and does not allocate; without
+// it no address gets a rule and capture_cached is libunwind throughout.
+bool find_fde(uintptr_t pc, Fde* out) {
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
+  dl_find_object obj;
+  if (_dl_find_object(reinterpret_cast<void*>(pc), &obj) != 0) return false;
+  const uint8_t* hdr = static_cast<const uint8_t*>(obj.dlfo_eh_frame);
+#else
+  const uint8_t* hdr = nullptr;
+#endif
+  if (hdr == nullptr) return false;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(hdr);
+  // version, eh_frame_ptr encoding, fde_count encoding, table encoding.
+  if (hdr[0] != 1 || hdr[3] != 0x3b) return false;
+  Reader r{hdr + 4, hdr + 4 + 16, true};
+  uintptr_t eh_frame = 0;
+  uintptr_t count = 0;
+  if (!read_encoded(r, hdr[1], base, &eh_frame)) return false;
+  if (!read_encoded(r, hdr[2], base, &count) || count == 0) return false;
+  const uint8_t* table = r.p;
+  const int64_t rel = static_cast<int64_t>(pc - base);
+  size_t lo = 0;
+  size_t hi = count;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    int32_t start;
+    memcpy(&start, table + mid * 8, 4);
+    if (start <= rel) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == 0) return false;
+  int32_t fde_rel;
+  memcpy(&fde_rel, table + (lo - 1) * 8 + 4, 4);
+  if (!parse_fde(hdr + fde_rel, out)) return false;
+  return pc >= out->pc_begin && pc < out->pc_end;
+}
+
+// ---------------------------------------------------------------------------
+// Evaluating the CFA program.
+
+constexpr uint64_t kRegBp = 6;
+constexpr uint64_t kRegSp = 7;
+constexpr uint64_t kRegRa = 16;
+constexpr uint64_t kNumRegs = 17;  // libunwind rejects higher x86_64 columns
+
+enum Where : uint8_t { kSame, kUndef, kCfaRel, kOther };
+
+struct RegRule {
+  Where where;
+  int64_t off;
+};
+
+struct CfiState {
+  bool cfa_defined;
+  bool cfa_expr;
+  uint64_t cfa_reg;
+  int64_t cfa_off;
+  RegRule bp;
+  RegRule sp;
+  RegRule ra;
+};
+
+constexpr int kStateStack = 8;
+
+struct Eval {
+  CfiState cur;
+  CfiState initial;
+  CfiState stack[kStateStack];
+  int depth;
+  bool any_expr;  // sticky: libunwind evaluates (and may fail on) expressions
+};
+
+void set_reg(CfiState& s, uint64_t reg, Where where, int64_t off) {
+  RegRule* rr = reg == kRegBp ? &s.bp : reg == kRegSp ? &s.sp : reg == kRegRa ? &s.ra : nullptr;
+  if (rr != nullptr) *rr = RegRule{where, off};
+}
+
+void restore_reg(Eval& e, uint64_t reg) {
+  if (reg == kRegBp) e.cur.bp = e.initial.bp;
+  if (reg == kRegSp) e.cur.sp = e.initial.sp;
+  if (reg == kRegRa) e.cur.ra = e.initial.ra;
+}
+
+enum class Run { kOk, kUnsupported };
+
+// Runs CFA instructions while the location is <= target (the return
+// address), like libunwind's run_cfi_program. The DWARF row for a call is
+// the one before the return address; libunwind versions have disagreed on
+// whether instructions located exactly at it apply (1.6.2 here ignores a
+// DW_CFA_offset there; later sources apply most of them). Such addresses are
+// refused, so a cached rule agrees with libunwind whichever reading it has.
+Run run_cfi(Eval& e, const Cie& cie, const uint8_t* p, const uint8_t* end, uintptr_t loc,
+            uintptr_t target) {
+  Reader r{p, end, true};
+  while (r.ok && r.p < r.end && loc <= target) {
+    const uint8_t byte = r.u8();
+    const uint8_t high = byte & 0xc0;
+    const uint8_t low = byte & 0x3f;
+    if (high == 0x40) {
+      loc += low * cie.code_align;
+      continue;
+    }
+    uint64_t delta = 0;
+    bool advance = true;
+    switch (byte) {
+      case 0x02:
+        delta = r.u8();
+        break;
+      case 0x03:
+        delta = r.fixed<uint16_t>();
+        break;
+      case 0x04:
+        delta = r.fixed<uint32_t>();
+        break;
+      default:
+        advance = false;
+    }
+    if (advance) {
+      loc += delta * cie.code_align;
+      continue;
+    }
+    if (byte == 0x00) continue;  // DW_CFA_nop
+    if (loc == target) return Run::kUnsupported;
+    if (high == 0x80) {  // DW_CFA_offset
+      if (low >= kNumRegs) return Run::kUnsupported;
+      set_reg(e.cur, low, kCfaRel, static_cast<int64_t>(r.uleb()) * cie.data_align);
+      continue;
+    }
+    if (high == 0xc0) {  // DW_CFA_restore
+      if (low >= kNumRegs) return Run::kUnsupported;
+      restore_reg(e, low);
+      continue;
+    }
+    switch (byte) {
+      case 0x05: {  // DW_CFA_offset_extended
+        const uint64_t reg = r.uleb();
+        const int64_t off = static_cast<int64_t>(r.uleb()) * cie.data_align;
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        set_reg(e.cur, reg, kCfaRel, off);
+        break;
+      }
+      case 0x11: {  // DW_CFA_offset_extended_sf
+        const uint64_t reg = r.uleb();
+        const int64_t off = r.sleb() * cie.data_align;
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        set_reg(e.cur, reg, kCfaRel, off);
+        break;
+      }
+      case 0x2f: {  // DW_CFA_GNU_negative_offset_extended
+        const uint64_t reg = r.uleb();
+        const int64_t off = -(static_cast<int64_t>(r.uleb()) * cie.data_align);
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        set_reg(e.cur, reg, kCfaRel, off);
+        break;
+      }
+      case 0x06: {  // DW_CFA_restore_extended
+        const uint64_t reg = r.uleb();
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        restore_reg(e, reg);
+        break;
+      }
+      case 0x07:    // DW_CFA_undefined
+      case 0x08: {  // DW_CFA_same_value
+        const uint64_t reg = r.uleb();
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        set_reg(e.cur, reg, byte == 0x07 ? kUndef : kSame, 0);
+        break;
+      }
+      case 0x09: {  // DW_CFA_register
+        const uint64_t reg = r.uleb();
+        r.uleb();
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        set_reg(e.cur, reg, kOther, 0);
+        break;
+      }
+      case 0x0a:  // DW_CFA_remember_state
+        if (e.depth == kStateStack) return Run::kUnsupported;
+        e.stack[e.depth++] = e.cur;
+        break;
+      case 0x0b:  // DW_CFA_restore_state
+        if (e.depth == 0) return Run::kUnsupported;
+        e.cur = e.stack[--e.depth];
+        break;
+      case 0x0c:    // DW_CFA_def_cfa
+      case 0x12: {  // DW_CFA_def_cfa_sf
+        const uint64_t reg = r.uleb();
+        const int64_t off =
+            byte == 0x0c ? static_cast<int64_t>(r.uleb()) : r.sleb() * cie.data_align;
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        e.cur.cfa_defined = true;
+        e.cur.cfa_expr = false;
+        e.cur.cfa_reg = reg;
+        e.cur.cfa_off = off;
+        break;
+      }
+      case 0x0d: {  // DW_CFA_def_cfa_register
+        const uint64_t reg = r.uleb();
+        if (reg >= kNumRegs) return Run::kUnsupported;
+        e.cur.cfa_expr = false;
+        e.cur.cfa_reg = reg;
+        break;
+      }
+      case 0x0e:  // DW_CFA_def_cfa_offset
+        e.cur.cfa_off = static_cast<int64_t>(r.uleb());
+        break;
+      case 0x13:  // DW_CFA_def_cfa_offset_sf
+        e.cur.cfa_off = r.sleb() * cie.data_align;
+        break;
+      case 0x0f: {  // DW_CFA_def_cfa_expression
+        const uint64_t len = r.uleb();
+        if (!r.need(len)) return Run::kUnsupported;
+        r.p += len;
+        e.cur.cfa_defined = true;
+        e.cur.cfa_expr = true;
+        break;
+      }
+      case 0x10:    // DW_CFA_expression
+      case 0x16: {  // DW_CFA_val_expression
+        const uint64_t reg = r.uleb();
+        const uint64_t len = r.uleb();
+        if (reg >= kNumRegs || !r.need(len)) return Run::kUnsupported;
+        r.p += len;
+        set_reg(e.cur, reg, kOther, 0);
+        e.any_expr = true;
+        break;
+      }
+      case 0x2e:  // DW_CFA_GNU_args_size: matters to unw_resume only
+        r.uleb();
+        break;
+      default:
+        // DW_CFA_set_loc, val_offset, vendor ops: libunwind 1.6 either
+        // reads them differently or not at all.
+        return Run::kUnsupported;
+    }
+  }
+  return r.ok ? Run::kOk : Run::kUnsupported;
+}
+
+Rule slow_rule(uintptr_t ip, Kind kind) {
+  return Rule{ip, 0, 0, 0, kind};
+}
+
+// The rule for a frame whose return address is ra (so the CFI row is looked
+// up at ra - 1, as libunwind does for every frame but a signal frame's
+// successor).
+Rule derive_rule(uintptr_t ra) {
+  Fde fde;
+  if (ra < 2 || !find_fde(ra - 1, &fde)) return slow_rule(ra, kSlowOther);
+  if (fde.cie.signal_frame) return slow_rule(ra, kSlowOther);
+  Eval e{};
+  e.cur.bp = e.cur.sp = e.cur.ra = RegRule{kSame, 0};
+  if (run_cfi(e, fde.cie, fde.cie.instr, fde.cie.instr_end, 0, ~uintptr_t{0}) != Run::kOk)
+    return slow_rule(ra, kSlowCfi);
+  e.initial = e.cur;
+  e.depth = 0;
+  if (run_cfi(e, fde.cie, fde.instr, fde.instr_end, fde.pc_begin, ra) != Run::kOk)
+    return slow_rule(ra, kSlowCfi);
+  const CfiState& s = e.cur;
+  if (fde.cie.ra_reg != kRegRa || e.any_expr || !s.cfa_defined || s.cfa_expr)
+    return slow_rule(ra, kSlowCfi);
+  if (s.ra.where == kUndef || s.bp.where == kUndef) return slow_rule(ra, kEnd);
+  if (s.cfa_reg != kRegSp && s.cfa_reg != kRegBp) return slow_rule(ra, kSlowCfi);
+  if (s.sp.where != kSame || s.ra.where != kCfaRel || s.ra.off != -8)
+    return slow_rule(ra, kSlowCfi);
+  // Offsets are whole words in practice; 16 bits of them reach 256 KiB.
+  if (s.cfa_off % 8 != 0 || s.cfa_off / 8 < INT16_MIN || s.cfa_off / 8 > INT16_MAX)
+    return slow_rule(ra, kSlowCfi);
+  if (s.cfa_reg == kRegSp && s.cfa_off <= 0) return slow_rule(ra, kSlowCfi);
+  Rule rule{ra, 0, static_cast<int16_t>(s.cfa_off / 8), 0, 0};
+  if (s.cfa_reg == kRegBp) rule.kind |= kCfaFromBp;
+  if (s.bp.where == kCfaRel) {
+    // A saved RBP lives in the frame being popped, below the CFA.
+    if (s.bp.off >= 0 || s.bp.off < -1024 || s.bp.off % 8 != 0) return slow_rule(ra, kSlowCfi);
+    rule.kind |= kBpSaved;
+    rule.bp_off8 = static_cast<int8_t>(s.bp.off / 8);
+  } else if (s.bp.where != kSame) {
+    return slow_rule(ra, kSlowCfi);
+  }
+  return rule;
+}
+
+// ---------------------------------------------------------------------------
+// The walks.
+
+// Stack loads in inline asm: sanitizers would otherwise instrument reads of
+// other frames' return-address and saved-RBP slots.
+inline uintptr_t load_word(uintptr_t addr) {
+  uintptr_t v;
+  __asm__("movq %1, %0" : "=r"(v) : "m"(*reinterpret_cast<const uintptr_t*>(addr)));
+  return v;
+}
+
+// What applying step rule r to f gives, or false if it does not validate:
+// the CFA must lie above SP and not absurdly far, a saved RBP slot inside
+// the frame being popped, and the return address must not be 0 (libunwind
+// gets to report that one).
+inline __attribute__((always_inline)) bool apply_rule(const Rule& r, Frame& f) {
+  // Both loads address base + constant, so each is one load after base is
+  // known: the RBP chain of frame-pointer code costs one load per frame.
+  const uintptr_t base = (r.kind & kCfaFromBp) != 0 ? f.bp : f.sp;
+  const intptr_t off8 = r.cfa_off8;
+  const uintptr_t cfa = base + 8 * off8;
+  if (cfa - f.sp - 1 >= kMaxFrameBytes) return false;
+  if ((r.kind & kBpSaved) != 0) {
+    const uintptr_t slot = base + 8 * (off8 + r.bp_off8);
+    if (slot < f.sp) return false;
+    f.bp = load_word(slot);
+  }
+  f.ip = load_word(base + 8 * (off8 - 1));
+  f.sp = cfa;
+  return f.ip != 0;
+}
+
+// Records frames from index *n on, starting with f, while rules allow.
+// Returns true when the stack is complete (end reached or out full); false
+// leaves *n - 1 as the index of the frame libunwind has to step.
+inline __attribute__((always_inline)) bool fast_walk(UnwindCache* cache, uintptr_t* out, size_t max,
+                                                     size_t* n, Frame f) {
+  char* const slots = reinterpret_cast<char*>(cache->slots);
+  uintptr_t* p = out + *n;
+  uintptr_t* const end = out + max;
+  bool ended = false;
+  bool complete = false;
+  Rule* r = find_rule(cache, f.ip);
+  for (;;) {
+    *p++ = f.ip;
+    if (p == end) {
+      complete = true;
+      break;
+    }
+    if (r == nullptr) break;
+    if (r->kind > kStepMax) {
+      ended = complete = r->kind == kEnd;
+      break;
+    }
+    Rule* next = reinterpret_cast<Rule*>(slots + r->next);
+    if (!apply_rule(*r, f)) break;
+    if (__builtin_expect(next->ip != f.ip, 0)) {
+      next = find_rule(cache, f.ip);
+      if (next != nullptr) r->next = static_cast<uint32_t>(reinterpret_cast<char*>(next) - slots);
+    }
+    r = next;
+  }
+  // Every frame written but the first came from a rule, and so did the end.
+  const size_t written = static_cast<size_t>(p - (out + *n));
+  cache->hits += written - 1 + (ended ? 1 : 0);
+  *n = static_cast<size_t>(p - out);
+  return complete;
+}
+
+bool cursor_frame(unw_cursor_t* cursor, Frame* f) {
+  unw_word_t ip, sp, bp;
+  if (unw_get_reg(cursor, UNW_REG_IP, &ip) != 0 || unw_get_reg(cursor, UNW_REG_SP, &sp) != 0 ||
+      unw_get_reg(cursor, UNW_X86_64_RBP, &bp) != 0)
+    return false;
+  *f = Frame{ip, sp, bp};
+  return true;
+}
+
+// Learns the rule of frame `before` from the libunwind step that produced
+// `after` (step_ret is unw_step's result): stores it only if it reproduces
+// that step, else marks the address slow.
+void learn(UnwindCache* cache, const Frame& before, int step_ret, const Frame* after) {
+  Rule rule = derive_rule(before.ip);
+  if (rule.kind <= kStepMax) {
+    Frame f = before;
+    const bool same = step_ret > 0 && after != nullptr && apply_rule(rule, f) &&
+                      f.ip == after->ip && f.sp == after->sp && f.bp == after->bp;
+    if (!same) rule = slow_rule(before.ip, kSlowOther);
+  } else if (rule.kind == kEnd && step_ret > 0) {
+    rule = slow_rule(before.ip, kSlowOther);
+  }
+  insert_rule(cache, rule);
+}
+
+// libunwind from scratch, re-entering the fast walk past the frame it could
+// not do. noinline: it owns the large libunwind context; the fast path's
+// frame stays small.
+__attribute__((noinline)) size_t capture_slow(UnwindCache* cache, uintptr_t* out, size_t max,
+                                              uintptr_t caller_sp, size_t fast_failed_at) {
+  unwind_libunwind_setup();
+  ++cache->fallbacks;
+  unw_context_t context;
+  unw_cursor_t cursor;
+  if (unw_getcontext(&context) != 0 || unw_init_local(&cursor, &context) != 0) return 0;
+  // Step up to the frame of capture_cached's caller, recognised by its stack
+  // pointer (capture_cached's CFA), so inlining here cannot shift frames.
+  for (int i = 0;; ++i) {
+    unw_word_t sp = 0;
+    if (i == 8 || unw_step(&cursor) <= 0 || unw_get_reg(&cursor, UNW_REG_SP, &sp) != 0) return 0;
+    if (sp == caller_sp) break;
+    if (sp > caller_sp) return 0;
+  }
+  size_t n = 0;
+  size_t fast_from = fast_failed_at + 1;
+  // True while every frame so far was a plain call frame, i.e. libunwind
+  // looks up this frame's CFI at ip - 1, which is what rules are keyed for.
+  bool call_frame = true;
+  for (;;) {
+    Frame f;
+    const bool have_regs = cursor_frame(&cursor, &f);
+    if (!have_regs && unw_get_reg(&cursor, UNW_REG_IP, &f.ip) != 0) break;
+    const Rule* rule = call_frame && have_regs ? find_rule(cache, f.ip) : nullptr;
+    if (rule != nullptr && n >= fast_from && (rule->kind <= kStepMax || rule->kind == kEnd)) {
+      size_t m = n;
+      if (fast_walk(cache, out, max, &m, f)) return m;
+      fast_from = m;
+    }
+    out[n++] = f.ip;
+    if (n >= max) break;
+    ++cache->misses;
+    const int ret = unw_step(&cursor);
+    Frame after;
+    const bool have_after = ret > 0 && cursor_frame(&cursor, &after);
+    if (call_frame && have_regs && rule == nullptr) {
+      learn(cache, f, ret, have_after ? &after : nullptr);
+      rule = find_rule(cache, f.ip);
+    }
+    if (rule == nullptr || rule->kind == kSlowOther) call_frame = false;
+    if (ret <= 0) break;
+  }
+  return n;
+}
+
+}  // namespace
+
+size_t unwind_cache_bytes() {
+  return sizeof(UnwindCache);
+}
+
+UnwindCache* unwind_cache_init(void* zeroed_memory) {
+  auto* cache = static_cast<UnwindCache*>(zeroed_memory);
+  cache->generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
+  unwind_libunwind_setup();
+  return cache;
+}
+
+UnwindCacheStats unwind_cache_stats(const UnwindCache* cache) {
+  return UnwindCacheStats{cache->hits, cache->misses, cache->fallbacks, cache->entries};
+}
+
+void unwind_code_unmapped() {
+  __atomic_add_fetch(&g_generation, 1, __ATOMIC_ACQ_REL);
+}
+
+}  // namespace mi::track
+
+// The entry point proper, reached from the capture_cached stub below with the
+// caller's return address, RSP and RBP as they were at the call: exact by
+// construction, and no rule is needed for capture_cached's own frame.
+extern "C" __attribute__((visibility("hidden"), used)) size_t mi_track_capture_cached_entry(
+    mi::track::UnwindCache* cache, uintptr_t* out, size_t max, uintptr_t ra, uintptr_t sp,
+    uintptr_t bp) {
+  using namespace mi::track;
+  if (max == 0) return 0;
+  flush_if_stale(cache);
+  size_t n = 0;
+  if (fast_walk(cache, out, max, &n, Frame{ra, sp, bp})) return n;
+  n = capture_slow(cache, out, max, sp, n - 1);
+  // Not a tail call: capture_slow finds the caller by this frame's CFA.
+  __asm__ volatile("" : "+r"(n));
+  return n;
+}
+
+namespace mi::track {
+
+// A stub that cannot be inlined and has no frame of its own: it hands the
+// caller's registers to the entry point and jumps there, so the entry point
+// runs as if called directly from our caller.
+__attribute__((naked)) size_t capture_cached(UnwindCache*, uintptr_t*, size_t) {
+  // (With -fcf-protection, GCC puts the endbr64 in front by itself.)
+  __asm__(
+      "movq (%rsp), %rcx\n\t"
+      "leaq 8(%rsp), %r8\n\t"
+      "movq %rbp, %r9\n\t"
+      "jmp mi_track_capture_cached_entry\n\t");
+}
+
+}  // namespace mi::track
+
+#else  // !__x86_64__: no rules, libunwind every time, same contract.
+
+namespace mi::track {
+
+struct UnwindCache {
+  uint64_t misses;
+  uint64_t fallbacks;
+};
+
+size_t unwind_cache_bytes() {
+  return sizeof(UnwindCache);
+}
+
+UnwindCache* unwind_cache_init(void* zeroed_memory) {
+  unwind_libunwind_setup();
+  return static_cast<UnwindCache*>(zeroed_memory);
+}
+
+UnwindCacheStats unwind_cache_stats(const UnwindCache* cache) {
+  return UnwindCacheStats{0, cache->misses, cache->fallbacks, 0};
+}
+
+void unwind_code_unmapped() {}
+
+__attribute__((noinline)) size_t capture_cached(UnwindCache* cache, uintptr_t* out, size_t max) {
+  unwind_libunwind_setup();
+  unw_context_t context;
+  unw_cursor_t cursor;
+  if (max == 0 || unw_getcontext(&context) != 0 || unw_init_local(&cursor, &context) != 0) return 0;
+  ++cache->fallbacks;
+  size_t n = 0;
+  while (n < max && unw_step(&cursor) > 0) {
+    unw_word_t ip = 0;
+    if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0) break;
+    out[n++] = static_cast<uintptr_t>(ip);
+    ++cache->misses;
+  }
+  __asm__ volatile("" : "+r"(n));
+  return n;
+}
+
+}  // namespace mi::track
+
+#endif

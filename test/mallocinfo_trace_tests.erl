@@ -1,0 +1,53 @@
+%% EUnit: the tracker API without the interposer (this node has no
+%% LD_PRELOAD) and its argument validation. The tracker itself is exercised
+%% under the interposer by mallocinfo_trace_SUITE.
+-module(mallocinfo_trace_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+preload_path_test() ->
+    Path = mallocinfo_trace:preload_path(),
+    ?assertEqual("libmallocinfo_preload.so", filename:basename(Path)),
+    ?assert(filelib:is_regular(Path)),
+    ?assertEqual(Path, filename:absname(Path)).
+
+preload_env_test() ->
+    Path = mallocinfo_trace:preload_path(),
+    ?assertEqual([{"LD_PRELOAD", Path}], mallocinfo_trace:preload_env()),
+    Env = mallocinfo_trace:preload_env(#{mode => sample, sample_bytes => 1048576,
+                                          table_size => 4096, stack_depth => 16,
+                                          exe => "beam.smp", unwind => libunwind,
+                                          stack_table_size => 1024}),
+    ?assertEqual([{"LD_PRELOAD", Path},
+                  {"MALLOCINFO_TRACE", "sample"},
+                  {"MALLOCINFO_TABLE_SIZE", "4096"},
+                  {"MALLOCINFO_STACK_TABLE_SIZE", "1024"},
+                  {"MALLOCINFO_SAMPLE_BYTES", "1048576"},
+                  {"MALLOCINFO_STACK_DEPTH", "16"},
+                  {"MALLOCINFO_TRACE_EXE", "beam.smp"},
+                  {"MALLOCINFO_UNWIND", "libunwind"}], Env).
+
+preload_env_badarg_test_() ->
+    [?_assertError(badarg, mallocinfo_trace:preload_env(#{bogus => 1})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{table_size => -1})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{exe => [1 bsl 20]})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env([{mode, full}]))].
+
+not_preloaded_test_() ->
+    [?_assertMatch(#{preloaded := false, recording := false, mode := off},
+                   mallocinfo_trace:status()),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:set_mode(sample)),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:olds(5)),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:olds(5, [demangle, {min_size, 8}])),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:sites(5, #{demangle => true})),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:reset()),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:stats())].
+
+badarg_test_() ->
+    [?_assertError(badarg, mallocinfo_trace:set_mode(on)),
+     ?_assertError(badarg, mallocinfo_trace:olds(-1)),
+     ?_assertError(badarg, mallocinfo_trace:olds(1, #{min_age_ms => a})),
+     ?_assertError(badarg, mallocinfo_trace:olds(1, #{demangle => 1})),
+     ?_assertError(badarg, mallocinfo_trace:olds(1, [{bogus, 1}])),
+     ?_assertError(badarg, mallocinfo_trace:sites(x)),
+     ?_assertError(badarg, mallocinfo_trace:sites(1, #{min_size => 1})),
+     ?_assertError(badarg, mallocinfo_trace:sites(1, 42))].
