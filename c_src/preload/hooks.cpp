@@ -86,7 +86,12 @@ void* pool_realloc(void* p, size_t size) {
 
 using namespace mi::preload;
 
-MI_EXPORT void* malloc(size_t size) noexcept {
+namespace {
+
+// Slow paths: start-up, tracking. Kept out of line so that the exported
+// fast paths below are a load, a compare and a tail call.
+
+[[gnu::noinline]] void* slow_malloc(size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, 16);
   if (!tracking()) return g_next.malloc(size);
@@ -96,9 +101,7 @@ MI_EXPORT void* malloc(size_t size) noexcept {
   return p;
 }
 
-MI_EXPORT void free(void* p) noexcept {
-  if (pool_owns(p)) [[unlikely]]
-    return;
+[[gnu::noinline]] void slow_free(void* p) noexcept {
   if (!ready()) [[unlikely]]
     return;  // not reachable with a real pointer: nothing was allocated yet
   if (!tracking()) return g_next.free(p);
@@ -107,7 +110,7 @@ MI_EXPORT void free(void* p) noexcept {
   g_next.free(p);
 }
 
-MI_EXPORT void* calloc(size_t n, size_t size) noexcept {
+[[gnu::noinline]] void* slow_calloc(size_t n, size_t size) noexcept {
   if (!ready()) [[unlikely]] {
     size_t total;
     if (__builtin_mul_overflow(n, size, &total)) return nullptr;
@@ -120,7 +123,7 @@ MI_EXPORT void* calloc(size_t n, size_t size) noexcept {
   return p;
 }
 
-MI_EXPORT void* realloc(void* p, size_t size) noexcept {
+[[gnu::noinline]] void* slow_realloc(void* p, size_t size) noexcept {
   if (pool_owns(p)) [[unlikely]]
     return pool_realloc(p, size);
   if (!ready()) [[unlikely]]
@@ -128,13 +131,11 @@ MI_EXPORT void* realloc(void* p, size_t size) noexcept {
   return do_realloc(MI_FN_REALLOC, p, size, g_next.realloc);
 }
 
-namespace {
 void* next_realloc_checked(void* p, size_t size) {
   return g_next.realloc(p, size);
 }
-}  // namespace
 
-MI_EXPORT void* reallocarray(void* p, size_t n, size_t size) noexcept {
+[[gnu::noinline]] void* slow_reallocarray(void* p, size_t n, size_t size) noexcept {
   size_t total;
   if (__builtin_mul_overflow(n, size, &total)) {
     errno = ENOMEM;
@@ -147,7 +148,7 @@ MI_EXPORT void* reallocarray(void* p, size_t n, size_t size) noexcept {
   return do_realloc(MI_FN_REALLOCARRAY, p, total, next_realloc_checked);
 }
 
-MI_EXPORT int posix_memalign(void** out, size_t align, size_t size) noexcept {
+[[gnu::noinline]] int slow_posix_memalign(void** out, size_t align, size_t size) noexcept {
   if (!ready()) [[unlikely]] {
     if (align == 0 || (align & (align - 1)) != 0 || align % sizeof(void*) != 0) return EINVAL;
     void* p = pool_alloc(size, align);
@@ -162,7 +163,7 @@ MI_EXPORT int posix_memalign(void** out, size_t align, size_t size) noexcept {
   return rc;
 }
 
-MI_EXPORT void* aligned_alloc(size_t align, size_t size) noexcept {
+[[gnu::noinline]] void* slow_aligned_alloc(size_t align, size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, align);
   if (!tracking()) return g_next.aligned_alloc(align, size);
@@ -172,7 +173,7 @@ MI_EXPORT void* aligned_alloc(size_t align, size_t size) noexcept {
   return p;
 }
 
-MI_EXPORT void* memalign(size_t align, size_t size) noexcept {
+[[gnu::noinline]] void* slow_memalign(size_t align, size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, align);
   if (!tracking()) return g_next.memalign(align, size);
@@ -182,7 +183,7 @@ MI_EXPORT void* memalign(size_t align, size_t size) noexcept {
   return p;
 }
 
-MI_EXPORT void* valloc(size_t size) noexcept {
+[[gnu::noinline]] void* slow_valloc(size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, page_size());
   if (!tracking()) return g_next.valloc(size);
@@ -192,7 +193,7 @@ MI_EXPORT void* valloc(size_t size) noexcept {
   return p;
 }
 
-MI_EXPORT void* pvalloc(size_t size) noexcept {
+[[gnu::noinline]] void* slow_pvalloc(size_t size) noexcept {
   if (!ready()) [[unlikely]] {
     const size_t ps = page_size();
     return pool_alloc((size + ps - 1) & ~(ps - 1), ps);
@@ -206,7 +207,7 @@ MI_EXPORT void* pvalloc(size_t size) noexcept {
 
 // strdup/strndup are counted here; the block itself is recorded by the
 // malloc hook that glibc's strdup calls (its stack then starts in strdup).
-MI_EXPORT char* strdup(const char* s) noexcept {
+[[gnu::noinline]] char* slow_strdup(const char* s) noexcept {
   if (!ready()) [[unlikely]] {
     const size_t n = ::strlen(s) + 1;
     char* p = static_cast<char*>(pool_alloc(n, 16));
@@ -217,7 +218,7 @@ MI_EXPORT char* strdup(const char* s) noexcept {
   return g_next.strdup(s);
 }
 
-MI_EXPORT char* strndup(const char* s, size_t n) noexcept {
+[[gnu::noinline]] char* slow_strndup(const char* s, size_t n) noexcept {
   if (!ready()) [[unlikely]] {
     const size_t len = ::strnlen(s, n);
     char* p = static_cast<char*>(pool_alloc(len + 1, 16));
@@ -229,4 +230,83 @@ MI_EXPORT char* strndup(const char* s, size_t n) noexcept {
   }
   if (tracking()) g_tracker.count(MI_FN_STRNDUP);
   return g_next.strndup(s, n);
+}
+
+}  // namespace
+
+// Exported fast paths.
+MI_EXPORT void* malloc(size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.malloc(size);
+  return slow_malloc(size);
+}
+
+MI_EXPORT void free(void* p) noexcept {
+  // Blocks from the bootstrap pool were never the next allocator's.
+  if (pool_owns(p)) [[unlikely]]
+    return;
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.free(p);
+  slow_free(p);
+}
+
+MI_EXPORT void* calloc(size_t n, size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.calloc(n, size);
+  return slow_calloc(n, size);
+}
+
+MI_EXPORT void* realloc(void* p, size_t size) noexcept {
+  if (!pool_owns(p) && g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.realloc(p, size);
+  return slow_realloc(p, size);
+}
+
+MI_EXPORT void* reallocarray(void* p, size_t n, size_t size) noexcept {
+  if (!pool_owns(p) && g_gate.load(std::memory_order_acquire) == kGatePass &&
+      g_next.reallocarray != nullptr) [[likely]]
+    return g_next.reallocarray(p, n, size);
+  return slow_reallocarray(p, n, size);
+}
+
+MI_EXPORT int posix_memalign(void** out, size_t align, size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.posix_memalign(out, align, size);
+  return slow_posix_memalign(out, align, size);
+}
+
+MI_EXPORT void* aligned_alloc(size_t align, size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.aligned_alloc(align, size);
+  return slow_aligned_alloc(align, size);
+}
+
+MI_EXPORT void* memalign(size_t align, size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.memalign(align, size);
+  return slow_memalign(align, size);
+}
+
+MI_EXPORT void* valloc(size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.valloc(size);
+  return slow_valloc(size);
+}
+
+MI_EXPORT void* pvalloc(size_t size) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.pvalloc(size);
+  return slow_pvalloc(size);
+}
+
+MI_EXPORT char* strdup(const char* s) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.strdup(s);
+  return slow_strdup(s);
+}
+
+MI_EXPORT char* strndup(const char* s, size_t n) noexcept {
+  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+    return g_next.strndup(s, n);
+  return slow_strndup(s, n);
 }

@@ -20,6 +20,8 @@ namespace mi::preload {
 
 constinit Next g_next{};
 constinit std::atomic<int> g_state{kUninit};
+constinit std::atomic<int> g_gate{kGateInit};
+alignas(64) char g_pool[kPoolBytes];
 constinit bool g_recording = false;
 constinit mi::track::Tracker g_tracker;
 __thread bool t_in_hook = false;
@@ -27,8 +29,6 @@ __thread bool t_in_hook = false;
 namespace {
 
 // --- bootstrap pool ---------------------------------------------------------
-constexpr size_t kPoolBytes = 1 << 20;
-alignas(64) char g_pool[kPoolBytes];
 std::atomic<size_t> g_pool_used{0};
 
 // --- environment, read without malloc --------------------------------------
@@ -195,6 +195,7 @@ bool ensure_init() {
     configure();
     t_in_hook = outer;
     g_state.store(kReady, std::memory_order_release);
+    update_gate();
     return true;
   }
   return false;
@@ -214,10 +215,9 @@ void* pool_alloc(size_t size, size_t align) {
   }
 }
 
-bool pool_owns(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const auto lo = reinterpret_cast<uintptr_t>(g_pool);
-  return a >= lo && a < lo + kPoolBytes;
+void update_gate() {
+  const bool track = g_recording && g_tracker.mode() != MI_MODE_OFF;
+  g_gate.store(track ? kGateTrack : kGatePass, std::memory_order_release);
 }
 
 size_t pool_size_of(const void* p) {

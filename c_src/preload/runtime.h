@@ -30,6 +30,15 @@ struct Next {
 
 enum : int { kUninit = 0, kInitializing = 1, kReady = 2 };
 
+// The hooks' one-load fast path. kGatePass: start-up is done and nothing is
+// recorded (executable not matched, or mode off): forward at once. Anything
+// else goes through the slow path (start-up, or tracking). Written with
+// release after start-up and on every mode change.
+enum : int { kGatePass = 0, kGateTrack = 1, kGateInit = 2 };
+extern std::atomic<int> g_gate;
+// Re-derives g_gate from g_recording and the tracker's mode.
+void update_gate();
+
 extern Next g_next;
 extern std::atomic<int> g_state;
 extern bool g_recording;  // this executable matched MALLOCINFO_TRACE_EXE
@@ -47,8 +56,13 @@ bool ensure_init();
 // Static bootstrap pool for allocations made before the next allocator is
 // known. Memory is never reused (it is zero, as calloc needs).
 void* pool_alloc(size_t size, size_t align);
-bool pool_owns(const void* p);
 size_t pool_size_of(const void* p);
+constexpr size_t kPoolBytes = 1 << 20;
+extern char g_pool[kPoolBytes];
+inline bool pool_owns(const void* p) {
+  // Unsigned wrap-around makes this one compare.
+  return static_cast<size_t>(static_cast<const char*>(p) - g_pool) < kPoolBytes;
+}
 
 }  // namespace mi::preload
 
