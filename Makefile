@@ -24,6 +24,7 @@ run: build
 test: build fmt-check tarball test-c eunit ct
 
 test-c: deps
+	@$(MAKE) -s -C c_src -j$(shell nproc) test-bins
 	@$(MAKE) -s -C c_src test test-san test-preload
 
 eunit: build
