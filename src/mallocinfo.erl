@@ -36,7 +36,7 @@ info(Path) ->
     mallocinfo_nif:info_file(path_binary(Path, [Path])).
 
 %% @doc The same XML in memory, without a temporary file.
--spec info() -> {ok, Xml :: binary()} | {error, enomem}.
+-spec info() -> {ok, Xml :: binary()} | {error, posix()}.
 info() ->
     mallocinfo_nif:info_xml().
 
@@ -47,7 +47,7 @@ info() ->
 %% If the running release lacks xmerl it is loaded from the OTP installation
 %% when one can be found, else `{error, {missing_application, xmerl}}'.
 -spec heaps() -> {ok, mallocinfo_parse:heaps()}
-               | {error, {missing_application, xmerl} | enomem}.
+               | {error, {missing_application, xmerl} | posix()}.
 heaps() ->
     case ensure_xmerl() of
         ok ->
@@ -168,17 +168,29 @@ check_nul(Bin, Args) ->
 load_siblings() ->
     %% code:ensure_modules_loaded/1 refuses in embedded mode; load_file/1
     %% (what l/1 does) works in both modes.
-    Failed = [{M, Why} || M <- app_modules() -- [?MODULE],
+    Mods = app_modules(),
+    Failed = [{M, Why} || M <- Mods -- [?MODULE],
                           code:is_loaded(M) =:= false,
                           {error, Why} <- [code:load_file(M)]],
-    case Failed of
-        [] -> ok;
+    case {Failed, Mods} of
+        {[], [_ | _]} -> ok;
+        {[], []} -> logger:error("mallocinfo: no modules found beside mallocinfo.beam");
         _ -> logger:error("mallocinfo: could not load ~p", [Failed])
     end,
     ok.
 
 app_modules() ->
-    Ebin = filename:dirname(code:which(?MODULE)),
+    %% While on_load runs the code server has not recorded this module yet,
+    %% so code:which/1 searches the path; mallocinfo.app is found the same
+    %% way, and both fail only if the ebin is not on the path at all.
+    Ebin = case code:which(?MODULE) of
+               File when is_list(File) -> filename:dirname(File);
+               _ ->
+                   case code:where_is_file("mallocinfo.app") of
+                       non_existing -> ".";
+                       App -> filename:dirname(App)
+                   end
+           end,
     case file:consult(filename:join(Ebin, "mallocinfo.app")) of
         {ok, [{application, mallocinfo, Props}]} ->
             proplists:get_value(modules, Props, []);

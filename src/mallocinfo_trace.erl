@@ -51,22 +51,24 @@ status() ->
     mallocinfo_nif:trace_status().
 
 %% @doc Switches the recording mode at run time. Switching to `off' forgets
-%% the live table (frees are not seen while off).
--spec set_mode(mode()) -> ok | {error, not_preloaded}.
+%% the live table (frees are not seen while off); switching back on starts
+%% from an empty table. `{error, not_recording}' when the interposer is
+%% loaded but this executable did not match `MALLOCINFO_TRACE_EXE'.
+-spec set_mode(mode()) -> ok | {error, not_preloaded | not_recording}.
 set_mode(Mode) when Mode =:= full; Mode =:= sample; Mode =:= counters; Mode =:= off ->
     mallocinfo_nif:trace_set_mode(Mode);
 set_mode(Mode) ->
     erlang:error(badarg, [Mode]).
 
 %% @equiv olds(N, #{})
--spec olds(non_neg_integer()) -> [old()] | {error, not_preloaded}.
+-spec olds(non_neg_integer()) -> [old()] | {error, not_preloaded | not_recording}.
 olds(N) ->
     olds(N, #{}).
 
 %% @doc The `N' oldest live blocks, oldest first, each with its size, age
 %% and allocation stack. `Opts': `demangle' (C++ names), `min_age_ms',
 %% `min_size' (bytes).
--spec olds(non_neg_integer(), opts()) -> [old()] | {error, not_preloaded}.
+-spec olds(non_neg_integer(), opts()) -> [old()] | {error, not_preloaded | not_recording}.
 olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} =
         options(Opts, [demangle, min_age_ms, min_size], [N, Opts]),
@@ -75,7 +77,7 @@ olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
 %% @equiv sites(N, #{})
--spec sites(non_neg_integer()) -> [site()] | {error, not_preloaded}.
+-spec sites(non_neg_integer()) -> [site()] | {error, not_preloaded | not_recording}.
 sites(N) ->
     sites(N, #{}).
 
@@ -83,7 +85,7 @@ sites(N) ->
 %% call sites holding memory now. In `sample' mode (or for blocks recorded
 %% while sampling) `count' and `bytes' are unbiased estimates and the site
 %% says `estimated => true'. `Opts': `demangle'.
--spec sites(non_neg_integer(), opts()) -> [site()] | {error, not_preloaded}.
+-spec sites(non_neg_integer(), opts()) -> [site()] | {error, not_preloaded | not_recording}.
 sites(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D} = options(Opts, [demangle], [N, Opts]),
     unwrap(mallocinfo_nif:trace_sites(N, D));
@@ -106,7 +108,7 @@ stats() ->
 
 %% @doc Forgets every recorded live block (e.g. after start-up, to see only
 %% what is allocated from now on). Returns how many were forgotten.
--spec reset() -> non_neg_integer() | {error, not_preloaded}.
+-spec reset() -> non_neg_integer() | {error, not_preloaded | not_recording}.
 reset() ->
     unwrap(mallocinfo_nif:trace_reset()).
 
@@ -121,34 +123,46 @@ preload_env() ->
     preload_env(#{}).
 
 %% @doc Environment for a node that should be tracked: for `peer:start/1'
-%% (`env'), a release's `env.sh', or a shell. `Opts': `mode',
-%% `table_size', `stack_table_size', `sample_bytes', `stack_depth', `exe'
-%% (the `MALLOCINFO_TRACE_EXE' glob), `unwind' (`cached' | `libunwind').
+%% (`env'), a release's `env.sh', or a shell. `Opts': `mode' (`full' |
+%% `sample' | `counters' | `off'), `table_size' (64..2^32 entries),
+%% `stack_table_size' (64..2^30), `sample_bytes' (1..2^40), `stack_depth'
+%% (1..128), `exe' (the `MALLOCINFO_TRACE_EXE' glob, a string), `unwind'
+%% (`cached' | `libunwind'). Anything else raises `badarg'.
 -spec preload_env(map()) -> [{string(), string()}].
 preload_env(Opts) when is_map(Opts) ->
-    Knobs = [{mode, "MALLOCINFO_TRACE"}, {table_size, "MALLOCINFO_TABLE_SIZE"},
-             {stack_table_size, "MALLOCINFO_STACK_TABLE_SIZE"},
-             {sample_bytes, "MALLOCINFO_SAMPLE_BYTES"}, {stack_depth, "MALLOCINFO_STACK_DEPTH"},
-             {exe, "MALLOCINFO_TRACE_EXE"}, {unwind, "MALLOCINFO_UNWIND"}],
-    case maps:keys(Opts) -- [K || {K, _} <- Knobs] of
+    Knobs = [{mode, "MALLOCINFO_TRACE", {one_of, [full, sample, counters, off]}},
+             {table_size, "MALLOCINFO_TABLE_SIZE", {range, 64, 1 bsl 32}},
+             {stack_table_size, "MALLOCINFO_STACK_TABLE_SIZE", {range, 64, 1 bsl 30}},
+             {sample_bytes, "MALLOCINFO_SAMPLE_BYTES", {range, 1, 1 bsl 40}},
+             {stack_depth, "MALLOCINFO_STACK_DEPTH", {range, 1, 128}},
+             {exe, "MALLOCINFO_TRACE_EXE", glob},
+             {unwind, "MALLOCINFO_UNWIND", {one_of, [cached, libunwind]}}],
+    case maps:keys(Opts) -- [K || {K, _, _} <- Knobs] of
         [] -> ok;
         _ -> erlang:error(badarg, [Opts])
     end,
     [{"LD_PRELOAD", preload_path()}
-     | [{Var, env_value(maps:get(K, Opts), Opts)} || {K, Var} <- Knobs, maps:is_key(K, Opts)]];
+     | [{Var, env_value(maps:get(K, Opts), Check, Opts)}
+        || {K, Var, Check} <- Knobs, maps:is_key(K, Opts)]];
 preload_env(Opts) ->
     erlang:error(badarg, [Opts]).
 
 %%% ---------------------------------------------------------------------------
 
-env_value(V, _) when is_atom(V) -> atom_to_list(V);
-env_value(V, _) when is_integer(V), V >= 0 -> integer_to_list(V);
-env_value(V, Opts) when is_list(V) ->
+env_value(V, {one_of, Allowed}, Opts) ->
+    case lists:member(V, Allowed) of
+        true -> atom_to_list(V);
+        false -> erlang:error(badarg, [Opts])
+    end;
+env_value(V, {range, Min, Max}, _) when is_integer(V), V >= Min, V =< Max ->
+    integer_to_list(V);
+env_value(V, glob, Opts) when is_list(V), V =/= [] ->
     case io_lib:printable_latin1_list(V) of
         true -> V;
         false -> erlang:error(badarg, [Opts])
     end;
-env_value(_, Opts) -> erlang:error(badarg, [Opts]).
+env_value(_, _, Opts) ->
+    erlang:error(badarg, [Opts]).
 
 unwrap({ok, V}) -> V;
 unwrap({error, _} = E) -> E.

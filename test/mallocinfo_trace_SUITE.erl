@@ -7,12 +7,12 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2,
          end_per_testcase/2]).
--export([not_preloaded/1, status_when_preloaded/1, sites_name_the_leak/1, olds_age/1,
+-export([not_preloaded/1, not_recording/1, status_when_preloaded/1, sites_name_the_leak/1, olds_age/1,
          reset_clears/1, set_mode_live/1, sample_mode_estimates/1, bad_arguments/1,
          million_entries/1]).
 
 all() ->
-    [not_preloaded, status_when_preloaded, sites_name_the_leak, olds_age, reset_clears,
+    [not_preloaded, not_recording, status_when_preloaded, sites_name_the_leak, olds_age, reset_clears,
      set_mode_live, sample_mode_estimates, bad_arguments, million_entries].
 
 init_per_suite(Config) ->
@@ -32,6 +32,8 @@ end_per_suite(_Config) ->
 
 init_per_testcase(not_preloaded, Config) ->
     Config;
+init_per_testcase(not_recording, Config) ->
+    start_peer(Config, #{exe => "no-such-executable"});
 init_per_testcase(sample_mode_estimates, Config) ->
     start_peer(Config, #{mode => sample, sample_bytes => 65536});
 init_per_testcase(million_entries, Config) ->
@@ -74,6 +76,16 @@ not_preloaded(_Config) ->
     ?assertEqual({error, not_preloaded}, mallocinfo_trace:stats()),
     %% Bad arguments are still badarg, preloaded or not.
     ?assertError(badarg, mallocinfo_trace:set_mode(loud)).
+
+%% Preloaded, but the emulator did not match MALLOCINFO_TRACE_EXE: it passes
+%% everything through and says so.
+not_recording(Config) ->
+    ?assertMatch(#{preloaded := true, recording := false, mode := off},
+                 call(Config, mallocinfo_trace, status, [])),
+    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, set_mode, [full])),
+    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, sites, [5])),
+    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, olds, [5])),
+    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, reset, [])).
 
 status_when_preloaded(Config) ->
     S = call(Config, mallocinfo_trace, status, []),

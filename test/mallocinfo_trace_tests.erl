@@ -30,7 +30,13 @@ preload_env_badarg_test_() ->
     [?_assertError(badarg, mallocinfo_trace:preload_env(#{bogus => 1})),
      ?_assertError(badarg, mallocinfo_trace:preload_env(#{table_size => -1})),
      ?_assertError(badarg, mallocinfo_trace:preload_env(#{exe => [1 bsl 20]})),
-     ?_assertError(badarg, mallocinfo_trace:preload_env([{mode, full}]))].
+     ?_assertError(badarg, mallocinfo_trace:preload_env([{mode, full}])),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{mode => bogus})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{unwind => foo})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{table_size => 0})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{stack_depth => 1000})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{sample_bytes => 1.5})),
+     ?_assertError(badarg, mallocinfo_trace:preload_env(#{exe => beam}))].
 
 not_preloaded_test_() ->
     [?_assertMatch(#{preloaded := false, recording := false, mode := off},

@@ -138,11 +138,15 @@ int capture_stats(std::string& out, int timeout_ms) {
   ::close(fds[0]);
   if (err != 0) ::kill(pid, SIGKILL);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited;
+  while ((waited = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
-  // ECHILD (SIGCHLD ignored by the host program) leaves `status` unknown;
-  // the pipe reaching EOF is then the only evidence, and enough.
-  if (err == 0 && WIFEXITED(status) && WEXITSTATUS(status) != 0) err = EIO;
+  // ECHILD (SIGCHLD ignored by the host program) leaves the exit status
+  // unknown; the pipe reaching EOF is then the only evidence, and enough.
+  // A child that exited non-zero or died of a signal produced partial text.
+  if (err == 0 && waited == pid &&
+      (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0)))
+    err = EIO;
   return err;
 }
 

@@ -31,6 +31,7 @@
   X(rss_after, "rss_after")                       \
   /* tracker status */                            \
   X(not_preloaded, "not_preloaded")               \
+  X(not_recording, "not_recording")               \
   X(preloaded, "preloaded")                       \
   X(recording, "recording")                       \
   X(mode, "mode")                                 \

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,28 @@ const mi_preload_abi* find_abi() {
 
 ERL_NIF_TERM not_preloaded(ErlNifEnv* env) {
   return error_tuple(env, atoms.not_preloaded);
+}
+
+bool recording(const mi_preload_abi* abi) {
+  mi_abi_status st{};
+  abi->status(&st, sizeof st);
+  return st.recording != 0;
+}
+
+// The ABI of an interposer that records in this process, or nullptr with
+// *error set to {error, not_preloaded | not_recording}: an empty answer
+// from a process that records nothing would read as "no leak".
+const mi_preload_abi* recording_abi(ErlNifEnv* env, ERL_NIF_TERM* error) {
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr) {
+    *error = not_preloaded(env);
+    return nullptr;
+  }
+  if (!recording(abi)) {
+    *error = error_tuple(env, atoms.not_recording);
+    return nullptr;
+  }
+  return abi;
 }
 
 ERL_NIF_TERM mode_atom(uint32_t mode) {
@@ -97,17 +120,37 @@ class StackCache {
   std::unordered_map<uint32_t, ERL_NIF_TERM> terms_;
 };
 
+// Streams a snapshot into `consume(const mi_abi_entry*, size_t)`. The sink is
+// called from the interposer's C frames (built without exceptions), so no
+// exception may cross them: the first one is kept, later batches are
+// skipped, and it is rethrown here once the interposer has returned.
+template <class F>
+void stream_snapshot(const mi_preload_abi* abi, F&& consume) {
+  struct Ctx {
+    F* consume;
+    std::exception_ptr error;
+  } ctx{&consume, nullptr};
+  abi->snapshot(
+      [](void* p, const mi_abi_entry* e, size_t n) {
+        Ctx& c = *static_cast<Ctx*>(p);
+        if (c.error) return;
+        try {
+          (*c.consume)(e, n);
+        } catch (...) {
+          c.error = std::current_exception();
+        }
+      },
+      &ctx);
+  if (ctx.error) std::rethrow_exception(ctx.error);
+}
+
 std::vector<mi_abi_entry> snapshot(const mi_preload_abi* abi) {
   mi_abi_status st{};
   abi->status(&st, sizeof st);
   std::vector<mi_abi_entry> entries;
   entries.reserve(st.live_entries + st.live_entries / 8 + 64);
-  abi->snapshot(
-      [](void* ctx, const mi_abi_entry* e, size_t n) {
-        auto* v = static_cast<std::vector<mi_abi_entry>*>(ctx);
-        v->insert(v->end(), e, e + n);
-      },
-      &entries);
+  stream_snapshot(
+      abi, [&](const mi_abi_entry* e, size_t n) { entries.insert(entries.end(), e, e + n); });
   return entries;
 }
 
@@ -170,13 +213,15 @@ ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     throw BadArg{};
   const mi_preload_abi* abi = find_abi();
   if (abi == nullptr) return not_preloaded(env);
-  if (abi->set_mode(mode) != 0) return error_tuple(env, atoms.not_preloaded);
+  // The interposer refuses only when this executable is not recording.
+  if (abi->set_mode(mode) != 0) return error_tuple(env, atoms.not_recording);
   return atoms.ok;
 }
 
 ERL_NIF_TERM trace_reset(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const mi_preload_abi* abi = find_abi();
-  if (abi == nullptr) return not_preloaded(env);
+  ERL_NIF_TERM error;
+  const mi_preload_abi* abi = recording_abi(env, &error);
+  if (abi == nullptr) return error;
   return enif_make_tuple2(env, atoms.ok, u64(env, abi->reset()));
 }
 
@@ -186,8 +231,9 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t min_age = get_u64(env, argv[1]);
   const uint64_t min_size = get_u64(env, argv[2]);
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
-  const mi_preload_abi* abi = find_abi();
-  if (abi == nullptr) return not_preloaded(env);
+  ERL_NIF_TERM error;
+  const mi_preload_abi* abi = recording_abi(env, &error);
+  if (abi == nullptr) return error;
   std::vector<mi_abi_entry> entries = snapshot(abi);
   const uint64_t now = abi->now_ns();
   std::erase_if(entries, [&](const mi_abi_entry& e) {
@@ -221,8 +267,9 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
-  const mi_preload_abi* abi = find_abi();
-  if (abi == nullptr) return not_preloaded(env);
+  ERL_NIF_TERM error;
+  const mi_preload_abi* abi = recording_abi(env, &error);
+  if (abi == nullptr) return error;
   mi_abi_status st{};
   abi->status(&st, sizeof st);
   const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
@@ -232,38 +279,30 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     uint64_t oldest;
     bool estimated;
   };
-  struct Ctx {
-    std::unordered_map<uint32_t, Site> by_stack;
-    double mean;
-  } ctx{{}, mean};
-  ctx.by_stack.reserve(st.stacks + 16);
+  std::unordered_map<uint32_t, Site> by_stack;
+  by_stack.reserve(st.stacks + 16);
   const uint64_t now = abi->now_ns();
-  abi->snapshot(
-      [](void* p, const mi_abi_entry* e, size_t count) {
-        Ctx& c = *static_cast<Ctx*>(p);
-        for (size_t i = 0; i < count; ++i) {
-          auto it =
-              c.by_stack.try_emplace(e[i].stack_id, Site{e[i].stack_id, 0, 0, UINT64_MAX, false})
-                  .first;
-          Site& s = it->second;
-          const double size = static_cast<double>(e[i].size);
-          if (e[i].flags & MI_ENTRY_SAMPLED) {
-            const double prob = -std::expm1(-size / c.mean);
-            const double w = prob > 0 ? 1.0 / prob : 1.0;
-            s.count += w;
-            s.bytes += size * w;
-            s.estimated = true;
-          } else {
-            s.count += 1;
-            s.bytes += size;
-          }
-          s.oldest = std::min(s.oldest, e[i].timestamp_ns);
-        }
-      },
-      &ctx);
+  stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      Site& s = by_stack.try_emplace(e[i].stack_id, Site{e[i].stack_id, 0, 0, UINT64_MAX, false})
+                    .first->second;
+      const double size = static_cast<double>(e[i].size);
+      if (e[i].flags & MI_ENTRY_SAMPLED) {
+        const double prob = -std::expm1(-size / mean);
+        const double w = prob > 0 ? 1.0 / prob : 1.0;
+        s.count += w;
+        s.bytes += size * w;
+        s.estimated = true;
+      } else {
+        s.count += 1;
+        s.bytes += size;
+      }
+      s.oldest = std::min(s.oldest, e[i].timestamp_ns);
+    }
+  });
   std::vector<Site> sites;
-  sites.reserve(ctx.by_stack.size());
-  for (auto& [id, site] : ctx.by_stack) sites.push_back(site);
+  sites.reserve(by_stack.size());
+  for (auto& [id, site] : by_stack) sites.push_back(site);
   const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
   std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
                     [](const Site& a, const Site& b) {

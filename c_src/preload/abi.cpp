@@ -21,9 +21,7 @@ void abi_status(mi_abi_status* out, size_t out_size) {
 
 int abi_set_mode(uint32_t mode) {
   if (!ensure_init() || !g_recording) return -1;
-  if (!g_tracker.set_mode(mode)) return -1;
-  update_gate();
-  return 0;
+  return change_mode(mode) ? 0 : -1;
 }
 
 uint64_t abi_snapshot(mi_abi_sink sink, void* ctx) {

@@ -72,7 +72,9 @@ void* do_realloc(mi_fn fn, void* p, size_t size, void* (*real)(void*, size_t)) {
 }
 
 void* pool_realloc(void* p, size_t size) {
-  // A block from the bootstrap pool: move it to the real heap.
+  // A block from the bootstrap pool: move it to the real heap. Size 0 frees
+  // it (pool blocks are never reused), as glibc's realloc(p, 0) does.
+  if (size == 0) return nullptr;
   void* r = ::malloc(size);
   if (r != nullptr) {
     const size_t old = pool_size_of(p);
@@ -113,7 +115,10 @@ namespace {
 [[gnu::noinline]] void* slow_calloc(size_t n, size_t size) noexcept {
   if (!ready()) [[unlikely]] {
     size_t total;
-    if (__builtin_mul_overflow(n, size, &total)) return nullptr;
+    if (__builtin_mul_overflow(n, size, &total)) {
+      errno = ENOMEM;
+      return nullptr;
+    }
     return pool_alloc(total, 16);
   }
   if (!tracking()) return g_next.calloc(n, size);

@@ -2,6 +2,8 @@
 // environment without malloc, decide whether this executable records, and
 // map the tracker's tables. Runs inside the first malloc call.
 #include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -202,15 +204,23 @@ bool ensure_init() {
 }
 
 void* pool_alloc(size_t size, size_t align) {
-  // Header of 16 bytes in front of each block holds its size (for realloc).
+  // A 16-byte header in front of each block holds its size (for realloc).
+  // Alignment applies to the absolute address, rounded up to a power of two
+  // as glibc's memalign does.
   if (align < 16) align = 16;
+  if ((align & (align - 1)) != 0) align = size_t{1} << (64 - __builtin_clzll(align));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(g_pool);
   size_t used = g_pool_used.load(std::memory_order_relaxed);
   for (;;) {
-    const size_t start = (used + 16 + align - 1) & ~(align - 1);
-    if (start + size > kPoolBytes || start + size < start) return nullptr;
-    if (g_pool_used.compare_exchange_weak(used, start + size, std::memory_order_relaxed)) {
-      std::memcpy(g_pool + start - sizeof(size_t), &size, sizeof(size_t));
-      return g_pool + start;
+    const uintptr_t start = (base + used + 16 + align - 1) & ~(uintptr_t{align} - 1);
+    const size_t end = start - base + size;
+    if (end > kPoolBytes || end < start - base) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+    if (g_pool_used.compare_exchange_weak(used, end, std::memory_order_relaxed)) {
+      std::memcpy(reinterpret_cast<char*>(start) - sizeof(size_t), &size, sizeof(size_t));
+      return reinterpret_cast<void*>(start);
     }
   }
 }
@@ -218,6 +228,24 @@ void* pool_alloc(size_t size, size_t align) {
 void update_gate() {
   const bool track = g_recording && g_tracker.mode() != MI_MODE_OFF;
   g_gate.store(track ? kGateTrack : kGatePass, std::memory_order_release);
+}
+
+namespace {
+// Serialises mode changes (never taken in a hook): the mode, the table and
+// the gate change together.
+pthread_mutex_t g_mode_lock = PTHREAD_MUTEX_INITIALIZER;
+}  // namespace
+
+bool change_mode(uint32_t mode) {
+  ::pthread_mutex_lock(&g_mode_lock);
+  const uint32_t before = g_tracker.mode();
+  const bool ok = g_tracker.set_mode(mode);
+  // Leaving off: an allocation that raced the switch to off may have been
+  // recorded after the table was cleared, and its free was not seen.
+  if (ok && before == MI_MODE_OFF && mode != MI_MODE_OFF) g_tracker.reset();
+  update_gate();
+  ::pthread_mutex_unlock(&g_mode_lock);
+  return ok;
 }
 
 size_t pool_size_of(const void* p) {

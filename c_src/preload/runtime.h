@@ -38,6 +38,9 @@ enum : int { kGatePass = 0, kGateTrack = 1, kGateInit = 2 };
 extern std::atomic<int> g_gate;
 // Re-derives g_gate from g_recording and the tracker's mode.
 void update_gate();
+// Switches the tracker's mode and the gate together, serialised against
+// other switches. Not for hooks (takes a mutex). False for a bad mode.
+bool change_mode(uint32_t mode);
 
 extern Next g_next;
 extern std::atomic<int> g_state;

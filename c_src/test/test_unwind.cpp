@@ -1,12 +1,17 @@
 // The cached unwinder returns exactly libunwind's stacks: over many frame
 // shapes (unwind_fixture.cpp), warm and cold, truncated or not, from libc
-// code, signal handlers, code without CFI, and two threads at once.
+// code, signal handlers, code without unwind info (JIT-like, with good, null,
+// wild and fake frame pointers), frames whose CFI the registers no longer
+// fit (a stale rule's situation), two threads at once, and a cache handed
+// from one thread to another.
 //
 // Both back ends are always called through one call site (capture_site via
 // a function pointer; libunwind through a frameless stub with the same
 // signature), so whole stacks, first frame included, are compared.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -24,7 +29,21 @@
 
 // Declared again from unwind_fixture.cpp (the two files share no header).
 namespace unwind_fixture {
-enum class Shape : uint8_t { kFp, kNoFp, kAlloca, kVla, kAligned, kBusy, kExpr, kQuirk, kJit };
+enum class Shape : uint8_t {
+  kFp,
+  kNoFp,
+  kAlloca,
+  kVla,
+  kAligned,
+  kBusy,
+  kExpr,
+  kQuirk,
+  kJit,
+  kJitBp,
+  kJitFake,
+  kNoCfi,
+  kBadFp,
+};
 struct Ctx {
   const Shape* shapes;  // shape of level i is shapes[i % nshapes]
   size_t nshapes;
@@ -32,6 +51,8 @@ struct Ctx {
   size_t bytes;  // alloca/VLA size (plus the level)
   void (*leaf)(void*);
   void* arg;
+  int (*run)(Ctx*, int);
+  uintptr_t bad_bp;  // RBP in kJitBp frames, and in kBadFp frames if not 0
 };
 }  // namespace unwind_fixture
 
@@ -132,8 +153,9 @@ void check_same(const Session& s) {
   }
 }
 
-void run_chain(Session& s, const std::vector<Shape>& shapes, int depth, size_t bytes = 64) {
-  unwind_fixture::Ctx ctx{shapes.data(), shapes.size(), depth, bytes, leaf, &s};
+void run_chain(Session& s, const std::vector<Shape>& shapes, int depth, size_t bytes = 64,
+               uintptr_t bad_bp = 0) {
+  unwind_fixture::Ctx ctx{shapes.data(), shapes.size(), depth, bytes, leaf, &s, nullptr, bad_bp};
   unwind_fixture_run(&ctx, 0);
 }
 
@@ -150,6 +172,12 @@ Session session(UnwindCache* cache, size_t max, int reps, CaptureFn extra = null
   s.counts.resize(s.fns.size());
   return s;
 }
+
+// Addresses no test can find mapped: below vm.mmap_min_addr (64 KiB by
+// default), and outside the canonical address range. (An address once mapped
+// and then unmapped does not do: the next mmap may reuse it.)
+constexpr uintptr_t kNeverMapped = 0x8000;
+constexpr uintptr_t kNonCanonical = uintptr_t{0x8000} << 32;
 
 const std::vector<Shape> kAllCacheable = {
     Shape::kFp,   Shape::kNoFp,   Shape::kAlloca, Shape::kVla,  Shape::kAligned, Shape::kBusy,
@@ -334,7 +362,7 @@ TEST_CASE("unwind: through a signal frame (and on an alternate stack)", "[unwind
       Session s = session(mem.cache, 256, 2);
       g_signal_session = &s;
       unwind_fixture::Ctx ctx{
-          kAllCacheable.data(), kAllCacheable.size(), 6, 64, signal_leaf, nullptr};
+          kAllCacheable.data(), kAllCacheable.size(), 6, 64, signal_leaf, nullptr, nullptr, 0};
       unwind_fixture_run(&ctx, 0);
       g_signal_session = nullptr;
       REQUIRE(s.calls == 1);
@@ -355,22 +383,206 @@ TEST_CASE("unwind: through a signal frame (and on an alternate stack)", "[unwind
   }
 }
 
-TEST_CASE("unwind: code without CFI (JIT-like) is left to libunwind", "[unwind]") {
+TEST_CASE("unwind: code without unwind info is stepped like libunwind's frame-pointer guess",
+          "[unwind]") {
   if (!unwind_fixture_jit_available()) {
     WARN("cannot map executable memory here: no JIT-like frame to test");
     return;
   }
-  CacheMem mem;
-  const std::vector<Shape> shapes = {Shape::kFp, Shape::kNoFp, Shape::kJit, Shape::kAlloca,
-                                     Shape::kBusy};
-  for (int round = 0; round < 3; ++round) {
-    Session s = session(mem.cache, 256, 2);
-    run_chain(s, shapes, 10);
-    check_same(s);
-    CHECK(s.counts[0] > 6);
-    CHECK(s.deltas[2].fallbacks == 1);
+  const std::vector<std::pair<const char*, std::vector<Shape>>> chains = {
+      {"JIT, valid RBP chain",
+       {Shape::kFp, Shape::kNoFp, Shape::kJit, Shape::kAlloca, Shape::kBusy}},
+      {"JIT only", {Shape::kJit}},
+      {"JIT, fake frame record", {Shape::kNoFp, Shape::kJitFake, Shape::kFp}},
+      {"no CFI inside .text", {Shape::kNoFp, Shape::kNoCfi, Shape::kVla}},
+  };
+  for (const auto& [name, shapes] : chains) {
+    INFO(name);
+    CacheMem mem;
+    for (int round = 0; round < 3; ++round) {
+      Session s = session(mem.cache, 256, 2);
+      run_chain(s, shapes, 10);
+      check_same(s);
+      CHECK(s.counts[0] > 6);
+      if (round > 0) {
+        // Warm: no libunwind at all, every frame and the end from rules.
+        CHECK(s.deltas[1].fallbacks == 0);
+        CHECK(s.deltas[2].fallbacks == 0);
+        CHECK(s.deltas[2].hits == s.counts[2]);
+      }
+    }
   }
 }
+
+TEST_CASE("unwind: a JIT frame's RBP decides where libunwind stops", "[unwind]") {
+  if (!unwind_fixture_jit_available()) {
+    WARN("cannot map executable memory here: no JIT-like frame to test");
+    return;
+  }
+  void* none = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(none != MAP_FAILED);
+  static uintptr_t heap_word[4] = {1, 2, 3, 4};
+  const std::vector<std::pair<const char*, uintptr_t>> rbps = {
+      {"RBP = 0", 0},
+      {"RBP -> never mapped (below mmap_min_addr)", kNeverMapped},
+      {"RBP -> non-canonical", kNonCanonical},
+      {"RBP -> PROT_NONE page", reinterpret_cast<uintptr_t>(none) + 64},
+      {"RBP -> readable memory far from the stack", reinterpret_cast<uintptr_t>(heap_word)},
+      {"RBP = 1", 1},
+      {"RBP = ~0", ~uintptr_t{0}},
+  };
+  const std::vector<Shape> shapes = {Shape::kNoFp, Shape::kFp, Shape::kJitBp, Shape::kAlloca};
+  for (const auto& [name, rbp] : rbps) {
+    INFO(name);
+    CacheMem mem;
+    for (int round = 0; round < 3; ++round) {
+      Session s = session(mem.cache, 256, 2);
+      run_chain(s, shapes, 12, 64, rbp);
+      check_same(s);
+      // libunwind stops at the first such frame: the leaf's frames, then
+      // level 0 to 2 (two frames each), then the JIT frame.
+      CHECK(s.counts[0] < 12);
+      if (round > 0) {
+        CHECK(s.deltas[2].fallbacks == 0);
+        CHECK(s.deltas[2].hits == s.counts[2]);
+      }
+    }
+  }
+  munmap(none, 4096);
+}
+
+TEST_CASE("unwind: a rule the registers no longer fit never reads outside the stack window",
+          "[unwind]") {
+  // kBadFp's CFI says CFA = RBP + 16. Its rule is learnt with an honest RBP,
+  // then applied with RBP pointing elsewhere: a stale rule's situation (code
+  // unmapped, other code mapped at its addresses). The fast path must hand
+  // such frames to libunwind, which validates what it reads, without
+  // loading anything outside the stack window itself. On a second thread, so
+  // the main thread's stack is readable memory outside the window.
+  void* none = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(none != MAP_FAILED);
+  // Frame records {saved RBP = 0, return address = somewhere without unwind
+  // info}: libunwind follows them one frame, then stops.
+  alignas(16) static uintptr_t static_record[4];
+  static_record[0] = 0;
+  static_record[1] = reinterpret_cast<uintptr_t>(&static_record[2]);
+  alignas(16) uintptr_t stack_record[4] = {0, 0, 0, 0};
+  stack_record[1] = reinterpret_cast<uintptr_t>(&stack_record[2]);
+  struct Case {
+    const char* name;
+    uintptr_t rbp;
+    int mismatches = 0;
+    uint64_t fallbacks = 0;
+    size_t count = 0;
+  };
+  std::vector<Case> cases = {
+      {"honest RBP", 0},
+      {"RBP -> never mapped (below mmap_min_addr)", kNeverMapped},
+      {"RBP -> non-canonical", kNonCanonical},
+      {"RBP -> PROT_NONE page", reinterpret_cast<uintptr_t>(none) + 64},
+      {"RBP -> frame record in static memory", reinterpret_cast<uintptr_t>(static_record)},
+      {"RBP -> frame record on another thread's stack", reinterpret_cast<uintptr_t>(stack_record)},
+      {"RBP = 8", 8},
+      {"honest RBP again", 0},
+  };
+  std::thread worker([&cases] {
+    CacheMem mem;
+    const std::vector<Shape> shapes = {Shape::kNoFp, Shape::kFp, Shape::kBadFp, Shape::kBusy};
+    for (int warmup = 0; warmup < 2; ++warmup) {
+      Session s = session(mem.cache, 256, 2);
+      run_chain(s, shapes, 10);
+    }
+    for (Case& c : cases) {
+      Session s = session(mem.cache, 256, 2);
+      run_chain(s, shapes, 10, 64, c.rbp);
+      for (size_t k = 1; k < s.fns.size(); ++k) {
+        if (s.counts[k] != s.counts[0] ||
+            !std::equal(s.stacks[0].begin(), s.stacks[0].begin() + static_cast<long>(s.counts[0]),
+                        s.stacks[k].begin()))
+          ++c.mismatches;
+      }
+      c.fallbacks = s.deltas[2].fallbacks;
+      c.count = s.counts[0];
+    }
+  });
+  worker.join();
+  munmap(none, 4096);
+  for (const Case& c : cases) {
+    INFO(c.name);
+    CHECK(c.mismatches == 0);
+    if (c.rbp == 0) {
+      CHECK(c.fallbacks == 0);
+      CHECK(c.count > 20);
+    } else {
+      // libunwind stops at (or one frame past) the lying frame.
+      CHECK(c.count < 20);
+    }
+  }
+}
+
+TEST_CASE("unwind: a cache handed to another thread relearns its stack window", "[unwind]") {
+  CacheMem mem;
+  int mismatches = 0;
+  std::vector<uint64_t> fallbacks;
+  auto rounds = [&] {
+    for (int round = 0; round < 3; ++round) {
+      Session s = session(mem.cache, 256, 2);
+      run_chain(s, kAllCacheable, 12);
+      for (size_t k = 1; k < 3; ++k)
+        if (s.counts[k] != s.counts[0] ||
+            !std::equal(s.stacks[0].begin(), s.stacks[0].begin() + static_cast<long>(s.counts[0]),
+                        s.stacks[k].begin()))
+          ++mismatches;
+      fallbacks.push_back(s.deltas[1].fallbacks);
+      fallbacks.push_back(s.deltas[2].fallbacks);
+    }
+  };
+  // The second thread starts while the first lives, so it cannot be given
+  // the first one's stack (glibc reuses the stacks of finished threads).
+  std::thread([&] {
+    rounds();
+    std::thread(rounds).join();
+  }).join();
+  CHECK(mismatches == 0);
+  // First thread: cold, then warm. Second: the rules hold, the window does
+  // not (another stack): one libunwind walk, then warm again.
+  const std::vector<uint64_t> want = {1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0};
+  CHECK(fallbacks == want);
+}
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+TEST_CASE("unwind: why capture_libunwind is no unw_backtrace: it faults on a lying frame",
+          "[unwind]") {
+  // unw_backtrace's fast path (tdep_trace) replays cached frame shapes with
+  // unvalidated loads; unw_step validates (libunwind's CONSERVATIVE_CHECKS).
+  // Warm unw_backtrace on an honest kBadFp frame, then let its RBP point to
+  // a PROT_NONE page: unw_step stops there, unw_backtrace faults. In a child.
+  void* none = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(none != MAP_FAILED);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL);  // not Catch's handler: the parent reports
+    CacheMem mem;
+    const std::vector<Shape> shapes = {Shape::kNoFp, Shape::kBadFp};
+    Session honest = session(mem.cache, 64, 0, kUnwBacktrace);
+    run_chain(honest, shapes, 6);
+    Session lying = session(mem.cache, 64, 0);
+    run_chain(lying, shapes, 6, 64, reinterpret_cast<uintptr_t>(none) + 64);
+    if (lying.counts[0] == 0 || lying.counts[0] >= honest.counts[0]) _exit(3);
+    Session lying_bt = session(mem.cache, 64, 0, kUnwBacktrace);
+    lying_bt.fns.erase(lying_bt.fns.begin());
+    run_chain(lying_bt, shapes, 6, 64, reinterpret_cast<uintptr_t>(none) + 64);
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  munmap(none, 4096);
+  INFO("child status " << status);
+  CHECK(WIFSIGNALED(status));
+  if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGSEGV);
+}
+#endif
 
 TEST_CASE("unwind: CFI the cache does not model is stepped by libunwind, then fast again",
           "[unwind]") {

@@ -1,7 +1,9 @@
 // Call chains of particular frame shapes for test_unwind.cpp: with and
 // without frame pointer, alloca, VLA, over-aligned locals, hand-written CFI
-// (a CFA expression; a CFI instruction exactly at a return address) and code
-// without any CFI (like JIT output). Every chain level is two frames: the
+// (a CFA expression; a CFI instruction exactly at a return address; a frame
+// whose RBP can be made to lie) and code without any CFI, both mapped at run
+// time like JIT output (with a valid RBP chain, a chosen RBP, a fake frame
+// record) and inside the binary's .text. Every chain level is two frames: the
 // dispatcher unwind_fixture_run() and one shape function. noipa keeps GCC
 // from inlining, cloning or turning the recursion into a loop.
 #include <sys/mman.h>
@@ -14,7 +16,21 @@
 
 // Declared again in test_unwind.cpp (the two files share no header).
 namespace unwind_fixture {
-enum class Shape : uint8_t { kFp, kNoFp, kAlloca, kVla, kAligned, kBusy, kExpr, kQuirk, kJit };
+enum class Shape : uint8_t {
+  kFp,
+  kNoFp,
+  kAlloca,
+  kVla,
+  kAligned,
+  kBusy,
+  kExpr,
+  kQuirk,
+  kJit,      // mapped at run time, no unwind info, frame-pointer frame
+  kJitBp,    // mapped at run time, no unwind info, RBP = bad_bp during the call
+  kJitFake,  // mapped at run time, no unwind info, RBP -> a record {0, code}
+  kNoCfi,    // the kJit code in place, in .text, not covered by any FDE
+  kBadFp,    // CFI says CFA = RBP + 16; RBP = bad_bp during the call if not 0
+};
 struct Ctx {
   const Shape* shapes;  // shape of level i is shapes[i % nshapes]
   size_t nshapes;
@@ -22,13 +38,22 @@ struct Ctx {
   size_t bytes;  // alloca/VLA size (plus the level)
   void (*leaf)(void*);
   void* arg;
+  int (*run)(Ctx*, int);  // set by unwind_fixture_run; the code below calls it
+  uintptr_t bad_bp;
 };
+// The assembly below addresses these two fields by offset.
+static_assert(offsetof(Ctx, run) == 48 && offsetof(Ctx, bad_bp) == 56, "Ctx layout");
 }  // namespace unwind_fixture
 
 extern "C" {
 int unwind_fixture_run(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_expr_frame(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_quirk_frame(unwind_fixture::Ctx* c, int level);
+int unwind_fixture_badfp_frame(unwind_fixture::Ctx* c, int level);
+int unwind_fixture_code_fp(unwind_fixture::Ctx* c, int level);
+extern const char unwind_fixture_code_bp[];
+extern const char unwind_fixture_code_fake[];
+extern const char unwind_fixture_code_end[];
 bool unwind_fixture_jit_available();
 }
 
@@ -86,29 +111,28 @@ __attribute__((noipa, optimize("omit-frame-pointer"))) int shape_busy(Ctx* c, in
 
 using ShapeFn = int (*)(Ctx*, int);
 
-// Code without CFI, built at run time like a JIT's: a frame-pointer frame
-// that calls unwind_fixture_run(ctx, level + 1).
-ShapeFn jit_shape() {
-  static ShapeFn fn = [] {
-    static const uint8_t kCode[] = {
-        0x55,                                   // push %rbp
-        0x48, 0x89, 0xe5,                       // mov %rsp,%rbp
-        0x83, 0xc6, 0x01,                       // add $1,%esi
-        0x48, 0xb8, 0,    0, 0, 0, 0, 0, 0, 0,  // movabs $unwind_fixture_run,%rax
-        0xff, 0xd0,                             // call *%rax
-        0x5d,                                   // pop %rbp
-        0xc3,                                   // ret
-    };
+// Code without CFI, copied at run time into an anonymous executable mapping
+// like a JIT's output: unwind_fixture_code_fp .. unwind_fixture_code_end.
+struct Jit {
+  ShapeFn fp, bp, fake;
+};
+
+const Jit* jit_code() {
+  static const Jit* jit = [] {
+    static Jit j{};
+    const char* begin = reinterpret_cast<const char*>(&unwind_fixture_code_fp);
+    const size_t size = static_cast<size_t>(unwind_fixture_code_end - begin);
     void* mem = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return static_cast<ShapeFn>(nullptr);
-    auto* code = static_cast<uint8_t*>(mem);
-    memcpy(code, kCode, sizeof kCode);
-    const auto target = reinterpret_cast<uintptr_t>(&unwind_fixture_run);
-    memcpy(code + 9, &target, sizeof target);
-    if (mprotect(mem, 4096, PROT_READ | PROT_EXEC) != 0) return static_cast<ShapeFn>(nullptr);
-    return reinterpret_cast<ShapeFn>(mem);
+    if (mem == MAP_FAILED) return static_cast<const Jit*>(nullptr);
+    auto* code = static_cast<char*>(mem);
+    memcpy(code, begin, size);
+    if (mprotect(mem, 4096, PROT_READ | PROT_EXEC) != 0) return static_cast<const Jit*>(nullptr);
+    j.fp = reinterpret_cast<ShapeFn>(code);
+    j.bp = reinterpret_cast<ShapeFn>(code + (unwind_fixture_code_bp - begin));
+    j.fake = reinterpret_cast<ShapeFn>(code + (unwind_fixture_code_fake - begin));
+    return static_cast<const Jit*>(&j);
   }();
-  return fn;
+  return jit;
 }
 
 }  // namespace
@@ -161,6 +185,78 @@ unwind_fixture_quirk_frame:
   .size unwind_fixture_quirk_frame, .-unwind_fixture_quirk_frame
 
   .p2align 4
+  .globl unwind_fixture_badfp_frame
+  .type unwind_fixture_badfp_frame, @function
+unwind_fixture_badfp_frame:
+  .cfi_startproc
+  pushq %rbp
+  .cfi_def_cfa_offset 16
+  .cfi_offset %rbp, -16
+  movq %rsp, %rbp
+  .cfi_def_cfa_register %rbp
+  pushq %r12
+  .cfi_offset %r12, -24
+  pushq %r12
+  movq %rbp, %r12
+  movq 56(%rdi), %rax
+  testq %rax, %rax
+  cmovnzq %rax, %rbp
+  addl $1, %esi
+  call unwind_fixture_run
+  movq %r12, %rbp
+  popq %r12
+  popq %r12
+  popq %rbp
+  .cfi_def_cfa %rsp, 8
+  ret
+  .cfi_endproc
+  .size unwind_fixture_badfp_frame, .-unwind_fixture_badfp_frame
+
+  # Code without CFI (jit_code() copies it): no .cfi_startproc, so no FDE
+  # covers it. Each calls ctx->run(ctx, level + 1).
+  .p2align 4
+  .globl unwind_fixture_code_fp
+  .type unwind_fixture_code_fp, @function
+unwind_fixture_code_fp:
+  pushq %rbp
+  movq %rsp, %rbp
+  addl $1, %esi
+  call *48(%rdi)
+  popq %rbp
+  ret
+  .size unwind_fixture_code_fp, .-unwind_fixture_code_fp
+  .globl unwind_fixture_code_bp
+unwind_fixture_code_bp:
+  pushq %rbp
+  movq %rsp, %rbp
+  pushq %r12
+  pushq %r12
+  movq %rbp, %r12
+  movq 56(%rdi), %rbp
+  addl $1, %esi
+  call *48(%rdi)
+  movq %r12, %rbp
+  popq %r12
+  popq %r12
+  popq %rbp
+  ret
+  .globl unwind_fixture_code_fake
+unwind_fixture_code_fake:
+  pushq %rbp
+  leaq 0(%rip), %rax
+  pushq %rax
+  pushq $0
+  movq %rsp, %rbp
+  addl $1, %esi
+  call *48(%rdi)
+  addq $16, %rsp
+  popq %rbp
+  ret
+  .globl unwind_fixture_code_end
+unwind_fixture_code_end:
+  int3
+
+  .p2align 4
   .globl unwind_fixture_libunwind_stub
   .type unwind_fixture_libunwind_stub, @function
 unwind_fixture_libunwind_stub:
@@ -186,7 +282,7 @@ unwind_fixture_backtrace_stub:
 )");
 
 extern "C" bool unwind_fixture_jit_available() {
-  return jit_shape() != nullptr;
+  return jit_code() != nullptr;
 }
 
 extern "C" __attribute__((noipa)) int unwind_fixture_run(Ctx* c, int level) {
@@ -221,9 +317,28 @@ extern "C" __attribute__((noipa)) int unwind_fixture_run(Ctx* c, int level) {
       r = unwind_fixture_quirk_frame(c, level);
       break;
     case Shape::kJit:
+    case Shape::kJitBp:
+    case Shape::kJitFake: {
       // Where W^X policy forbids the mapping, a plain frame stands in (and
-      // the JIT test says so).
-      r = jit_shape() != nullptr ? jit_shape()(c, level) : shape_fp(c, level);
+      // the JIT tests say so).
+      const Jit* jit = jit_code();
+      const Shape shape = c->shapes[static_cast<size_t>(level) % c->nshapes];
+      c->run = unwind_fixture_run;
+      if (jit == nullptr) {
+        r = shape_fp(c, level);
+      } else {
+        r = (shape == Shape::kJit     ? jit->fp
+             : shape == Shape::kJitBp ? jit->bp
+                                      : jit->fake)(c, level);
+      }
+      break;
+    }
+    case Shape::kNoCfi:
+      c->run = unwind_fixture_run;
+      r = unwind_fixture_code_fp(c, level);
+      break;
+    case Shape::kBadFp:
+      r = unwind_fixture_badfp_frame(c, level);
       break;
   }
   return keep(r) + 1;

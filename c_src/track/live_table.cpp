@@ -52,8 +52,11 @@ bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, u
     s.size.store(size, std::memory_order_release);
     s.ts.store(timestamp_ns, std::memory_order_release);
     s.stack.store(stack_id, std::memory_order_release);
-    s.key.store(address, std::memory_order_release);
+    // Even sequence before the key: the next owner claims the slot by CAS
+    // on the key, and must then read this even number, or it would start
+    // from an odd one and leave the slot's parity flipped for good.
     s.seq.store(q + 2, std::memory_order_release);
+    s.key.store(address, std::memory_order_release);
     return true;
   }
   return false;
@@ -67,8 +70,8 @@ void LiveTable::release_slot(Slot& s, size_t home_index, LiveEntry* out) {
     out->timestamp_ns = s.ts.load(std::memory_order_relaxed);
     out->stack_id = s.stack.load(std::memory_order_relaxed);
   }
+  s.seq.store(q + 2, std::memory_order_release);  // before the key: see insert()
   s.key.store(kTomb, std::memory_order_release);
-  s.seq.store(q + 2, std::memory_order_release);
   groups_[home_index >> kGroupShift].fetch_sub(1, std::memory_order_relaxed);
 }
 

@@ -220,6 +220,8 @@ bool Tracker::take(void* p, LiveEntry* out) {
 }
 
 void Tracker::restore(const LiveEntry& e) {
+  // Switched off meanwhile: the table was cleared and frees are not seen.
+  if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
   ThreadState* ts = thread_state();
   if (table_.insert(e.address, e.size, e.timestamp_ns, e.stack_id)) {
     bump(ts, ts->inserts, 1);

@@ -9,13 +9,25 @@
 // is all the next row needs. Functions with alloca/VLAs have an RBP-based row,
 // functions without frame pointer an RSP-based one: the CFI says which, no
 // observation of the stack is needed. Anything outside that shape (CFA or
-// register expressions, DW_CFA_register on RBP/RSP/RA, signal frames, code
-// without CFI, CFI libunwind reads differently from the DWARF standard) gets
-// a "slow" entry and libunwind unwinds that frame. As a safety net, a rule is
-// stored only after it reproduced the libunwind step it was learnt on.
+// register expressions, DW_CFA_register on RBP/RSP/RA, signal frames, CFI
+// libunwind reads differently from the DWARF standard) gets a "slow" entry and
+// libunwind unwinds that frame. As a safety net, a rule is stored only after it
+// reproduced the libunwind step it was learnt on.
+//
+// Code without any unwind info (JIT output, BEAM's for one) gets
+// the rule "guess": libunwind 1.6.2's own frame-pointer step for such frames
+// (src/x86_64/Gstep.c, the branch taken when dwarf_step() fails with
+// UNW_ENOINFO), redone here bit for bit; see apply_guess.
 //
 // A warm walk is, per frame: one rule load (found through the previous
 // rule's `next` hint, not the hash), one or two stack loads, a few compares.
+//
+// Memory safety: a fault here is a fault inside malloc. Every stack load of
+// a walk lies inside the cache's stack window [stack_lo, stack_hi), a range
+// of the owning thread's stack that was proven readable (probe_pages) when it
+// was learnt; a load outside it hands the frame to libunwind, which validates
+// addresses itself. So a stale rule (code unmapped and replaced) can produce
+// a wrong frame, never a fault.
 //
 // Thread safety: a cache belongs to one thread (unwind.h). The only shared
 // state is the generation counter bumped by unwind_code_unmapped().
@@ -23,8 +35,14 @@
 // x86_64 only; elsewhere capture_cached() is libunwind's loop (bottom).
 #define UNW_LOCAL_ONLY
 #include <dlfcn.h>
+#include <errno.h>
 #include <libunwind.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "unwind.h"
 
@@ -39,8 +57,17 @@ namespace {
 constexpr unsigned kSlotBits = 13;
 constexpr size_t kSlots = size_t{1} << kSlotBits;
 constexpr size_t kProbe = 8;
-// A CFA further than this above SP is treated as garbage (libunwind decides).
-constexpr uintptr_t kMaxFrameBytes = uintptr_t{16} << 20;
+
+constexpr uintptr_t kPage = 4096;
+// The stack window grows by contiguous frames no larger than this: a bigger
+// step is more likely a switch to another stack than a frame, and memory
+// between two stacks may be unmapped later.
+constexpr uintptr_t kMaxChainFrame = uintptr_t{1} << 20;
+// Headroom probed below the deepest SP seen, so slightly deeper captures do
+// not need a probe of their own.
+constexpr uintptr_t kStackSlack = 16 * kPage;
+// libunwind 1.6.2's frame-pointer guess accepts RBP in [CFA, CFA + 0x4000].
+constexpr uintptr_t kGuessMaxRbpAboveCfa = 0x4000;
 
 // Rule::kind. Values up to kStepMax are step rules, their bits telling how
 // to step; an empty slot reads as one, which is harmless because lookups
@@ -49,6 +76,7 @@ enum Kind : uint8_t {
   kCfaFromBp = 1,  // CFA = RBP + off, else RSP + off
   kBpSaved = 2,    // the caller's RBP is at CFA + 8 * bp_off8, else unchanged
   kStepMax = 3,
+  kGuess = 4,         // no unwind info: libunwind's frame-pointer guess (apply_guess)
   kEnd = 0x10,        // libunwind stops here (return address or RBP undefined)
   kSlowCfi = 0x20,    // CFI too complex to cache; libunwind steps it the DWARF way
   kSlowOther = 0x30,  // no/odd CFI, signal frame, or a rule libunwind disagreed with
@@ -86,6 +114,11 @@ struct UnwindCache {
   uint64_t entries;
   uint32_t generation;
   uint32_t evict;
+  // The stack window: [stack_lo, stack_hi) is readable memory of the stack of
+  // the thread whose TCB is stack_owner (see learn_window). Empty: lo == hi.
+  uintptr_t stack_owner;
+  uintptr_t stack_lo;
+  uintptr_t stack_hi;
 };
 
 namespace {
@@ -375,27 +408,36 @@ bool parse_fde(const uint8_t* fde, Fde* out) {
   return r.ok;
 }
 
+enum class Lookup { kFound, kNone, kUnknown };
+
 // The FDE covering pc, through the binary-search table of .eh_frame_hdr,
 // exactly as libunwind finds it (last entry starting at or before pc).
-// _dl_find_object (glibc 2.35+) is lock-free and does not allocate; without
-// it no address gets a rule and capture_cached is libunwind throughout.
-bool find_fde(uintptr_t pc, Fde* out) {
+// kNone only where libunwind 1.6.2 (no .debug_frame support on x86_64) finds
+// nothing either and its dwarf_step fails with UNW_ENOINFO: pc outside every
+// loaded object, no table entry at or below pc, or an FDE whose range ends
+// before pc. Anything this parser cannot read is kUnknown, and so is an
+// object without .eh_frame_hdr (libunwind would search its .eh_frame). _dl_find_object
+// (glibc 2.35+) is lock-free and does not allocate; without it nothing is found and capture_cached
+// is libunwind throughout.
+Lookup find_fde(uintptr_t pc, Fde* out) {
 #if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
   dl_find_object obj;
-  if (_dl_find_object(reinterpret_cast<void*>(pc), &obj) != 0) return false;
+  if (_dl_find_object(reinterpret_cast<void*>(pc), &obj) != 0) return Lookup::kNone;
   const uint8_t* hdr = static_cast<const uint8_t*>(obj.dlfo_eh_frame);
+  if (hdr == nullptr) return Lookup::kUnknown;
 #else
   const uint8_t* hdr = nullptr;
+  if (hdr == nullptr) return Lookup::kUnknown;
 #endif
-  if (hdr == nullptr) return false;
   const uintptr_t base = reinterpret_cast<uintptr_t>(hdr);
   // version, eh_frame_ptr encoding, fde_count encoding, table encoding.
-  if (hdr[0] != 1 || hdr[3] != 0x3b) return false;
+  if (hdr[0] != 1 || hdr[3] != 0x3b) return Lookup::kUnknown;
   Reader r{hdr + 4, hdr + 4 + 16, true};
   uintptr_t eh_frame = 0;
   uintptr_t count = 0;
-  if (!read_encoded(r, hdr[1], base, &eh_frame)) return false;
-  if (!read_encoded(r, hdr[2], base, &count) || count == 0) return false;
+  if (!read_encoded(r, hdr[1], base, &eh_frame)) return Lookup::kUnknown;
+  if (!read_encoded(r, hdr[2], base, &count)) return Lookup::kUnknown;
+  if (count == 0) return Lookup::kNone;
   const uint8_t* table = r.p;
   const int64_t rel = static_cast<int64_t>(pc - base);
   size_t lo = 0;
@@ -410,11 +452,12 @@ bool find_fde(uintptr_t pc, Fde* out) {
       hi = mid;
     }
   }
-  if (lo == 0) return false;
+  if (lo == 0) return Lookup::kNone;
   int32_t fde_rel;
   memcpy(&fde_rel, table + (lo - 1) * 8 + 4, 4);
-  if (!parse_fde(hdr + fde_rel, out)) return false;
-  return pc >= out->pc_begin && pc < out->pc_end;
+  if (!parse_fde(hdr + fde_rel, out)) return Lookup::kUnknown;
+  if (pc < out->pc_begin) return Lookup::kUnknown;
+  return pc < out->pc_end ? Lookup::kFound : Lookup::kNone;
 }
 
 // ---------------------------------------------------------------------------
@@ -627,7 +670,18 @@ Rule slow_rule(uintptr_t ip, Kind kind) {
 // successor).
 Rule derive_rule(uintptr_t ra) {
   Fde fde;
-  if (ra < 2 || !find_fde(ra - 1, &fde)) return slow_rule(ra, kSlowOther);
+  if (ra < 2) return slow_rule(ra, kSlowOther);
+  switch (find_fde(ra - 1, &fde)) {
+    case Lookup::kFound:
+      break;
+    case Lookup::kNone:
+      // libunwind 1.6.2 reads the 8 bytes at ra to check it is mapped (and
+      // with them the next page when they cross one); a guess rule assumes
+      // that check passes, which only holds without the crossing.
+      return slow_rule(ra, (ra & (kPage - 1)) <= kPage - 8 ? kGuess : kSlowOther);
+    case Lookup::kUnknown:
+      return slow_rule(ra, kSlowOther);
+  }
   if (fde.cie.signal_frame) return slow_rule(ra, kSlowOther);
   Eval e{};
   e.cur.bp = e.cur.sp = e.cur.ra = RegRule{kSame, 0};
@@ -662,6 +716,139 @@ Rule derive_rule(uintptr_t ra) {
 }
 
 // ---------------------------------------------------------------------------
+// The stack window.
+
+// The TCB address (glibc's pthread_self()): one load, no call.
+inline uintptr_t thread_self() {
+  uintptr_t tcb;
+  __asm__("movq %%fs:0, %0" : "=r"(tcb));
+  return tcb;
+}
+
+inline uintptr_t page_down(uintptr_t a) {
+  return a & ~(kPage - 1);
+}
+
+inline bool in_window(const UnwindCache* cache, uintptr_t sp) {
+  return sp - cache->stack_lo < cache->stack_hi - cache->stack_lo;
+}
+
+// Whether [addr, addr + len) lies in the window (which must be the caller's).
+inline bool window_covers(const UnwindCache* cache, uintptr_t addr, size_t len) {
+  return addr >= cache->stack_lo && addr <= cache->stack_hi && cache->stack_hi - addr >= len;
+}
+
+// Reads len bytes at addr without faulting: process_vm_readv on ourselves
+// fails with EFAULT where a load would fault. False if unreadable or if the
+// syscall is unavailable (seccomp). errno is left as it was.
+bool read_checked(uintptr_t addr, void* dst, size_t len) {
+  const int saved = errno;
+  iovec local{dst, len};
+  iovec remote{reinterpret_cast<void*>(addr), len};
+  const long got = syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1, &remote, 1, 0);
+  errno = saved;
+  return got == static_cast<long>(len);
+}
+
+// How many of the pages first, first + step, ... (count of them) are
+// readable, counted in that order up to the first that is not: one byte of
+// each through process_vm_readv, 64 pages a call. Where that syscall is
+// refused (seccomp), mincore instead, which proves a page mapped rather than
+// readable; every page probed here lies between live frames of one stack,
+// which is mapped read-write. errno is left as it was.
+size_t probe_pages(uintptr_t first, intptr_t step, size_t count) {
+  constexpr size_t kBatch = 64;
+  const int saved = errno;
+  const long pid = syscall(SYS_getpid);
+  size_t done = 0;
+  bool use_mincore = false;
+  while (done < count) {
+    const uintptr_t at = first + static_cast<uintptr_t>(static_cast<intptr_t>(done) * step);
+    if (use_mincore) {
+      unsigned char vec;
+      if (mincore(reinterpret_cast<void*>(page_down(at)), kPage, &vec) != 0) break;
+      ++done;
+      continue;
+    }
+    const size_t n = count - done < kBatch ? count - done : kBatch;
+    char sink[kBatch];
+    iovec local{sink, n};
+    iovec remote[kBatch];
+    for (size_t i = 0; i < n; ++i)
+      remote[i] = iovec{
+          reinterpret_cast<void*>(at + static_cast<uintptr_t>(static_cast<intptr_t>(i) * step)), 1};
+    const long got = syscall(SYS_process_vm_readv, pid, &local, 1, remote, n, 0);
+    if (got < 0 && errno != EFAULT) {
+      use_mincore = true;
+      continue;
+    }
+    if (got > 0) done += static_cast<size_t>(got);
+    if (got < static_cast<long>(n)) break;
+  }
+  errno = saved;
+  return done;
+}
+
+// Grows the window down to a little below sp (the caller's stack pointer,
+// within kMaxChainFrame below the window): a deeper capture on the same
+// stack. The pages in between are live or dead stack of this thread.
+__attribute__((noinline, cold)) bool extend_window_down(UnwindCache* cache, uintptr_t sp) {
+  const uintptr_t lo = cache->stack_lo;
+  const uintptr_t target = page_down(sp) > kStackSlack ? page_down(sp) - kStackSlack : 0;
+  if (target >= lo) return false;
+  cache->stack_lo =
+      lo - probe_pages(lo - kPage, -static_cast<intptr_t>(kPage), (lo - target) / kPage) * kPage;
+  return in_window(cache, sp);
+}
+
+// The fast walk may start at sp: the cache has a window of this thread's
+// stack containing it.
+inline bool window_ready(UnwindCache* cache, uintptr_t sp) {
+  if (cache->stack_owner != thread_self()) return false;
+  if (in_window(cache, sp)) return true;
+  return sp < cache->stack_lo && cache->stack_lo - sp <= kMaxChainFrame &&
+         cache->stack_lo < cache->stack_hi && extend_window_down(cache, sp);
+}
+
+// Whether the calling thread runs on its signal alternate stack, whose memory
+// may be freed while the cache lives: no window is learnt there.
+bool on_alt_stack() {
+  stack_t ss;
+  return sigaltstack(nullptr, &ss) == 0 && (ss.ss_flags & SS_ONSTACK) != 0;
+}
+
+// Learns or grows the window after a libunwind walk. [caller_sp, chain_top)
+// is the stack the walk crossed by contiguous call frames of at most
+// kMaxChainFrame each, starting at the frame of capture_cached's caller: one
+// stack, all of it read by libunwind with validation or between such reads.
+// The pages are probed all the same, so a window only ever holds pages that
+// were readable; the window of a thread's own stack stays readable as long
+// as the thread runs, and only the owning thread uses it.
+void learn_window(UnwindCache* cache, bool had_window, uintptr_t caller_sp, uintptr_t chain_top) {
+  const uintptr_t top = page_down(chain_top + kPage - 1);
+  // A window as large as a default thread stack is plenty.
+  constexpr uintptr_t kMaxWindow = uintptr_t{64} << 20;
+  if (had_window) {
+    if (top <= cache->stack_hi || top - cache->stack_lo > kMaxWindow) return;
+    cache->stack_hi += probe_pages(cache->stack_hi, kPage, (top - cache->stack_hi) / kPage) * kPage;
+    return;
+  }
+  const uintptr_t start = page_down(caller_sp);
+  if (top <= start || top - start > kMaxWindow || on_alt_stack()) return;
+  const size_t up = probe_pages(start, kPage, (top - start) / kPage);
+  if (up == 0) return;
+  // Below: this function's own frames (live) and some slack (dead stack).
+  const uintptr_t here = page_down(reinterpret_cast<uintptr_t>(__builtin_frame_address(0)));
+  const uintptr_t low = here < start ? here : start;
+  const uintptr_t target = low > kStackSlack ? low - kStackSlack : 0;
+  const size_t down =
+      probe_pages(start - kPage, -static_cast<intptr_t>(kPage), (start - target) / kPage);
+  cache->stack_owner = thread_self();
+  cache->stack_lo = start - down * kPage;
+  cache->stack_hi = start + up * kPage;
+}
+
+// ---------------------------------------------------------------------------
 // The walks.
 
 // Stack loads in inline asm: sanitizers would otherwise instrument reads of
@@ -673,16 +860,17 @@ inline uintptr_t load_word(uintptr_t addr) {
 }
 
 // What applying step rule r to f gives, or false if it does not validate:
-// the CFA must lie above SP and not absurdly far, a saved RBP slot inside
-// the frame being popped, and the return address must not be 0 (libunwind
-// gets to report that one).
-inline __attribute__((always_inline)) bool apply_rule(const Rule& r, Frame& f) {
+// the CFA at least a return-address slot above SP and inside the window
+// (whose top is hi; f.sp is never below its bottom), a saved RBP slot inside
+// the frame being popped, and the return address not 0 (libunwind gets to
+// report that one). So both loads are inside the window.
+inline __attribute__((always_inline)) bool apply_rule(const Rule& r, Frame& f, uintptr_t hi) {
   // Both loads address base + constant, so each is one load after base is
   // known: the RBP chain of frame-pointer code costs one load per frame.
   const uintptr_t base = (r.kind & kCfaFromBp) != 0 ? f.bp : f.sp;
   const intptr_t off8 = r.cfa_off8;
   const uintptr_t cfa = base + 8 * off8;
-  if (cfa - f.sp - 1 >= kMaxFrameBytes) return false;
+  if (cfa < f.sp + 8 || cfa > hi) return false;
   if ((r.kind & kBpSaved) != 0) {
     const uintptr_t slot = base + 8 * (off8 + r.bp_off8);
     if (slot < f.sp) return false;
@@ -693,17 +881,47 @@ inline __attribute__((always_inline)) bool apply_rule(const Rule& r, Frame& f) {
   return f.ip != 0;
 }
 
+enum class Guess : uint8_t { kStep, kStop, kLibunwind };
+
+// libunwind 1.6.2's unw_step() (src/x86_64/Gstep.c) for a frame whose
+// dwarf_step() failed with UNW_ENOINFO, on the path a guess rule stands for:
+// the code at ip is mapped (invalid_prev_rip == 0), not a PLT entry, and not
+// a signal frame (it never is there: sigcontext_format was just reset).
+// With cfa = f.sp and rbp = f.bp:
+//   rbp == 0                                     -> returns 0: end of stack
+//   [rbp] unreadable, rbp < cfa, rbp - cfa > 0x4000 -> returns 0: end
+//   [rbp + 8] unreadable                         -> returns < 0: end too
+//   else ip = [rbp + 8], cfa += 16 (sic, not rbp + 16), rbp = [rbp], and
+//   RSP's location is lost (only the CFA-based rules below can follow).
+// kLibunwind where the answer needs a load outside the window (libunwind
+// validates addresses itself) or the new ip is 0 (libunwind reports it, then
+// takes paths that depend on its own stack).
+inline Guess apply_guess(Frame& f, uintptr_t hi) {
+  const uintptr_t rbp = f.bp;
+  if (rbp == 0 || rbp < f.sp || rbp - f.sp > kGuessMaxRbpAboveCfa) return Guess::kStop;
+  if (rbp + 16 > hi) return Guess::kLibunwind;
+  const uintptr_t ip = load_word(rbp + 8);
+  if (ip == 0) return Guess::kLibunwind;
+  f.bp = load_word(rbp);
+  f.ip = ip;
+  f.sp += 16;
+  return Guess::kStep;
+}
+
 // Records frames from index *n on, starting with f, while rules allow.
 // Returns true when the stack is complete (end reached or out full); false
-// leaves *n - 1 as the index of the frame libunwind has to step.
+// leaves *n - 1 as the index of the frame libunwind has to step. The caller
+// has checked the window is this thread's.
 inline __attribute__((always_inline)) bool fast_walk(UnwindCache* cache, uintptr_t* out, size_t max,
                                                      size_t* n, Frame f) {
   char* const slots = reinterpret_cast<char*>(cache->slots);
+  const uintptr_t hi = cache->stack_hi;
   uintptr_t* p = out + *n;
   uintptr_t* const end = out + max;
   bool ended = false;
   bool complete = false;
-  Rule* r = find_rule(cache, f.ip);
+  // Every load below is at or above f.sp, which only grows: it starts inside.
+  Rule* r = in_window(cache, f.sp) ? find_rule(cache, f.ip) : nullptr;
   for (;;) {
     *p++ = f.ip;
     if (p == end) {
@@ -711,12 +929,20 @@ inline __attribute__((always_inline)) bool fast_walk(UnwindCache* cache, uintptr
       break;
     }
     if (r == nullptr) break;
-    if (r->kind > kStepMax) {
-      ended = complete = r->kind == kEnd;
+    Rule* next = reinterpret_cast<Rule*>(slots + r->next);
+    if (__builtin_expect(r->kind > kStepMax, 0)) {
+      if (r->kind != kGuess) {
+        ended = complete = r->kind == kEnd;
+        break;
+      }
+      const Guess g = apply_guess(f, hi);
+      if (g != Guess::kStep) {
+        ended = complete = g == Guess::kStop;
+        break;
+      }
+    } else if (!apply_rule(*r, f, hi)) {
       break;
     }
-    Rule* next = reinterpret_cast<Rule*>(slots + r->next);
-    if (!apply_rule(*r, f)) break;
     if (__builtin_expect(next->ip != f.ip, 0)) {
       next = find_rule(cache, f.ip);
       if (next != nullptr) r->next = static_cast<uint32_t>(reinterpret_cast<char*>(next) - slots);
@@ -739,16 +965,80 @@ bool cursor_frame(unw_cursor_t* cursor, Frame* f) {
   return true;
 }
 
+// A word of the stack for learning: from the window if it holds it, else
+// through read_checked (the stack being unwound may be garbage).
+bool stack_word(const UnwindCache* cache, bool window, uintptr_t addr, uintptr_t* v) {
+  if (window && window_covers(cache, addr, 8)) {
+    *v = load_word(addr);
+    return true;
+  }
+  return read_checked(addr, v, 8);
+}
+
+// Whether step rule r, applied to before, gives after (computed without
+// loading anything libunwind did not validate first: the CFA must be the one
+// libunwind found, so the return address slot is the one it read).
+bool rule_reproduces(const UnwindCache* cache, bool window, const Rule& r, const Frame& before,
+                     const Frame& after) {
+  const uintptr_t base = (r.kind & kCfaFromBp) != 0 ? before.bp : before.sp;
+  const uintptr_t cfa = base + 8 * static_cast<intptr_t>(r.cfa_off8);
+  if (cfa != after.sp || cfa < before.sp + 8) return false;
+  uintptr_t bp = before.bp;
+  if ((r.kind & kBpSaved) != 0) {
+    const uintptr_t slot = cfa + 8 * static_cast<intptr_t>(r.bp_off8);
+    if (slot < before.sp || !stack_word(cache, window, slot, &bp)) return false;
+  }
+  uintptr_t ip;
+  if (!stack_word(cache, window, cfa - 8, &ip)) return false;
+  return ip == after.ip && ip != 0 && bp == after.bp;
+}
+
+enum class Verdict : uint8_t { kAgrees, kDisagrees, kUndecided };
+
+// Whether libunwind's step from before (result step_ret, frame after) is
+// the frame-pointer guess apply_guess redoes, at an address whose code is
+// mapped and is not a PLT entry: the static facts a guess rule stores.
+Verdict guess_reproduces(const UnwindCache* cache, bool window, const Frame& before, int step_ret,
+                         const Frame* after) {
+  // libunwind reads these bytes with validation; is_plt_entry() matches
+  // jmp *x(%rip); push $n; jmp ... at ip.
+  uint64_t code[2] = {0, 0};
+  if (!read_checked(before.ip, &code[0], 8)) return Verdict::kUndecided;
+  if (read_checked(before.ip + 8, &code[1], 8) && (code[0] & 0xffff) == 0x25ff &&
+      ((code[0] >> 48) & 0xff) == 0x68 && ((code[1] >> 24) & 0xff) == 0xe9)
+    return Verdict::kDisagrees;
+  const uintptr_t rbp = before.bp;
+  if (rbp == 0 || rbp < before.sp || rbp - before.sp > kGuessMaxRbpAboveCfa)
+    return step_ret == 0 ? Verdict::kAgrees : Verdict::kDisagrees;
+  uintptr_t saved_bp, ip;
+  if (!stack_word(cache, window, rbp, &saved_bp) || !stack_word(cache, window, rbp + 8, &ip) ||
+      ip == 0)
+    return Verdict::kUndecided;
+  const bool same = step_ret > 0 && after != nullptr && after->ip == ip &&
+                    after->sp == before.sp + 16 && after->bp == saved_bp;
+  return same ? Verdict::kAgrees : Verdict::kDisagrees;
+}
+
 // Learns the rule of frame `before` from the libunwind step that produced
 // `after` (step_ret is unw_step's result): stores it only if it reproduces
-// that step, else marks the address slow.
-void learn(UnwindCache* cache, const Frame& before, int step_ret, const Frame* after) {
+// that step, else marks the address slow; stores nothing if that cannot be
+// told from this step (the next capture through it tries again).
+void learn(UnwindCache* cache, bool window, const Frame& before, int step_ret, const Frame* after) {
   Rule rule = derive_rule(before.ip);
   if (rule.kind <= kStepMax) {
-    Frame f = before;
-    const bool same = step_ret > 0 && after != nullptr && apply_rule(rule, f) &&
-                      f.ip == after->ip && f.sp == after->sp && f.bp == after->bp;
+    const bool same =
+        step_ret > 0 && after != nullptr && rule_reproduces(cache, window, rule, before, *after);
     if (!same) rule = slow_rule(before.ip, kSlowOther);
+  } else if (rule.kind == kGuess) {
+    switch (guess_reproduces(cache, window, before, step_ret, after)) {
+      case Verdict::kAgrees:
+        break;
+      case Verdict::kDisagrees:
+        rule = slow_rule(before.ip, kSlowOther);
+        break;
+      case Verdict::kUndecided:
+        return;
+    }
   } else if (rule.kind == kEnd && step_ret > 0) {
     rule = slow_rule(before.ip, kSlowOther);
   }
@@ -759,7 +1049,7 @@ void learn(UnwindCache* cache, const Frame& before, int step_ret, const Frame* a
 // not do. noinline: it owns the large libunwind context; the fast path's
 // frame stays small.
 __attribute__((noinline)) size_t capture_slow(UnwindCache* cache, uintptr_t* out, size_t max,
-                                              uintptr_t caller_sp, size_t fast_failed_at) {
+                                              uintptr_t caller_sp, size_t fast_from) {
   unwind_libunwind_setup();
   ++cache->fallbacks;
   unw_context_t context;
@@ -773,8 +1063,12 @@ __attribute__((noinline)) size_t capture_slow(UnwindCache* cache, uintptr_t* out
     if (sp == caller_sp) break;
     if (sp > caller_sp) return 0;
   }
+  // Without a window of this stack, this walk is libunwind's alone and
+  // learns one.
+  const bool window = cache->stack_owner == thread_self() && in_window(cache, caller_sp);
+  uintptr_t chain_top = caller_sp;
+  bool chain = true;
   size_t n = 0;
-  size_t fast_from = fast_failed_at + 1;
   // True while every frame so far was a plain call frame, i.e. libunwind
   // looks up this frame's CFI at ip - 1, which is what rules are keyed for.
   bool call_frame = true;
@@ -783,9 +1077,13 @@ __attribute__((noinline)) size_t capture_slow(UnwindCache* cache, uintptr_t* out
     const bool have_regs = cursor_frame(&cursor, &f);
     if (!have_regs && unw_get_reg(&cursor, UNW_REG_IP, &f.ip) != 0) break;
     const Rule* rule = call_frame && have_regs ? find_rule(cache, f.ip) : nullptr;
-    if (rule != nullptr && n >= fast_from && (rule->kind <= kStepMax || rule->kind == kEnd)) {
+    if (window && rule != nullptr && n >= fast_from &&
+        (rule->kind <= kStepMax || rule->kind == kGuess || rule->kind == kEnd)) {
       size_t m = n;
-      if (fast_walk(cache, out, max, &m, f)) return m;
+      if (fast_walk(cache, out, max, &m, f)) {
+        n = m;
+        break;
+      }
       fast_from = m;
     }
     out[n++] = f.ip;
@@ -795,12 +1093,19 @@ __attribute__((noinline)) size_t capture_slow(UnwindCache* cache, uintptr_t* out
     Frame after;
     const bool have_after = ret > 0 && cursor_frame(&cursor, &after);
     if (call_frame && have_regs && rule == nullptr) {
-      learn(cache, f, ret, have_after ? &after : nullptr);
+      learn(cache, window, f, ret, have_after ? &after : nullptr);
       rule = find_rule(cache, f.ip);
     }
+    // The window follows plain call frames (a signal frame may switch to
+    // another stack), each of a plausible size (a stack switch through an
+    // RBP- or expression-based CFA usually jumps far).
+    chain = chain && call_frame && rule != nullptr && rule->kind != kSlowOther && have_regs &&
+            have_after && after.sp > f.sp && after.sp - f.sp <= kMaxChainFrame;
+    if (chain) chain_top = after.sp;
     if (rule == nullptr || rule->kind == kSlowOther) call_frame = false;
     if (ret <= 0) break;
   }
+  learn_window(cache, window, caller_sp, chain_top);
   return n;
 }
 
@@ -837,8 +1142,8 @@ extern "C" __attribute__((visibility("hidden"), used)) size_t mi_track_capture_c
   if (max == 0) return 0;
   flush_if_stale(cache);
   size_t n = 0;
-  if (fast_walk(cache, out, max, &n, Frame{ra, sp, bp})) return n;
-  n = capture_slow(cache, out, max, sp, n - 1);
+  if (window_ready(cache, sp) && fast_walk(cache, out, max, &n, Frame{ra, sp, bp})) return n;
+  n = capture_slow(cache, out, max, sp, n);
   // Not a tail call: capture_slow finds the caller by this frame's CFA.
   __asm__ volatile("" : "+r"(n));
   return n;
