@@ -95,8 +95,13 @@ class LiveTable {
 };
 
 inline size_t LiveTable::home(uint64_t address) const {
-  // Blocks are at least 16-byte aligned; Fibonacci hashing spreads the rest.
-  return static_cast<size_t>(((address >> 4) * 0x9E3779B97F4A7C15ull) >> shift_);
+  // Each 4 KiB page of memory maps to a run of 256 consecutive slots (one
+  // per 16-byte granule; blocks are 16-byte aligned) at a hashed base:
+  // blocks near each other in memory are near each other in the table, so a
+  // working set of live blocks touches few table pages and cache lines,
+  // while pages far apart (arenas, mmapped blocks) still scatter.
+  const size_t base = static_cast<size_t>(((address >> 12) * 0x9E3779B97F4A7C15ull) >> shift_);
+  return (base + ((address >> 4) & 0xFF)) & mask_;
 }
 
 template <class F>

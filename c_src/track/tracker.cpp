@@ -238,6 +238,9 @@ void Tracker::count(mi_fn fn) {
 }
 
 uint64_t Tracker::reset() {
+  // Also the moment to drop cached unwind rules: code may have been
+  // unloaded (a purged NIF) since they were learned.
+  unwind_code_unmapped();
   uint64_t bytes = 0;
   const uint64_t n = table_.clear(&bytes);
   cleared_.fetch_add(n, std::memory_order_relaxed);
