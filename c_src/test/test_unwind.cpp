@@ -22,46 +22,11 @@
 #include <vector>
 
 #include "../track/unwind.h"
+#include "unwind_fixture.h"
 
 // The fixture's frames are x86_64 assembly and CFI; elsewhere capture_cached
 // is libunwind's loop and there is nothing of its own to test.
 #if defined(__x86_64__)
-
-// Declared again from unwind_fixture.cpp (the two files share no header).
-namespace unwind_fixture {
-enum class Shape : uint8_t {
-  kFp,
-  kNoFp,
-  kAlloca,
-  kVla,
-  kAligned,
-  kBusy,
-  kExpr,
-  kQuirk,
-  kJit,
-  kJitBp,
-  kJitFake,
-  kNoCfi,
-  kBadFp,
-};
-struct Ctx {
-  const Shape* shapes;  // shape of level i is shapes[i % nshapes]
-  size_t nshapes;
-  int depth;
-  size_t bytes;  // alloca/VLA size (plus the level)
-  void (*leaf)(void*);
-  void* arg;
-  int (*run)(Ctx*, int);
-  uintptr_t bad_bp;  // RBP in kJitBp frames, and in kBadFp frames if not 0
-};
-}  // namespace unwind_fixture
-
-extern "C" {
-int unwind_fixture_run(unwind_fixture::Ctx* c, int level);
-bool unwind_fixture_jit_available();
-size_t unwind_fixture_libunwind_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
-size_t unwind_fixture_backtrace_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
-}
 
 namespace {
 

@@ -12,41 +12,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "unwind_fixture.h"
+
 #if defined(__x86_64__)
 
-// Declared again in test_unwind.cpp (the two files share no header).
-namespace unwind_fixture {
-enum class Shape : uint8_t {
-  kFp,
-  kNoFp,
-  kAlloca,
-  kVla,
-  kAligned,
-  kBusy,
-  kExpr,
-  kQuirk,
-  kJit,      // mapped at run time, no unwind info, frame-pointer frame
-  kJitBp,    // mapped at run time, no unwind info, RBP = bad_bp during the call
-  kJitFake,  // mapped at run time, no unwind info, RBP -> a record {0, code}
-  kNoCfi,    // the kJit code in place, in .text, not covered by any FDE
-  kBadFp,    // CFI says CFA = RBP + 16; RBP = bad_bp during the call if not 0
-};
-struct Ctx {
-  const Shape* shapes;  // shape of level i is shapes[i % nshapes]
-  size_t nshapes;
-  int depth;
-  size_t bytes;  // alloca/VLA size (plus the level)
-  void (*leaf)(void*);
-  void* arg;
-  int (*run)(Ctx*, int);  // set by unwind_fixture_run; the code below calls it
-  uintptr_t bad_bp;
-};
-// The assembly below addresses these two fields by offset.
-static_assert(offsetof(Ctx, run) == 48 && offsetof(Ctx, bad_bp) == 56, "Ctx layout");
-}  // namespace unwind_fixture
-
 extern "C" {
-int unwind_fixture_run(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_expr_frame(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_quirk_frame(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_badfp_frame(unwind_fixture::Ctx* c, int level);
@@ -54,7 +24,6 @@ int unwind_fixture_code_fp(unwind_fixture::Ctx* c, int level);
 extern const char unwind_fixture_code_bp[];
 extern const char unwind_fixture_code_fake[];
 extern const char unwind_fixture_code_end[];
-bool unwind_fixture_jit_available();
 }
 
 namespace {
