@@ -14,11 +14,17 @@ deps:
 build: deps
 	@$(REBAR) compile
 
-# Start a shell with mallocinfo loaded and print the malloc summary (no shell when stdin is not a terminal).
-RUN_EVAL := c:l(mallocinfo), io:format("~p~n", [mallocinfo:summary()])
+# Start a node with the interposer preloaded and mallocinfo loaded, print the
+# malloc summary and the top native call sites, then leave a shell (none when
+# stdin is not a terminal).
+PRELOAD  := $(CURDIR)/priv/libmallocinfo_preload.so
+RUN_EVAL := c:l(mallocinfo), io:format("~p~n", [mallocinfo:summary()]), \
+  io:format("top native call sites (bytes, blocks, innermost frames):~n~p~n", \
+    [[{B, C, [S || \#{symbol := S} <- lists:sublist(St, 4)]} \
+      || \#{bytes := B, count := C, stack := St} <- mallocinfo_trace:sites(5)]])
 run: build
-	@if [ -t 0 ]; then erl -pa $(EBIN) -eval '$(RUN_EVAL).'; \
-	else erl -noshell -pa $(EBIN) -eval '$(RUN_EVAL), halt().'; fi
+	@if [ -t 0 ]; then LD_PRELOAD=$(PRELOAD) erl -pa $(EBIN) -eval '$(RUN_EVAL).'; \
+	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) -eval '$(RUN_EVAL), halt().'; fi
 
 # Everything: formatting, Catch2, EUnit, Common Test (release injection). CT's summary is the last line.
 test: build fmt-check tarball test-c eunit ct
