@@ -1,0 +1,479 @@
+%% @doc What each Erlang process actually keeps on its heap.
+%%
+%% `inspect_heap/1' returns the terms reachable from a process's root set
+%% that a stock VM lets us see, each with its size in words: every process
+%% dictionary entry (as `{Key, Value}'), the OTP state of `gen_*' processes,
+%% each queued message, and the `seq_trace' token when set. `heap/1' sets
+%% that beside the process's own figures (heap, stack, refc binaries, GC
+%% settings) and gives a one-line verdict. `top/2' ranks all processes.
+%%
+%% Safe on a live node:
+%% <ul>
+%% <li>For OTP processes the sizes are computed inside the process (through
+%%     `sys:replace_state/3' with a function that returns the state
+%%     unchanged), so `Words' is `erts_debug:size/1' with sharing preserved,
+%%     and only bounded summaries of huge terms are copied out. The target
+%%     runs that function for as long as walking its own terms takes, and
+%%     not at all when its heap is above `max_heap_words'.</li>
+%% <li>Only processes that are idle in a `gen_*' loop get a system message;
+%%     others (plain processes, OTP processes busy in a callback) are read
+%%     with `process_info/2' only, and their state is left out.</li>
+%% <li>Copies are bounded: at most `max_terms' terms, none larger than
+%%     `max_words' (bigger ones are summarised), nothing at all when the
+%%     heap exceeds `max_heap_words' or the queue `max_terms'.</li>
+%% <li>Remote pids are inspected on their node with `erpc'; this module is
+%%     loaded there from this node's object code if missing.</li>
+%% </ul>
+-module(mallocinfo_proc).
+
+-export([inspect_heap/1, inspect_heap/2, inspect/2, heap/1, heap/2, top/2, print/1, print/2]).
+%% Run inside the inspected process (through sys:replace_state/3) or on a
+%% remote node (through erpc); not for direct use.
+-export([in_process/3, remote/3, inspect_local/2, heap_local/2, report_local/2]).
+%% Pure, exported for tests.
+-export([verdict/1]).
+
+-export_type([opts/0, item/0]).
+
+-type opts() :: #{max_terms => pos_integer(), max_words => pos_integer(),
+                  max_heap_words => pos_integer(), size_budget => non_neg_integer(),
+                  timeout => non_neg_integer()}.
+-type kind() :: dictionary | state | message | seq_trace_token | omitted.
+-type item() :: #{kind := kind(), term := term(), words := non_neg_integer(),
+                  flat_words := non_neg_integer(),
+                  sharing := preserved | not_computed | copied}.
+
+%% max_terms: terms returned; max_words: a bigger term is summarised;
+%% max_heap_words: a bigger heap is not walked at all (walking runs inside
+%% the target, about 6 ms per million words here); size_budget: flat words
+%% of terms whose sharing-preserving size is computed inside the target
+%% (erts_debug:size/1 is written in Erlang and costs about 5 us per word:
+%% 10,000 words pause the target for at most ~50 ms, typically far less);
+%% timeout: for the system message to an idle gen_* process.
+-define(DEFAULTS, #{max_terms => 1000, max_words => 100000, max_heap_words => 2000000,
+                    size_budget => 10000, timeout => 100}).
+-define(TRUNCATED, '$mallocinfo_truncated').
+-define(PREVIEW_DEPTH, 8).
+-define(PREVIEW_CHARS, 300).
+
+%%% ---------------------------------------------------------------------------
+%%% API
+
+%% @equiv inspect_heap(Pid, #{})
+-spec inspect_heap(pid()) -> [{term(), non_neg_integer()}] | {error, noproc}.
+inspect_heap(Pid) ->
+    inspect_heap(Pid, #{}).
+
+%% @doc The terms on `Pid''s heap that can be seen, each with its size in
+%% words (`erts_debug:size/1'), in the original proposal's shape. A term
+%% larger than `max_words' appears as
+%% `{'$mallocinfo_truncated', Words, Preview}' (a `~P'-style string).
+-spec inspect_heap(pid(), opts()) -> [{term(), non_neg_integer()}] | {error, noproc}.
+inspect_heap(Pid, Opts) ->
+    case inspect(Pid, Opts) of
+        {ok, Items} -> [{T, W} || #{term := T, words := W} <- Items];
+        {error, _} = E -> E
+    end.
+
+%% @doc Like {@link inspect_heap/2}, with each term's kind, its flat size
+%% (`erts_debug:flat_size/1', what it would take if shared subterms were
+%% copied) and how `words' was measured: `preserved' (inside the process,
+%% `erts_debug:size/1'), `not_computed' (too big for `size_budget': the flat
+%% size) or `copied' (read from a copy, which shares nothing: the flat
+%% size; plain processes and all messages). Kinds: `dictionary', `state',
+%% `message', `seq_trace_token', and `omitted' (what a limit left out, with
+%% the reason as the term).
+-spec inspect(pid(), opts()) -> {ok, [item()]} | {error, noproc}.
+inspect(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
+    O = options(Opts, [Pid, Opts]),
+    run(Pid, inspect_local, O);
+inspect(Pid, Opts) ->
+    erlang:error(badarg, [Pid, Opts]).
+
+%% @equiv heap(Pid, #{})
+-spec heap(pid()) -> {ok, map()} | {error, noproc}.
+heap(Pid) ->
+    heap(Pid, #{}).
+
+%% @doc `Pid''s heap in figures (words unless named `_bytes'):
+%% `heap_size', `total_heap_size', `stack_size', `live_words' (the sum of
+%% what {@link inspect/2} found), `flat_words' (the same without sharing),
+%% `unseen_words' (`total_heap_size' minus `live_words' and the stack:
+%% garbage, or terms no API exposes), `message_queue_len', `binaries'
+%% (`#{count, bytes, shared_bytes}': refc binaries referenced, and the bytes
+%% of those also referenced elsewhere), `garbage_collection' (the process's
+%% settings), `fullsweep_after', `items' (how many terms were inspected) and
+%% `verdict' (a sentence, or `none').
+-spec heap(pid(), opts()) -> {ok, map()} | {error, noproc}.
+heap(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
+    O = options(Opts, [Pid, Opts]),
+    run(Pid, heap_local, O);
+heap(Pid, Opts) ->
+    erlang:error(badarg, [Pid, Opts]).
+
+%% @doc The `N' processes of this node with the largest `By', largest
+%% first. `By': `memory' (bytes, `process_info/2'), `heap_waste' (words the
+%% process's heaps have allocated but not filled: young and old heap block
+%% minus their use), `binary' (bytes of refc binaries referenced),
+%% `message_queue_len', `reductions'. One `process_info/2' call per process
+%% and a bounded selection (no sort of every process); names and initial
+%% calls are looked up for the winners only.
+-spec top(non_neg_integer(), memory | heap_waste | binary | message_queue_len | reductions) ->
+          [#{pid := pid(), name := term(), value := non_neg_integer()}].
+top(N, By) when is_integer(N), N >= 0,
+                (By =:= memory orelse By =:= heap_waste orelse By =:= binary orelse
+                 By =:= message_queue_len orelse By =:= reductions) ->
+    Best = lists:foldl(fun(P, Acc) -> keep_best(N, value(P, By), P, Acc) end,
+                       {0, gb_trees:empty()}, erlang:processes()),
+    {_, Tree} = Best,
+    [#{pid => P, name => name(P), value => V, by => By}
+     || {{V, _}, P} <- lists:reverse(gb_trees:to_list(Tree))];
+top(N, By) ->
+    erlang:error(badarg, [N, By]).
+
+%% @equiv print(Pid, #{})
+-spec print(pid()) -> ok | {error, noproc}.
+print(Pid) ->
+    print(Pid, #{}).
+
+%% @doc A report an engineer reads at a glance: the heap figures and
+%% verdict, then the biggest terms first, each shown `~P'-truncated with its
+%% size in words and bytes.
+-spec print(pid(), opts()) -> ok | {error, noproc}.
+print(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
+    O = options(Opts, [Pid, Opts]),
+    case run(Pid, report_local, O) of
+        {ok, H, Items} -> io:put_chars(format(Pid, H, Items));
+        {error, _} = E -> E
+    end;
+print(Pid, Opts) ->
+    erlang:error(badarg, [Pid, Opts]).
+
+%%% ---------------------------------------------------------------------------
+%%% Where the work runs
+
+options(Opts, Args) ->
+    case maps:keys(Opts) -- maps:keys(?DEFAULTS) of
+        [] -> ok;
+        _ -> erlang:error(badarg, Args)
+    end,
+    O = maps:merge(?DEFAULTS, Opts),
+    maps:foreach(fun(K, V) when K =:= timeout orelse K =:= size_budget,
+                                is_integer(V), V >= 0 -> ok;
+                    (_, V) when is_integer(V), V > 0 -> ok;
+                    (_, _) -> erlang:error(badarg, Args)
+                 end, O),
+    O.
+
+run(Pid, What, O) when node(Pid) =:= node() ->
+    ?MODULE:What(Pid, O);
+run(Pid, What, O) ->
+    Node = node(Pid),
+    Timeout = maps:get(timeout, O) + 5000,
+    try erpc:call(Node, ?MODULE, remote, [What, Pid, O], Timeout)
+    catch
+        error:{exception, undef, [{?MODULE, remote, _, _} | _]} ->
+            {Mod, Bin, File} = code:get_object_code(?MODULE),
+            {module, Mod} = erpc:call(Node, code, load_binary, [Mod, File, Bin], Timeout),
+            erpc:call(Node, ?MODULE, remote, [What, Pid, O], Timeout)
+    end.
+
+%% @private The remote end of run/3.
+remote(What, Pid, O) ->
+    ?MODULE:What(Pid, O).
+
+%% @private
+inspect_local(Pid, O) ->
+    case collect(Pid, O) of
+        {ok, Items, _Info} -> {ok, Items};
+        {error, _} = E -> E
+    end.
+
+%% @private
+heap_local(Pid, O) ->
+    case collect(Pid, O) of
+        {ok, Items, Info} -> {ok, heap_map(Items, Info)};
+        {error, _} = E -> E
+    end.
+
+%% @private Figures and items from one look at the process.
+report_local(Pid, O) ->
+    case collect(Pid, O) of
+        {ok, Items, Info} -> {ok, heap_map(Items, Info), Items};
+        {error, _} = E -> E
+    end.
+
+collect(Pid, O) ->
+    case process_info(Pid, [heap_size, total_heap_size, stack_size, message_queue_len,
+                            garbage_collection, binary, current_function]) of
+        undefined ->
+            {error, noproc};
+        Info0 ->
+            Info = maps:from_list(Info0),
+            Items = case Pid =:= self() of
+                        true -> in_process(self_items, O, undefined);
+                        false -> items(Pid, Info, O)
+                    end,
+            {ok, lists:sublist(Items, maps:get(max_terms, O) + 1), Info}
+    end.
+
+%% OTP processes idle in their loop: everything measured inside them.
+%% Others: process_info/2 copies, bounded by the limits.
+items(Pid, #{total_heap_size := Heap} = Info, O) ->
+    case sys_idle(Pid, Info) andalso Heap =< maps:get(max_heap_words, O) of
+        true ->
+            Self = self(),
+            Ref = make_ref(),
+            Fun = fun(State) ->
+                          {total_heap_size, Before} = process_info(self(), total_heap_size),
+                          Self ! {Ref, in_process(State, O, Ref)},
+                          %% Measuring allocates on this process's heap
+                          %% (erts_debug:size/1 builds maps): if the heap grew,
+                          %% collect, rather than leave the target bigger than
+                          %% we found it. Bounded by max_heap_words.
+                          case process_info(self(), total_heap_size) of
+                              {total_heap_size, After} when After > Before ->
+                                  erlang:garbage_collect();
+                              _ ->
+                                  ok
+                          end,
+                          State
+                  end,
+            try sys:replace_state(Pid, Fun, maps:get(timeout, O)) of
+                _ -> receive {Ref, Items} -> Items after 0 -> outside(Pid, Info, O) end
+            catch
+                _:_ ->
+                    %% Busy or gone: a late reply is dropped, not leaked into
+                    %% our mailbox forever.
+                    receive {Ref, _} -> ok after 0 -> ok end,
+                    outside(Pid, Info, O) ++ [omitted(state, sys_timeout)]
+            end;
+        false ->
+            outside(Pid, Info, O)
+    end.
+
+%% A process reads its own heap: called inside the target through
+%% sys:replace_state/3 (State is its OTP state), or for self().
+%% @private
+in_process(State, O, _Ref) ->
+    Terms = [{dictionary, KV} || KV <- get()]
+        ++ case State of
+               self_items -> [];
+               _ -> [{state, State}]
+           end
+        ++ case seq_trace:get_token() of
+               [] -> [];
+               T -> [{seq_trace_token, T}]
+           end,
+    {Items, _} = lists:mapfoldl(fun({Kind, T}, Budget) -> measured(Kind, T, O, Budget) end,
+                                maps:get(size_budget, O),
+                                lists:sublist(Terms, maps:get(max_terms, O) + 1)),
+    %% Messages are not in reach from inside without receiving them.
+    {message_queue_len, QLen} = process_info(self(), message_queue_len),
+    Msgs = case QLen =< maps:get(max_terms, O) of
+               true ->
+                   {messages, Ms} = process_info(self(), messages),
+                   [item(message, M, O, copied) || M <- Ms];
+               false ->
+                   [omitted(messages, {queue_too_long, QLen})]
+           end,
+    limit(Items ++ Msgs, O).
+
+%% Inside the process: the sharing-preserving size while the budget lasts.
+measured(Kind, Term, O, Budget) ->
+    Flat = erts_debug:flat_size(Term),
+    case Flat =< Budget of
+        true -> {item(Kind, Term, O, preserved), Budget - Flat};
+        false -> {item(Kind, Term, O, not_computed), Budget}
+    end.
+
+outside(Pid, #{total_heap_size := Heap, message_queue_len := QLen}, O) ->
+    MaxTerms = maps:get(max_terms, O),
+    Dict = case Heap =< maps:get(max_heap_words, O) of
+               true ->
+                   case process_info(Pid, dictionary) of
+                       {dictionary, D} -> [item(dictionary, KV, O, copied) || KV <- D];
+                       undefined -> []
+                   end;
+               false ->
+                   [omitted(dictionary, {heap_too_large, Heap})]
+           end,
+    Msgs = case QLen =< MaxTerms of
+               true ->
+                   case process_info(Pid, messages) of
+                       {messages, Ms} -> [item(message, M, O, copied) || M <- Ms];
+                       undefined -> []
+                   end;
+               false ->
+                   [omitted(messages, {queue_too_long, QLen})]
+           end,
+    limit(Dict ++ Msgs, O).
+
+limit(Items, O) ->
+    Max = maps:get(max_terms, O),
+    case length(Items) > Max of
+        true -> lists:sublist(Items, Max) ++ [omitted(terms, {max_terms, Max})];
+        false -> Items
+    end.
+
+%% Words is erts_debug:size/1 (sharing preserved) when computed inside the
+%% process within the budget; otherwise the flat size, which is also exactly
+%% erts_debug:size/1 of a copy (copies share nothing).
+item(Kind, Term, O, Sharing) ->
+    Flat = erts_debug:flat_size(Term),
+    Words = case Sharing of
+                preserved -> erts_debug:size(Term);
+                _ -> Flat
+            end,
+    Shown = case Flat =< maps:get(max_words, O) of
+                true -> Term;
+                false -> {?TRUNCATED, Words, preview(Term)}
+            end,
+    #{kind => Kind, term => Shown, words => Words, flat_words => Flat, sharing => Sharing}.
+
+omitted(What, Why) ->
+    #{kind => omitted, term => {What, Why}, words => 0, flat_words => 0, sharing => copied}.
+
+preview(Term) ->
+    S = lists:flatten(io_lib:format("~P", [Term, ?PREVIEW_DEPTH])),
+    string:slice(S, 0, ?PREVIEW_CHARS).
+
+%% A process that will answer a system message now: spawned by proc_lib
+%% and waiting in a gen_* receive loop (or hibernating there).
+sys_idle(Pid, #{current_function := {M, F, _}}) ->
+    Loop = lists:member(M, [gen_server, gen_statem, gen_event, gen, sys])
+        orelse (M =:= erlang andalso F =:= hibernate),
+    Loop andalso proc_lib_spawned(Pid);
+sys_idle(_, _) ->
+    false.
+
+proc_lib_spawned(Pid) ->
+    case process_info(Pid, dictionary) of
+        {dictionary, D} -> lists:keymember('$initial_call', 1, D);
+        undefined -> false
+    end.
+
+%%% ---------------------------------------------------------------------------
+%%% heap/1
+
+heap_map(Items, Info) ->
+    #{heap_size := HeapSize, total_heap_size := Total, stack_size := Stack,
+      message_queue_len := QLen, garbage_collection := GC, binary := Bins} = Info,
+    Live = lists:sum([W || #{words := W} <- Items]),
+    Flat = lists:sum([W || #{flat_words := W} <- Items]),
+    BinCount = length(Bins),
+    BinBytes = lists:sum([S || {_, S, _} <- Bins]),
+    Shared = lists:sum([S || {_, S, Refs} <- Bins, Refs > 1]),
+    M = #{heap_size => HeapSize, total_heap_size => Total, stack_size => Stack,
+          live_words => Live, flat_words => Flat,
+          unseen_words => max(0, Total - Live - Stack),
+          message_queue_len => QLen,
+          binaries => #{count => BinCount, bytes => BinBytes, shared_bytes => Shared},
+          garbage_collection => GC,
+          fullsweep_after => proplists:get_value(fullsweep_after, GC),
+          items => length([I || #{kind := K} = I <- Items, K =/= omitted])},
+    M#{verdict => verdict(M)}.
+
+%% @doc The one-line verdict of {@link heap/2}, from its figures: `none', or
+%% a sentence about a heap that is mostly garbage, mostly refc binary
+%% references, or a long message queue.
+-spec verdict(map()) -> binary() | none.
+verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
+          message_queue_len := QLen, binaries := #{bytes := BinBytes, count := BinCount,
+                                                    shared_bytes := Shared}}) ->
+    WordBytes = erlang:system_info(wordsize),
+    HeapBytes = Total * WordBytes,
+    Unseen = max(0, Total - Live - Stack),
+    if
+        QLen >= 10000 ->
+            iolist_to_binary(io_lib:format(
+              "message queue of ~b messages: the process is not keeping up", [QLen]));
+        BinBytes > 4 * HeapBytes, BinBytes >= 1024 * 1024 ->
+            iolist_to_binary(io_lib:format(
+              "mostly binary references: ~b refc binaries hold ~s (~s shared with other "
+              "processes) against a ~s heap; a GC or hibernate releases those no longer used",
+              [BinCount, human(BinBytes), human(Shared), human(HeapBytes)]));
+        Total >= 10000, Unseen * 2 > Total ->
+            iolist_to_binary(io_lib:format(
+              "mostly garbage: ~b% of the ~s heap is not reachable from what is visible; "
+              "erlang:garbage_collect/1 would return most of it",
+              [Unseen * 100 div Total, human(HeapBytes)]));
+        true ->
+            none
+    end.
+
+human(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
+human(B) when B >= 1 bsl 20 -> io_lib:format("~.1f MiB", [B / (1 bsl 20)]);
+human(B) when B >= 1 bsl 10 -> io_lib:format("~.1f KiB", [B / (1 bsl 10)]);
+human(B) -> io_lib:format("~b B", [B]).
+
+%%% ---------------------------------------------------------------------------
+%%% top/2
+
+value(P, memory) -> info(P, memory);
+value(P, message_queue_len) -> info(P, message_queue_len);
+value(P, reductions) -> info(P, reductions);
+value(P, binary) ->
+    case process_info(P, binary) of
+        {binary, Bins} -> lists:sum([S || {_, S, _} <- Bins]);
+        undefined -> undefined
+    end;
+value(P, heap_waste) ->
+    case process_info(P, garbage_collection_info) of
+        {garbage_collection_info, GI} ->
+            G = fun(K) -> proplists:get_value(K, GI, 0) end,
+            max(0, G(heap_block_size) - G(heap_size))
+                + max(0, G(old_heap_block_size) - G(old_heap_size));
+        undefined ->
+            undefined
+    end.
+
+info(P, Key) ->
+    case process_info(P, Key) of
+        {Key, V} -> V;
+        undefined -> undefined
+    end.
+
+%% Keeps the N largest in a tree of at most N entries: O(P log N).
+keep_best(_N, undefined, _P, Acc) ->
+    Acc;
+keep_best(0, _V, _P, Acc) ->
+    Acc;
+keep_best(N, V, P, {Size, Tree}) when Size < N ->
+    {Size + 1, gb_trees:insert({V, P}, P, Tree)};
+keep_best(_N, V, P, {Size, Tree} = Acc) ->
+    {{MinV, _} = Min, _} = gb_trees:smallest(Tree),
+    case V > MinV of
+        true -> {Size, gb_trees:insert({V, P}, P, gb_trees:delete(Min, Tree))};
+        false -> Acc
+    end.
+
+name(P) ->
+    case process_info(P, registered_name) of
+        {registered_name, Name} -> Name;
+        _ ->
+            case proc_lib:translate_initial_call(P) of
+                {proc_lib, init_p, 5} -> element(2, process_info(P, initial_call));
+                MFA -> MFA
+            end
+    end.
+
+%%% ---------------------------------------------------------------------------
+%%% print/1
+
+format(Pid, H, Items) ->
+    W = erlang:system_info(wordsize),
+    #{total_heap_size := Total, live_words := Live, flat_words := Flat,
+      stack_size := Stack, message_queue_len := QLen,
+      binaries := #{count := BC, bytes := BB, shared_bytes := BS}, verdict := V} = H,
+    Header = io_lib:format(
+               "~p: heap ~s (~b words), live ~b words (~b if shared parts were copied), "
+               "stack ~b words~n  queue ~b, refc binaries ~b = ~s (~s shared)~n"
+               "  verdict: ~ts~n",
+               [Pid, human(Total * W), Total, Live, Flat, Stack, QLen, BC, human(BB),
+                human(BS), case V of none -> "none"; _ -> V end]),
+    Sorted = lists:sort(fun(#{words := A}, #{words := B}) -> A >= B end, Items),
+    Lines = [io_lib:format("  ~8b words ~10s  ~-15s ~P~n",
+                           [Words, human(Words * W), atom_to_list(Kind), Term, 6])
+             || #{kind := Kind, term := Term, words := Words} <- Sorted],
+    [Header, "  words        bytes  kind            term\n" | Lines].

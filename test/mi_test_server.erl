@@ -1,0 +1,34 @@
+%% A gen_server with a state and dictionary chosen by the test
+%% (mallocinfo_proc_SUITE).
+-module(mi_test_server).
+-behaviour(gen_server).
+-export([start/2, init/1, handle_call/3, handle_cast/2, spawn_idle/1]).
+
+start(State, Dict) ->
+    gen_server:start(?MODULE, {State, Dict}, []).
+
+init({State, Dict}) ->
+    [put(K, V) || {K, V} <- Dict],
+    {ok, make(State)}.
+
+%% Terms with sharing must be built inside the server: sending them to it
+%% (as start arguments) copies the shared parts apart.
+make({shared, N, Copies}) ->
+    L = lists:seq(1, N),
+    list_to_tuple(lists:duplicate(Copies, L));
+make(State) ->
+    State.
+
+%% Spawns N processes that wait for `stop'.
+spawn_idle(N) ->
+    [spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, N)],
+    ok.
+
+handle_call({block, Ms}, _From, State) ->
+    timer:sleep(Ms),
+    {reply, ok, State};
+handle_call(get, _From, State) ->
+    {reply, State, State}.
+
+handle_cast(_Msg, State) ->
+    {noreply, State}.
