@@ -48,10 +48,10 @@
 %% the target, about 6 ms per million words here); size_budget: flat words
 %% of terms whose sharing-preserving size is computed inside the target
 %% (erts_debug:size/1 is written in Erlang and costs about 5 us per word:
-%% 10,000 words pause the target for at most ~50 ms, typically far less);
+%% the default 2,000 words pause the target for at most ~10 ms);
 %% timeout: for the system message to an idle gen_* process.
--define(DEFAULTS, #{max_terms => 1000, max_words => 100000, max_heap_words => 2000000,
-                    size_budget => 10000, timeout => 100}).
+-define(DEFAULTS, #{max_terms => 1000, max_words => 100000, max_heap_words => 1000000,
+                    size_budget => 2000, timeout => 100}).
 -define(TRUNCATED, '$mallocinfo_truncated').
 -define(PREVIEW_DEPTH, 8).
 -define(PREVIEW_CHARS, 300).
