@@ -268,16 +268,10 @@ in_process(State, O, _Ref) ->
     {Items, _} = lists:mapfoldl(fun({Kind, T}, Budget) -> measured(Kind, T, O, Budget) end,
                                 maps:get(size_budget, O),
                                 lists:sublist(Terms, maps:get(max_terms, O) + 1)),
-    %% Messages are not in reach from inside without receiving them.
+    %% Messages are not in reach from inside without receiving them: read
+    %% as a copy, as from outside.
     {message_queue_len, QLen} = process_info(self(), message_queue_len),
-    Msgs = case QLen =< maps:get(max_terms, O) of
-               true ->
-                   {messages, Ms} = process_info(self(), messages),
-                   [item(message, M, O, copied) || M <- Ms];
-               false ->
-                   [omitted(messages, {queue_too_long, QLen})]
-           end,
-    limit(Items ++ Msgs, O).
+    limit(Items ++ queued(self(), QLen, O), O).
 
 %% Inside the process: the sharing-preserving size while the budget lasts.
 measured(Kind, Term, O, Budget) ->
@@ -288,7 +282,6 @@ measured(Kind, Term, O, Budget) ->
     end.
 
 outside(Pid, #{total_heap_size := Heap, message_queue_len := QLen}, O) ->
-    MaxTerms = maps:get(max_terms, O),
     Dict = case Heap =< maps:get(max_heap_words, O) of
                true ->
                    case process_info(Pid, dictionary) of
@@ -298,16 +291,19 @@ outside(Pid, #{total_heap_size := Heap, message_queue_len := QLen}, O) ->
                false ->
                    [omitted(dictionary, {heap_too_large, Heap})]
            end,
-    Msgs = case QLen =< MaxTerms of
-               true ->
-                   case process_info(Pid, messages) of
-                       {messages, Ms} -> [item(message, M, O, copied) || M <- Ms];
-                       undefined -> []
-                   end;
-               false ->
-                   [omitted(messages, {queue_too_long, QLen})]
-           end,
-    limit(Dict ++ Msgs, O).
+    limit(Dict ++ queued(Pid, QLen, O), O).
+
+%% The queue as copies, unless it is longer than max_terms: then only counted.
+queued(Pid, QLen, O) ->
+    case QLen =< maps:get(max_terms, O) of
+        true ->
+            case process_info(Pid, messages) of
+                {messages, Ms} -> [item(message, M, O, copied) || M <- Ms];
+                undefined -> []
+            end;
+        false ->
+            [omitted(messages, {queue_too_long, QLen})]
+    end.
 
 limit(Items, O) ->
     Max = maps:get(max_terms, O),

@@ -41,22 +41,19 @@ ERL_NIF_TERM not_preloaded(ErlNifEnv* env) {
   return error_tuple(env, atoms.not_preloaded);
 }
 
-bool recording(const mi_preload_abi* abi) {
-  mi_abi_status st{};
-  abi->status(&st, sizeof st);
-  return st.recording != 0;
-}
-
-// The ABI of an interposer that records in this process, or nullptr with
-// *error set to {error, not_preloaded | not_recording}: an empty answer
-// from a process that records nothing would read as "no leak".
-const mi_preload_abi* recording_abi(ErlNifEnv* env, ERL_NIF_TERM* error) {
+// The ABI of an interposer that records in this process, with its status
+// in *st; or nullptr with *error set to {error, not_preloaded |
+// not_recording}: an empty answer from a process that records nothing
+// would read as "no leak".
+const mi_preload_abi* recording_abi(ErlNifEnv* env, ERL_NIF_TERM* error, mi_abi_status* st) {
   const mi_preload_abi* abi = find_abi();
   if (abi == nullptr) {
     *error = not_preloaded(env);
     return nullptr;
   }
-  if (!recording(abi)) {
+  *st = mi_abi_status{};
+  abi->status(st, sizeof *st);
+  if (st->recording == 0) {
     *error = error_tuple(env, atoms.not_recording);
     return nullptr;
   }
@@ -144,9 +141,7 @@ void stream_snapshot(const mi_preload_abi* abi, F&& consume) {
   if (ctx.error) std::rethrow_exception(ctx.error);
 }
 
-std::vector<mi_abi_entry> snapshot(const mi_preload_abi* abi) {
-  mi_abi_status st{};
-  abi->status(&st, sizeof st);
+std::vector<mi_abi_entry> snapshot(const mi_preload_abi* abi, const mi_abi_status& st) {
   std::vector<mi_abi_entry> entries;
   entries.reserve(st.live_entries + st.live_entries / 8 + 64);
   stream_snapshot(
@@ -156,6 +151,18 @@ std::vector<mi_abi_entry> snapshot(const mi_preload_abi* abi) {
 
 uint64_t age_ms(uint64_t now, uint64_t ts) {
   return now > ts ? (now - ts) / 1000000 : 0;
+}
+
+// The first n of v in `before` order, each made a term by `to_term`, as
+// {ok, List}. Partial sort: O(size log n).
+template <class T, class Before, class ToTerm>
+ERL_NIF_TERM first_n(ErlNifEnv* env, std::vector<T>& v, uint64_t n, Before before, ToTerm to_term) {
+  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, v.size()));
+  std::partial_sort(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end(), before);
+  std::vector<ERL_NIF_TERM> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i) out.push_back(to_term(v[i]));
+  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
 }
 
 }  // namespace
@@ -220,7 +227,8 @@ ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 
 ERL_NIF_TERM trace_reset(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   ERL_NIF_TERM error;
-  const mi_preload_abi* abi = recording_abi(env, &error);
+  mi_abi_status st;
+  const mi_preload_abi* abi = recording_abi(env, &error, &st);
   if (abi == nullptr) return error;
   return enif_make_tuple2(env, atoms.ok, u64(env, abi->reset()));
 }
@@ -232,34 +240,30 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t min_size = get_u64(env, argv[2]);
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
   ERL_NIF_TERM error;
-  const mi_preload_abi* abi = recording_abi(env, &error);
+  mi_abi_status st;
+  const mi_preload_abi* abi = recording_abi(env, &error, &st);
   if (abi == nullptr) return error;
-  std::vector<mi_abi_entry> entries = snapshot(abi);
+  std::vector<mi_abi_entry> entries = snapshot(abi, st);
   const uint64_t now = abi->now_ns();
   std::erase_if(entries, [&](const mi_abi_entry& e) {
     return e.size < min_size || age_ms(now, e.timestamp_ns) < min_age;
   });
-  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
-  auto older = [](const mi_abi_entry& a, const mi_abi_entry& b) {
-    return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
-                                            : a.address < b.address;
-  };
-  std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
-                    older);
   StackCache stacks(abi, demangle);
-  std::vector<ERL_NIF_TERM> out;
-  out.reserve(k);
-  for (size_t i = 0; i < k; ++i) {
-    const mi_abi_entry& e = entries[i];
-    out.push_back(MapBuilder()
-                      .put(atoms.address, u64(env, e.address))
-                      .put(atoms.size, u64(env, e.size))
-                      .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
-                      .put(atoms.stack, stacks.term(env, e.stack_id))
-                      .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
-                      .build(env));
-  }
-  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+  return first_n(
+      env, entries, n,
+      [](const mi_abi_entry& a, const mi_abi_entry& b) {
+        return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
+                                                : a.address < b.address;
+      },
+      [&](const mi_abi_entry& e) {
+        return MapBuilder()
+            .put(atoms.address, u64(env, e.address))
+            .put(atoms.size, u64(env, e.size))
+            .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
+            .put(atoms.stack, stacks.term(env, e.stack_id))
+            .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
+            .build(env);
+      });
 }
 
 // sites(N, Demangle): live blocks grouped by stack, the N largest by bytes.
@@ -268,10 +272,9 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
   ERL_NIF_TERM error;
-  const mi_preload_abi* abi = recording_abi(env, &error);
+  mi_abi_status st;
+  const mi_preload_abi* abi = recording_abi(env, &error, &st);
   if (abi == nullptr) return error;
-  mi_abi_status st{};
-  abi->status(&st, sizeof st);
   const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
   struct Site {
     uint32_t stack;
@@ -303,25 +306,21 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   std::vector<Site> sites;
   sites.reserve(by_stack.size());
   for (auto& [id, site] : by_stack) sites.push_back(site);
-  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
-  std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
-                    [](const Site& a, const Site& b) {
-                      return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
-                    });
   StackCache stacks(abi, demangle);
-  std::vector<ERL_NIF_TERM> out;
-  out.reserve(k);
-  for (size_t i = 0; i < k; ++i) {
-    const Site& s = sites[i];
-    out.push_back(MapBuilder()
-                      .put(atoms.stack, stacks.term(env, s.stack))
-                      .put(atoms.count, u64(env, static_cast<uint64_t>(std::llround(s.count))))
-                      .put(atoms.bytes, u64(env, static_cast<uint64_t>(std::llround(s.bytes))))
-                      .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
-                      .put(atoms.estimated, make_bool(s.estimated))
-                      .build(env));
-  }
-  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+  return first_n(
+      env, sites, n,
+      [](const Site& a, const Site& b) {
+        return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
+      },
+      [&](const Site& s) {
+        return MapBuilder()
+            .put(atoms.stack, stacks.term(env, s.stack))
+            .put(atoms.count, u64(env, static_cast<uint64_t>(std::llround(s.count))))
+            .put(atoms.bytes, u64(env, static_cast<uint64_t>(std::llround(s.bytes))))
+            .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
+            .put(atoms.estimated, make_bool(s.estimated))
+            .build(env);
+      });
 }
 
 // symbolize([Address], Demangle) -> [Frame]: for callers holding raw

@@ -32,11 +32,11 @@ struct Guard {
   Guard& operator=(const Guard&) = delete;
 };
 
-// True when the call should be recorded: start-up done, this executable
-// records, tracking not switched off, and not re-entered from a hook.
-// Callers must have checked ensure_init() (g_next usable) first.
+// True when the call should be recorded: the gate says this executable
+// records and tracking is on, and this is not a re-entry from a hook.
+// Callers must have checked ready() (g_next usable) first.
 inline bool tracking() {
-  return g_recording && !t_in_hook && g_tracker.mode() != MI_MODE_OFF;
+  return !t_in_hook && g_gate.load(std::memory_order_relaxed) == kGateTrack;
 }
 
 inline bool ready() {
