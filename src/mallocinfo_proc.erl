@@ -35,6 +35,10 @@
 
 -export_type([opts/0, item/0]).
 
+%% A pid on another node that cannot be reached, or where this module
+%% cannot be loaded.
+-type remote_error() :: {erpc, term()} | {load_failed, node(), term()}.
+
 -type opts() :: #{max_terms => pos_integer(), max_words => pos_integer(),
                   max_heap_words => pos_integer(), size_budget => non_neg_integer(),
                   timeout => non_neg_integer()}.
@@ -68,10 +72,11 @@ inspect_heap(Pid) ->
 %% words (`erts_debug:size/1'), in the original proposal's shape. A term
 %% larger than `max_words' appears as
 %% `{'$mallocinfo_truncated', Words, Preview}' (a `~P'-style string).
--spec inspect_heap(pid(), opts()) -> [{term(), non_neg_integer()}] | {error, noproc}.
+-spec inspect_heap(pid(), opts()) ->
+          [{term(), non_neg_integer()}] | {error, noproc | remote_error()}.
 inspect_heap(Pid, Opts) ->
     case inspect(Pid, Opts) of
-        {ok, Items} -> [{T, W} || #{term := T, words := W} <- Items];
+        {ok, Items} -> [{T, W} || #{kind := K, term := T, words := W} <- Items, K =/= omitted];
         {error, _} = E -> E
     end.
 
@@ -83,7 +88,7 @@ inspect_heap(Pid, Opts) ->
 %% size; plain processes and all messages). Kinds: `dictionary', `state',
 %% `message', `seq_trace_token', and `omitted' (what a limit left out, with
 %% the reason as the term).
--spec inspect(pid(), opts()) -> {ok, [item()]} | {error, noproc}.
+-spec inspect(pid(), opts()) -> {ok, [item()]} | {error, noproc | remote_error()}.
 inspect(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
     run(Pid, inspect_local, O);
@@ -104,7 +109,7 @@ heap(Pid) ->
 %% of those also referenced elsewhere), `garbage_collection' (the process's
 %% settings), `fullsweep_after', `items' (how many terms were inspected) and
 %% `verdict' (a sentence, or `none').
--spec heap(pid(), opts()) -> {ok, map()} | {error, noproc}.
+-spec heap(pid(), opts()) -> {ok, map()} | {error, noproc | remote_error()}.
 heap(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
     run(Pid, heap_local, O);
@@ -119,7 +124,7 @@ heap(Pid, Opts) ->
 %% and a bounded selection (no sort of every process); names and initial
 %% calls are looked up for the winners only.
 -spec top(non_neg_integer(), memory | heap_waste | binary | message_queue_len | reductions) ->
-          [#{pid := pid(), name := term(), value := non_neg_integer()}].
+          [#{pid := pid(), name := term(), value := non_neg_integer(), by := atom()}].
 top(N, By) when is_integer(N), N >= 0,
                 (By =:= memory orelse By =:= heap_waste orelse By =:= binary orelse
                  By =:= message_queue_len orelse By =:= reductions) ->
@@ -173,9 +178,29 @@ run(Pid, What, O) ->
     try erpc:call(Node, ?MODULE, remote, [What, Pid, O], Timeout)
     catch
         error:{exception, undef, [{?MODULE, remote, _, _} | _]} ->
-            {Mod, Bin, File} = code:get_object_code(?MODULE),
-            {module, Mod} = erpc:call(Node, code, load_binary, [Mod, File, Bin], Timeout),
-            erpc:call(Node, ?MODULE, remote, [What, Pid, O], Timeout)
+            case load_remote(Node, Timeout) of
+                ok ->
+                    try erpc:call(Node, ?MODULE, remote, [What, Pid, O], Timeout)
+                    catch error:{erpc, Reason} -> {error, {erpc, Reason}}
+                    end;
+                {error, _} = E ->
+                    E
+            end;
+        error:{erpc, Reason} ->
+            {error, {erpc, Reason}}
+    end.
+
+%% Sends this module's object code to Node (it is pure Erlang).
+load_remote(Node, Timeout) ->
+    case code:get_object_code(?MODULE) of
+        {Mod, Bin, File} ->
+            try erpc:call(Node, code, load_binary, [Mod, File, Bin], Timeout) of
+                {module, Mod} -> ok;
+                {error, Why} -> {error, {load_failed, Node, Why}}
+            catch error:{erpc, Reason} -> {error, {erpc, Reason}}
+            end;
+        error ->
+            {error, {load_failed, Node, no_object_code}}
     end.
 
 %% @private The remote end of run/3.
@@ -220,42 +245,57 @@ collect(Pid, O) ->
 %% OTP processes idle in their loop: everything measured inside them.
 %% Others: process_info/2 copies, bounded by the limits.
 items(Pid, #{total_heap_size := Heap} = Info, O) ->
-    case sys_idle(Pid, Info) andalso Heap =< maps:get(max_heap_words, O) of
-        true ->
-            Self = self(),
-            Ref = make_ref(),
-            Fun = fun(State) ->
-                          {total_heap_size, Before} = process_info(self(), total_heap_size),
-                          Self ! {Ref, in_process(State, O, Ref)},
-                          %% Measuring allocates on this process's heap
-                          %% (erts_debug:size/1 builds maps): if the heap grew,
-                          %% collect, rather than leave the target bigger than
-                          %% we found it. Bounded by max_heap_words.
-                          case process_info(self(), total_heap_size) of
-                              {total_heap_size, After} when After > Before ->
-                                  erlang:garbage_collect();
-                              _ ->
-                                  ok
-                          end,
-                          State
+    case Heap =< maps:get(max_heap_words, O) andalso sys_idle(Pid, Info) of
+        true -> inside(Pid, Info, O);
+        false -> outside(Pid, Info, O)
+    end.
+
+%% Runs in_process/3 inside the target through sys:replace_state/3. The
+%% function throws once it has sent its answer, so sys leaves the state as
+%% it was and replies with a small error instead of a copy of the whole
+%% state. Answers go to an alias, dropped once we stop listening; a system
+%% message handled after the deadline skips the work.
+inside(Pid, Info, O) ->
+    Timeout = maps:get(timeout, O),
+    Alias = alias(),
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    Fun = fun(State) ->
+                  case erlang:monotonic_time(millisecond) =< Deadline of
+                      true -> measure_inside(Alias, State, O);
+                      false -> ok
                   end,
-            try sys:replace_state(Pid, Fun, maps:get(timeout, O)) of
-                _ -> receive {Ref, Items} -> Items after 0 -> outside(Pid, Info, O) end
-            catch
-                _:_ ->
-                    %% Busy or gone: a late reply is dropped, not leaked into
-                    %% our mailbox forever.
-                    receive {Ref, _} -> ok after 0 -> ok end,
-                    outside(Pid, Info, O) ++ [omitted(state, sys_timeout)]
-            end;
-        false ->
-            outside(Pid, Info, O)
+                  throw(mallocinfo_done)
+          end,
+    Outcome = try sys:replace_state(Pid, Fun, Timeout) of
+                  _ -> answered
+              catch
+                  _:_ -> answered
+              end,
+    Items = receive {Alias, Measured} -> Measured after 0 -> none end,
+    unalias(Alias),
+    receive {Alias, _} -> ok after 0 -> ok end,
+    case {Outcome, Items} of
+        {answered, none} -> outside(Pid, Info, O) ++ [omitted(state, sys_timeout)];
+        {answered, _} -> Items
+    end.
+
+measure_inside(Alias, State, O) ->
+    {total_heap_size, Before} = process_info(self(), total_heap_size),
+    Alias ! {Alias, in_process(State, O, Alias)},
+    %% Measuring allocates on this process's heap (erts_debug:size/1 builds
+    %% maps): if the heap grew, collect, rather than leave the target bigger
+    %% than we found it. Bounded by max_heap_words.
+    case process_info(self(), total_heap_size) of
+        {total_heap_size, After} when After > Before -> erlang:garbage_collect();
+        _ -> ok
     end.
 
 %% A process reads its own heap: called inside the target through
 %% sys:replace_state/3 (State is its OTP state), or for self().
 %% @private
-in_process(State, O, _Ref) ->
+in_process(State, O0, _Ref) ->
+    {total_heap_size, HeapWords} = process_info(self(), total_heap_size),
+    O = O0#{heap_words => HeapWords},
     Terms = [{dictionary, KV} || KV <- get()]
         ++ case State of
                self_items -> [];
@@ -275,12 +315,13 @@ in_process(State, O, _Ref) ->
 
 %% Inside the process: the sharing-preserving size while the budget lasts.
 measured(Kind, Term, O, Budget) ->
-    Flat = erts_debug:flat_size(Term),
-    case Flat =< Budget of
-        true -> {item(Kind, Term, O, preserved), Budget - Flat};
-        false -> {item(Kind, Term, O, not_computed), Budget}
+    case count_nodes(Term, Budget) of
+        Left when Left >= 0 -> {item(Kind, Term, O, preserved), Left};
+        _ -> {item(Kind, Term, O, not_computed), Budget}
     end.
 
+%% Any other process: copies through process_info/2 only, and only of a
+%% heap small enough (max_heap_words) to copy.
 outside(Pid, #{total_heap_size := Heap, message_queue_len := QLen}, O) ->
     Dict = case Heap =< maps:get(max_heap_words, O) of
                true ->
@@ -293,16 +334,32 @@ outside(Pid, #{total_heap_size := Heap, message_queue_len := QLen}, O) ->
            end,
     limit(Dict ++ queued(Pid, QLen, O), O).
 
-%% The queue as copies, unless it is longer than max_terms: then only counted.
+%% The queue as copies, when it is short (max_terms) and its messages live on
+%% the process heap, which max_heap_words bounds; an off-heap queue has no
+%% size we can check before copying it, so it is only counted.
 queued(Pid, QLen, O) ->
     case QLen =< maps:get(max_terms, O) of
-        true ->
-            case process_info(Pid, messages) of
-                {messages, Ms} -> [item(message, M, O, copied) || M <- Ms];
-                undefined -> []
-            end;
         false ->
-            [omitted(messages, {queue_too_long, QLen})]
+            [omitted(messages, {queue_too_long, QLen})];
+        true when QLen =:= 0 ->
+            [];
+        true ->
+            case process_info(Pid, [message_queue_data, total_heap_size]) of
+                [{message_queue_data, on_heap}, {total_heap_size, H}] ->
+                    case H =< maps:get(max_heap_words, O) of
+                        true ->
+                            case process_info(Pid, messages) of
+                                {messages, Ms} -> [item(message, M, O, copied) || M <- Ms];
+                                undefined -> []
+                            end;
+                        false ->
+                            [omitted(messages, {heap_too_large, H})]
+                    end;
+                [{message_queue_data, off_heap}, _] ->
+                    [omitted(messages, {off_heap_queue, QLen})];
+                undefined ->
+                    []
+            end
     end.
 
 limit(Items, O) ->
@@ -314,9 +371,26 @@ limit(Items, O) ->
 
 %% Words is erts_debug:size/1 (sharing preserved) when computed inside the
 %% process within the budget; otherwise the flat size, which is also exactly
-%% erts_debug:size/1 of a copy (copies share nothing).
+%% erts_debug:size/1 of a copy (copies share nothing). A term with shared
+%% subterms can be exponentially bigger flat than on the heap, so its nodes
+%% are counted with a bound first: only a term known to be small is walked
+%% by erts_debug (which does not yield) or copied.
+item(Kind, Term, O, copied) ->
+    %% A copy shares nothing: its flat size is its size, already in memory.
+    sized(Kind, Term, erts_debug:flat_size(Term), O, copied);
 item(Kind, Term, O, Sharing) ->
-    Flat = erts_debug:flat_size(Term),
+    %% Inside the process: an unshared term is at most as big as the heap,
+    %% so more nodes than twice the heap means sharing blown up flat.
+    Bound = max(maps:get(max_words, O), 2 * maps:get(heap_words, O, 0)),
+    case count_nodes(Term, Bound) of
+        Left when Left >= 0 ->
+            sized(Kind, Term, erts_debug:flat_size(Term), O, Sharing);
+        _ ->
+            #{kind => Kind, term => {?TRUNCATED, {more_than, Bound}, preview(Term)},
+              words => Bound, flat_words => Bound, sharing => not_computed}
+    end.
+
+sized(Kind, Term, Flat, O, Sharing) ->
     Words = case Sharing of
                 preserved -> erts_debug:size(Term);
                 _ -> Flat
@@ -327,6 +401,25 @@ item(Kind, Term, O, Sharing) ->
             end,
     #{kind => Kind, term => Shown, words => Words, flat_words => Flat, sharing => Sharing}.
 
+%% Budget minus the number of nodes (list cells, tuple and map elements,
+%% leaves) of Term counted flat, stopping as soon as it goes negative.
+count_nodes(_, B) when B < 0 -> B;
+count_nodes([H | T], B) -> count_nodes(T, count_nodes(H, B - 1));
+count_nodes(T, B) when is_tuple(T) -> tuple_nodes(T, 1, tuple_size(T), B - 1);
+count_nodes(M, B) when is_map(M) -> map_nodes(maps:iterator(M), B - 1);
+count_nodes(_, B) -> B - 1.
+
+tuple_nodes(_, _, _, B) when B < 0 -> B;
+tuple_nodes(_, I, N, B) when I > N -> B;
+tuple_nodes(T, I, N, B) -> tuple_nodes(T, I + 1, N, count_nodes(element(I, T), B)).
+
+map_nodes(_, B) when B < 0 -> B;
+map_nodes(It, B) ->
+    case maps:next(It) of
+        {K, V, Next} -> map_nodes(Next, count_nodes(V, count_nodes(K, B - 1)));
+        none -> B
+    end.
+
 omitted(What, Why) ->
     #{kind => omitted, term => {What, Why}, words => 0, flat_words => 0, sharing => copied}.
 
@@ -335,19 +428,14 @@ preview(Term) ->
     string:slice(S, 0, ?PREVIEW_CHARS).
 
 %% A process that will answer a system message now: spawned by proc_lib
-%% and waiting in a gen_* receive loop (or hibernating there).
-sys_idle(Pid, #{current_function := {M, F, _}}) ->
-    Loop = lists:member(M, [gen_server, gen_statem, gen_event, gen, sys])
-        orelse (M =:= erlang andalso F =:= hibernate),
-    Loop andalso proc_lib_spawned(Pid);
+%% and waiting in the receive loop of gen_server or gen_statem. Anything
+%% else (busy in a callback, blocked in a call, hibernating, gen_event with
+%% several states) gets no system message.
+sys_idle(Pid, #{current_function := CF}) ->
+    lists:member(CF, [{gen_server, loop, 7}, {gen_statem, loop_receive, 3}])
+        andalso process_info(Pid, initial_call) =:= {initial_call, {proc_lib, init_p, 5}};
 sys_idle(_, _) ->
     false.
-
-proc_lib_spawned(Pid) ->
-    case process_info(Pid, dictionary) of
-        {dictionary, D} -> lists:keymember('$initial_call', 1, D);
-        undefined -> false
-    end.
 
 %%% ---------------------------------------------------------------------------
 %%% heap/1
@@ -357,14 +445,27 @@ heap_map(Items, Info) ->
       message_queue_len := QLen, garbage_collection := GC, binary := Bins} = Info,
     Live = lists:sum([W || #{words := W} <- Items]),
     Flat = lists:sum([W || #{flat_words := W} <- Items]),
-    BinCount = length(Bins),
-    BinBytes = lists:sum([S || {_, S, _} <- Bins]),
-    Shared = lists:sum([S || {_, S, Refs} <- Bins, Refs > 1]),
+    %% A binary referenced twice by this process is one binary; it is shared
+    %% when something else references it too.
+    Unique = maps:values(lists:foldl(fun({Id, Size, Refs}, Acc) ->
+                                             maps:update_with(Id, fun({S, R, N}) -> {S, R, N + 1} end,
+                                                              {Size, Refs, 1}, Acc)
+                                     end, #{}, Bins)),
+    BinBytes = lists:sum([S || {S, _, _} <- Unique]),
+    Shared = lists:sum([S || {S, Refs, N} <- Unique, Refs > N]),
+    %% Everything live was seen: the state was measured and no limit left
+    %% anything out. Only then can the rest of the heap be called garbage.
+    Complete = lists:any(fun(#{kind := K}) -> K =:= state end, Items)
+        andalso not lists:any(fun(#{kind := omitted}) -> true;
+                                 (#{term := {?TRUNCATED, {more_than, _}, _}}) -> true;
+                                 (_) -> false
+                              end, Items),
     M = #{heap_size => HeapSize, total_heap_size => Total, stack_size => Stack,
           live_words => Live, flat_words => Flat,
           unseen_words => max(0, Total - Live - Stack),
+          complete => Complete,
           message_queue_len => QLen,
-          binaries => #{count => BinCount, bytes => BinBytes, shared_bytes => Shared},
+          binaries => #{count => length(Unique), bytes => BinBytes, shared_bytes => Shared},
           garbage_collection => GC,
           fullsweep_after => proplists:get_value(fullsweep_after, GC),
           items => length([I || #{kind := K} = I <- Items, K =/= omitted])},
@@ -375,8 +476,8 @@ heap_map(Items, Info) ->
 %% references, or a long message queue.
 -spec verdict(map()) -> binary() | none.
 verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
-          message_queue_len := QLen, binaries := #{bytes := BinBytes, count := BinCount,
-                                                    shared_bytes := Shared}}) ->
+          message_queue_len := QLen, complete := Complete,
+          binaries := #{bytes := BinBytes, count := BinCount, shared_bytes := Shared}}) ->
     WordBytes = erlang:system_info(wordsize),
     HeapBytes = Total * WordBytes,
     Unseen = max(0, Total - Live - Stack),
@@ -389,7 +490,7 @@ verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
               "mostly binary references: ~b refc binaries hold ~s (~s shared with other "
               "processes) against a ~s heap; a GC or hibernate releases those no longer used",
               [BinCount, human(BinBytes), human(Shared), human(HeapBytes)]));
-        Total >= 10000, Unseen * 2 > Total ->
+        Complete, Total >= 10000, Unseen * 2 > Total ->
             iolist_to_binary(io_lib:format(
               "mostly garbage: ~b% of the ~s heap is not reachable from what is visible; "
               "erlang:garbage_collect/1 would return most of it",
@@ -444,14 +545,19 @@ keep_best(_N, V, P, {Size, Tree} = Acc) ->
         false -> Acc
     end.
 
+%% The registered name, else the initial call (through proc_lib's record
+%% of it when the heap is small enough to copy the dictionary), else
+%% undefined for a process that has exited since it was ranked.
 name(P) ->
-    case process_info(P, registered_name) of
-        {registered_name, Name} -> Name;
-        _ ->
+    case process_info(P, [registered_name, initial_call, total_heap_size]) of
+        [{registered_name, Name}, _, _] when is_atom(Name) -> Name;
+        [_, {initial_call, {proc_lib, init_p, 5} = IC}, {total_heap_size, H}] when H =< 100000 ->
             case proc_lib:translate_initial_call(P) of
-                {proc_lib, init_p, 5} -> element(2, process_info(P, initial_call));
+                {proc_lib, init_p, 5} -> IC;
                 MFA -> MFA
-            end
+            end;
+        [_, {initial_call, IC}, _] -> IC;
+        undefined -> undefined
     end.
 
 %%% ---------------------------------------------------------------------------

@@ -7,12 +7,14 @@
 -export([gen_server_state_and_dictionary/1, plain_process_messages/1, dead_pid/1,
          blocked_in_long_call/1, shared_subterms/1, refc_binaries/1, self_pid/1,
          limits/1, bad_arguments/1, top_ranks/1, print_report/1, remote_pid/1,
-         top_million/1]).
+         exponential_sharing/1, no_stray_messages/1, binary_held_twice/1,
+         unreachable_node/1, top_million/1]).
 
 all() ->
     [gen_server_state_and_dictionary, plain_process_messages, dead_pid, blocked_in_long_call,
      shared_subterms, refc_binaries, self_pid, limits, bad_arguments, top_ranks, print_report,
-     remote_pid, top_million].
+     remote_pid, exponential_sharing, no_stray_messages, binary_held_twice, unreachable_node,
+     top_million].
 
 init_per_testcase(_, Config) ->
     Config.
@@ -211,6 +213,59 @@ remote_pid(_Config) ->
     after
         peer:stop(Peer)
     end.
+
+%% {T, T} nested 30 levels: 61 words on the heap, 2^31 flat. Nothing may
+%% walk or copy it flat: the answer is quick, bounded and says so.
+exponential_sharing(_Config) ->
+    {ok, Pid} = mi_test_server:start({doubled, 30}, []),
+    {T, {ok, Items}} = timer:tc(mallocinfo_proc, inspect, [Pid, #{}]),
+    ct:pal("exponential: ~p us ~p", [T, kinds(Items, state)]),
+    ?assert(T < 1000000),
+    [#{term := {'$mallocinfo_truncated', {more_than, _}, _}, sharing := not_computed}] =
+        kinds(Items, state),
+    {ok, #{complete := false, verdict := none}} = mallocinfo_proc:heap(Pid),
+    %% The server lives on, idle (asking it for its state would copy 2^31).
+    ?assertEqual({current_function, {gen_server, loop, 7}},
+                 process_info(Pid, current_function)),
+    exit(Pid, kill).
+
+%% However the target answers (late, or not at all), nothing is left in the
+%% caller's mailbox, and the target's state is untouched.
+no_stray_messages(_Config) ->
+    {ok, Pid} = mi_test_server:start({kept, lists:seq(1, 10)}, []),
+    flush(),
+    [{ok, _} = mallocinfo_proc:inspect(Pid, #{timeout => T}) || T <- [0, 0, 1, 100]],
+    timer:sleep(200),
+    ?assertEqual({messages, []}, process_info(self(), messages)),
+    ?assertEqual({kept, lists:seq(1, 10)}, gen_server:call(Pid, get)),
+    exit(Pid, kill).
+
+flush() -> receive _ -> flush() after 0 -> ok end.
+
+%% One binary referenced twice by one process is one binary, and not shared.
+binary_held_twice(_Config) ->
+    Bin = binary:copy(<<1>>, 2 * 1024 * 1024),
+    {ok, Pid} = mi_test_server:start({twice, Bin}, []),
+    erlang:garbage_collect(),
+    {ok, #{binaries := #{count := C, bytes := B, shared_bytes := S}}} =
+        mallocinfo_proc:heap(Pid),
+    ct:pal("held twice: ~p ~p ~p", [C, B, S]),
+    ?assertEqual(1, C),
+    ?assertEqual(2 * 1024 * 1024, B),
+    exit(Pid, kill).
+
+unreachable_node(_Config) ->
+    ensure_distributed(),
+    %% A pid of a node that does not exist.
+    Ghost = ghost_pid('mi_ghost@nohost'),
+    ?assertMatch({error, {erpc, _}}, mallocinfo_proc:inspect_heap(Ghost)),
+    ?assertMatch({error, {erpc, _}}, mallocinfo_proc:heap(Ghost)).
+
+%% A pid on Node, made from the external term format (version 4 NEW_PID_EXT).
+ghost_pid(Node) ->
+    NodeBin = atom_to_binary(Node, utf8),
+    binary_to_term(<<131, 88, 119, (byte_size(NodeBin)), NodeBin/binary,
+                     0:32, 0:32, 0:32>>).
 
 %% top/2 over a million processes: the time is reported, not asserted.
 top_million(Config) ->

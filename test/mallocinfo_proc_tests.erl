@@ -4,7 +4,7 @@
 
 base() ->
     #{total_heap_size => 100000, live_words => 90000, stack_size => 100,
-      message_queue_len => 0,
+      message_queue_len => 0, complete => true,
       binaries => #{count => 0, bytes => 0, shared_bytes => 0}}.
 
 healthy_test() ->
@@ -13,6 +13,12 @@ healthy_test() ->
 garbage_test() ->
     V = mallocinfo_proc:verdict((base())#{live_words => 10000}),
     ?assertMatch(<<"mostly garbage: 89% of the ", _/binary>>, V).
+
+incomplete_view_is_not_garbage_test() ->
+    %% The state was not seen (a plain process, or a limit): its data would
+    %% count as "unseen"; no garbage verdict then.
+    ?assertEqual(none, mallocinfo_proc:verdict((base())#{live_words => 10000,
+                                                          complete => false})).
 
 small_heap_is_not_garbage_test() ->
     %% A tiny heap that is mostly unseen is not worth a sentence.

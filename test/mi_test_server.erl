@@ -16,6 +16,10 @@ init({State, Dict}) ->
 make({shared, N, Copies}) ->
     L = lists:seq(1, N),
     list_to_tuple(lists:duplicate(Copies, L));
+make({doubled, Levels}) ->
+    lists:foldl(fun(_, T) -> {T, T} end, leaf, lists:seq(1, Levels));
+make({twice, Bin}) ->
+    {Bin, Bin};
 make(State) ->
     State.
 
