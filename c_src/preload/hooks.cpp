@@ -7,8 +7,8 @@
 // Hooks never allocate through malloc (the tracker's memory is mmapped),
 // never recurse (t_in_hook: anything allocated while inside a hook, by
 // libunwind or dlsym, is forwarded untracked), never throw, never lock.
-// A process whose executable did not match MALLOCINFO_TRACE_EXE pays one
-// predictable branch per call.
+// A process whose executable did not match MALLOCINFO_TRACE_EXE (or with
+// tracking off) pays one load, one compare and a tail call per call.
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -43,20 +43,36 @@ inline bool ready() {
   return g_state.load(std::memory_order_acquire) == kReady || ensure_init();
 }
 
+// The exported hooks' fast path: start-up done and nothing to record.
+inline bool pass_through() {
+  return g_gate.load(std::memory_order_acquire) == kGatePass;
+}
+
+// Calls the next allocator and, when tracking, records the block it
+// returns as `size` bytes allocated by `fn`.
+template <class Call>
+void* forward_and_record(mi_fn fn, size_t size, Call call) {
+  if (!tracking()) return call();
+  Guard g;
+  void* p = call();
+  g_tracker.on_alloc(fn, p, size);
+  return p;
+}
+
 size_t page_size() {
   static size_t cached = 0;  // a plain word: racing writers store the same value
   if (cached == 0) cached = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   return cached;
 }
 
-// realloc semantics shared by realloc and reallocarray. `size` has been
-// overflow-checked by the caller.
-void* do_realloc(mi_fn fn, void* p, size_t size, void* (*real)(void*, size_t)) {
-  if (!tracking()) return real(p, size);
+// realloc semantics shared by realloc and reallocarray (which passes its
+// overflow-checked product as `size`).
+void* do_realloc(mi_fn fn, void* p, size_t size) {
+  if (!tracking()) return g_next.realloc(p, size);
   Guard g;
   mi::track::LiveEntry old{};
   const bool had = g_tracker.take(p, &old);
-  void* r = real(p, size);
+  void* r = g_next.realloc(p, size);
   if (r == nullptr && size != 0) {
     // Failure: p is untouched and still live.
     if (had) g_tracker.restore(old);
@@ -96,11 +112,7 @@ namespace {
 [[gnu::noinline]] void* slow_malloc(size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, 16);
-  if (!tracking()) return g_next.malloc(size);
-  Guard g;
-  void* p = g_next.malloc(size);
-  g_tracker.on_alloc(MI_FN_MALLOC, p, size);
-  return p;
+  return forward_and_record(MI_FN_MALLOC, size, [&] { return g_next.malloc(size); });
 }
 
 [[gnu::noinline]] void slow_free(void* p) noexcept {
@@ -121,11 +133,9 @@ namespace {
     }
     return pool_alloc(total, 16);
   }
-  if (!tracking()) return g_next.calloc(n, size);
-  Guard g;
-  void* p = g_next.calloc(n, size);  // overflow: glibc returns NULL, ENOMEM
-  g_tracker.on_alloc(MI_FN_CALLOC, p, p != nullptr ? n * size : 0);
-  return p;
+  // On overflow the next calloc returns NULL (ENOMEM) and nothing is
+  // recorded, so the wrapped product is never used.
+  return forward_and_record(MI_FN_CALLOC, n * size, [&] { return g_next.calloc(n, size); });
 }
 
 [[gnu::noinline]] void* slow_realloc(void* p, size_t size) noexcept {
@@ -133,11 +143,7 @@ namespace {
     return pool_realloc(p, size);
   if (!ready()) [[unlikely]]
     return pool_alloc(size, 16);
-  return do_realloc(MI_FN_REALLOC, p, size, g_next.realloc);
-}
-
-void* next_realloc_checked(void* p, size_t size) {
-  return g_next.realloc(p, size);
+  return do_realloc(MI_FN_REALLOC, p, size);
 }
 
 [[gnu::noinline]] void* slow_reallocarray(void* p, size_t n, size_t size) noexcept {
@@ -150,7 +156,7 @@ void* next_realloc_checked(void* p, size_t size) {
     return pool_realloc(p, total);
   if (!ready()) [[unlikely]]
     return pool_alloc(total, 16);
-  return do_realloc(MI_FN_REALLOCARRAY, p, total, next_realloc_checked);
+  return do_realloc(MI_FN_REALLOCARRAY, p, total);
 }
 
 [[gnu::noinline]] int slow_posix_memalign(void** out, size_t align, size_t size) noexcept {
@@ -171,31 +177,20 @@ void* next_realloc_checked(void* p, size_t size) {
 [[gnu::noinline]] void* slow_aligned_alloc(size_t align, size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, align);
-  if (!tracking()) return g_next.aligned_alloc(align, size);
-  Guard g;
-  void* p = g_next.aligned_alloc(align, size);
-  g_tracker.on_alloc(MI_FN_ALIGNED_ALLOC, p, size);
-  return p;
+  return forward_and_record(MI_FN_ALIGNED_ALLOC, size,
+                            [&] { return g_next.aligned_alloc(align, size); });
 }
 
 [[gnu::noinline]] void* slow_memalign(size_t align, size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, align);
-  if (!tracking()) return g_next.memalign(align, size);
-  Guard g;
-  void* p = g_next.memalign(align, size);
-  g_tracker.on_alloc(MI_FN_MEMALIGN, p, size);
-  return p;
+  return forward_and_record(MI_FN_MEMALIGN, size, [&] { return g_next.memalign(align, size); });
 }
 
 [[gnu::noinline]] void* slow_valloc(size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, page_size());
-  if (!tracking()) return g_next.valloc(size);
-  Guard g;
-  void* p = g_next.valloc(size);
-  g_tracker.on_alloc(MI_FN_VALLOC, p, size);
-  return p;
+  return forward_and_record(MI_FN_VALLOC, size, [&] { return g_next.valloc(size); });
 }
 
 [[gnu::noinline]] void* slow_pvalloc(size_t size) noexcept {
@@ -203,11 +198,7 @@ void* next_realloc_checked(void* p, size_t size) {
     const size_t ps = page_size();
     return pool_alloc((size + ps - 1) & ~(ps - 1), ps);
   }
-  if (!tracking()) return g_next.pvalloc(size);
-  Guard g;
-  void* p = g_next.pvalloc(size);
-  g_tracker.on_alloc(MI_FN_PVALLOC, p, size);
-  return p;
+  return forward_and_record(MI_FN_PVALLOC, size, [&] { return g_next.pvalloc(size); });
 }
 
 // strdup/strndup are counted here; the block itself is recorded by the
@@ -241,7 +232,7 @@ void* next_realloc_checked(void* p, size_t size) {
 
 // Exported fast paths.
 MI_EXPORT void* malloc(size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.malloc(size);
   return slow_malloc(size);
 }
@@ -250,68 +241,67 @@ MI_EXPORT void free(void* p) noexcept {
   // Blocks from the bootstrap pool were never the next allocator's.
   if (pool_owns(p)) [[unlikely]]
     return;
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.free(p);
   slow_free(p);
 }
 
 MI_EXPORT void* calloc(size_t n, size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.calloc(n, size);
   return slow_calloc(n, size);
 }
 
 MI_EXPORT void* realloc(void* p, size_t size) noexcept {
-  if (!pool_owns(p) && g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (!pool_owns(p) && pass_through()) [[likely]]
     return g_next.realloc(p, size);
   return slow_realloc(p, size);
 }
 
 MI_EXPORT void* reallocarray(void* p, size_t n, size_t size) noexcept {
-  if (!pool_owns(p) && g_gate.load(std::memory_order_acquire) == kGatePass &&
-      g_next.reallocarray != nullptr) [[likely]]
+  if (!pool_owns(p) && pass_through() && g_next.reallocarray != nullptr) [[likely]]
     return g_next.reallocarray(p, n, size);
   return slow_reallocarray(p, n, size);
 }
 
 MI_EXPORT int posix_memalign(void** out, size_t align, size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.posix_memalign(out, align, size);
   return slow_posix_memalign(out, align, size);
 }
 
 MI_EXPORT void* aligned_alloc(size_t align, size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.aligned_alloc(align, size);
   return slow_aligned_alloc(align, size);
 }
 
 MI_EXPORT void* memalign(size_t align, size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.memalign(align, size);
   return slow_memalign(align, size);
 }
 
 MI_EXPORT void* valloc(size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.valloc(size);
   return slow_valloc(size);
 }
 
 MI_EXPORT void* pvalloc(size_t size) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.pvalloc(size);
   return slow_pvalloc(size);
 }
 
 MI_EXPORT char* strdup(const char* s) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.strdup(s);
   return slow_strdup(s);
 }
 
 MI_EXPORT char* strndup(const char* s, size_t n) noexcept {
-  if (g_gate.load(std::memory_order_acquire) == kGatePass) [[likely]]
+  if (pass_through()) [[likely]]
     return g_next.strndup(s, n);
   return slow_strndup(s, n);
 }
