@@ -29,7 +29,7 @@
 -export([inspect_heap/1, inspect_heap/2, inspect/2, heap/1, heap/2, top/2, print/1, print/2]).
 %% Run inside the inspected process (through sys:replace_state/3) or on a
 %% remote node (through erpc); not for direct use.
--export([in_process/3, remote/3, inspect_local/2, heap_local/2, report_local/2]).
+-export([in_process/3, remote/3, report_local/2]).
 %% Pure, exported for tests.
 -export([verdict/1]).
 
@@ -91,7 +91,10 @@ inspect_heap(Pid, Opts) ->
 -spec inspect(pid(), opts()) -> {ok, [item()]} | {error, noproc | remote_error()}.
 inspect(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
-    run(Pid, inspect_local, O);
+    case run(Pid, report_local, O) of
+        {ok, _Heap, Items} -> {ok, Items};
+        {error, _} = E -> E
+    end;
 inspect(Pid, Opts) ->
     erlang:error(badarg, [Pid, Opts]).
 
@@ -112,7 +115,10 @@ heap(Pid) ->
 -spec heap(pid(), opts()) -> {ok, map()} | {error, noproc | remote_error()}.
 heap(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
-    run(Pid, heap_local, O);
+    case run(Pid, report_local, O) of
+        {ok, Heap, _Items} -> {ok, Heap};
+        {error, _} = E -> E
+    end;
 heap(Pid, Opts) ->
     erlang:error(badarg, [Pid, Opts]).
 
@@ -207,21 +213,8 @@ load_remote(Node, Timeout) ->
 remote(What, Pid, O) ->
     ?MODULE:What(Pid, O).
 
-%% @private
-inspect_local(Pid, O) ->
-    case collect(Pid, O) of
-        {ok, Items, _Info} -> {ok, Items};
-        {error, _} = E -> E
-    end.
-
-%% @private
-heap_local(Pid, O) ->
-    case collect(Pid, O) of
-        {ok, Items, Info} -> {ok, heap_map(Items, Info)};
-        {error, _} = E -> E
-    end.
-
-%% @private Figures and items from one look at the process.
+%% @private Figures and items from one look at the process: what inspect/2,
+%% heap/2 and print/2 each shape (on the pid's own node).
 report_local(Pid, O) ->
     case collect(Pid, O) of
         {ok, Items, Info} -> {ok, heap_map(Items, Info), Items};
@@ -324,15 +317,21 @@ measured(Kind, Term, O, Budget) ->
 %% heap small enough (max_heap_words) to copy.
 outside(Pid, #{total_heap_size := Heap, message_queue_len := QLen}, O) ->
     Dict = case Heap =< maps:get(max_heap_words, O) of
-               true ->
-                   case process_info(Pid, dictionary) of
-                       {dictionary, D} -> [item(dictionary, KV, O, copied) || KV <- D];
-                       undefined -> []
-                   end;
-               false ->
-                   [omitted(dictionary, {heap_too_large, Heap})]
+               true -> copies(Pid, dictionary, O);
+               false -> [omitted(dictionary, {heap_too_large, Heap})]
            end,
     limit(Dict ++ queued(Pid, QLen, O), O).
+
+%% process_info(Pid, dictionary | messages) as items read from the copy.
+copies(Pid, Key, O) ->
+    Kind = case Key of
+               dictionary -> dictionary;
+               messages -> message
+           end,
+    case process_info(Pid, Key) of
+        {Key, Terms} -> [item(Kind, T, O, copied) || T <- Terms];
+        undefined -> []
+    end.
 
 %% The queue as copies, when it is short (max_terms) and its messages live on
 %% the process heap, which max_heap_words bounds; an off-heap queue has no
@@ -347,13 +346,8 @@ queued(Pid, QLen, O) ->
             case process_info(Pid, [message_queue_data, total_heap_size]) of
                 [{message_queue_data, on_heap}, {total_heap_size, H}] ->
                     case H =< maps:get(max_heap_words, O) of
-                        true ->
-                            case process_info(Pid, messages) of
-                                {messages, Ms} -> [item(message, M, O, copied) || M <- Ms];
-                                undefined -> []
-                            end;
-                        false ->
-                            [omitted(messages, {heap_too_large, H})]
+                        true -> copies(Pid, messages, O);
+                        false -> [omitted(messages, {heap_too_large, H})]
                     end;
                 [{message_queue_data, off_heap}, _] ->
                     [omitted(messages, {off_heap_queue, QLen})];
