@@ -66,14 +66,14 @@ inline constexpr char kMagic[8] = {'M', 'I', 'H', 'E', 'A', 'P', 'D', '\n'};
 inline constexpr uint32_t kVersion = 1;
 
 enum Tag : uint32_t {
-  kHeader = 1,
-  kArena = 2,
-  kSegment = 3,
-  kChunks = 4,
-  kPages = 5,
-  kMmap = 6,
-  kSite = 7,
-  kEnd = 8,
+  kHeaderRec = 1,
+  kArenaRec = 2,
+  kSegmentRec = 3,
+  kChunksRec = 4,
+  kPagesRec = 5,
+  kMmapRec = 6,
+  kSiteRec = 7,
+  kEndRec = 8,
 };
 
 // What ptmalloc (and the tracker, when present) says a chunk is.
