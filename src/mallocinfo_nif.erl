@@ -6,13 +6,13 @@
 -nifs([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
        trim/1, mallopt/2, rss/0, version/0, libc_version/0,
        trace_status/0, trace_set_mode/1, trace_reset/0, trace_olds/4,
-       trace_sites/2, trace_symbolize/2]).
+       trace_sites/2, trace_symbolize/2, heap_dump/4]).
 -on_load(init/0).
 
 -export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
          trace_status/0, trace_set_mode/1, trace_reset/0, trace_olds/4,
-         trace_sites/2, trace_symbolize/2]).
+         trace_sites/2, trace_symbolize/2, heap_dump/4]).
 -export([so_path/0]).
 
 -define(LIB, "mallocinfo_nif").
@@ -57,3 +57,4 @@ trace_reset() -> erlang:nif_error(nif_not_loaded).
 trace_olds(_N, _MinAgeMs, _MinSize, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_sites(_N, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_symbolize(_Addresses, _Demangle) -> erlang:nif_error(nif_not_loaded).
+heap_dump(_Path, _MaxSites, _TimeoutMs, _WantXml) -> erlang:nif_error(nif_not_loaded).

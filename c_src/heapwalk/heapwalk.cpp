@@ -183,7 +183,7 @@ struct ReplyHeader {
   uint32_t tracker = 0;
   uint32_t n_sites = 0;
   glibc::Mallinfo mallinfo{};
-  uint64_t xml_len = 0;
+  uint64_t xml_len = 0;  // ~0: malloc_info failed in the child
 };
 
 struct ReplySite {
@@ -795,8 +795,8 @@ uint32_t Child::run(ReplyHeader& h) {
   return status_;
 }
 
-[[noreturn]] void child_main(const DumpOptions& opt, int file_fd, int reply_fd, uint64_t main_arena,
-                             pid_t parent) {
+[[noreturn]] void child_main(const DumpOptions& opt, int file_fd, int reply_fd, FILE* xml,
+                             uint64_t main_arena, pid_t parent) {
   g_reply_fd = reply_fd;
   struct sigaction sa {};
   sa.sa_handler = on_fault;
@@ -813,19 +813,12 @@ uint32_t Child::run(ReplyHeader& h) {
   h.status = c->run(h);
   h.walk_ns = mono_ns() - t0;
   if (h.status == kOk) {
-    // Same snapshot: nothing has run in this process since the walk.
+    // The same snapshot: nothing in this process has allocated since the
+    // walk, and neither call allocates (the XML stream was made unbuffered
+    // by the parent, so printing to it needs no buffer).
     h.mallinfo = glibc::read_mallinfo();
+    if (xml != nullptr && ::malloc_info(0, xml) != 0) h.xml_len = ~0ull;
   }
-  // From here on the child may allocate: the walk is over.
-  std::string xml;
-  if (h.status == kOk && opt.want_info_xml) {
-    try {
-      xml = glibc::info_xml();
-    } catch (...) {
-      xml.clear();
-    }
-  }
-  h.xml_len = xml.size();
   bool ok = write_all(reply_fd, &h, sizeof h);
   if (h.status == kOk) {
     ok = ok && write_all(reply_fd, c->sums, sizeof(ArenaSummary) * h.n_arenas);
@@ -837,7 +830,6 @@ uint32_t Child::run(ReplyHeader& h) {
       ok = ok && write_all(reply_fd, &rs, sizeof rs) &&
            write_all(reply_fd, frames, depth * sizeof(uint64_t));
     }
-    ok = ok && write_all(reply_fd, xml.data(), xml.size());
   }
   ::_exit(ok ? 0 : 6);
 }
@@ -904,8 +896,7 @@ bool parse_reply(const std::string& r, const ReplyHeader& h, DumpResult& out) {
     at += rs.depth * 8;
     out.sites.push_back(std::move(s));
   }
-  if (r.size() != at + h.xml_len) return false;
-  out.info_xml.assign(r.data() + at, h.xml_len);
+  if (r.size() != at) return false;
   out.chunks = h.chunks;
   out.segments = h.segments;
   out.mmap_chunks = h.mmap_chunks;
@@ -990,6 +981,27 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   };
   if (!tmp.empty() && ::fchmod(fd, 0644) != 0) return discard(os_error(errno, "fchmod"));
 
+  // malloc_info's XML goes to an unbuffered stream on a memfd made here,
+  // so that printing it in the child allocates nothing (see child_main).
+  FILE* xml = nullptr;
+  if (options.want_info_xml) {
+    const int mfd = ::memfd_create("mallocinfo-xml", MFD_CLOEXEC);
+    if (mfd < 0) return discard(os_error(errno, "memfd"));
+    xml = ::fdopen(mfd, "w");
+    if (xml == nullptr) {
+      const int err = errno;
+      ::close(mfd);
+      return discard(os_error(err, "memfd"));
+    }
+    ::setvbuf(xml, nullptr, _IONBF, 0);
+  }
+  struct XmlCloser {
+    FILE* f;
+    ~XmlCloser() {
+      if (f != nullptr) ::fclose(f);
+    }
+  } xml_closer{xml};
+
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return discard(os_error(errno, "pipe"));
   const pid_t parent = ::getpid();
@@ -1002,7 +1014,7 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   }
   if (pid == 0) {
     ::close(pipefd[0]);
-    child_main(options, fd, pipefd[1], main_arena, parent);
+    child_main(options, fd, pipefd[1], xml, main_arena, parent);
   }
   ::close(pipefd[1]);
   std::string reply;
@@ -1032,6 +1044,14 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   }
   if (!parse_reply(reply, h, out))
     return discard(DumpStatus{Failure::walk_failed, 0, "child_reply"});
+  if (xml != nullptr) {
+    if (h.xml_len == ~0ull) return discard(os_error(EIO, "malloc_info"));
+    const int xfd = ::fileno(xml);
+    char buf[65536];
+    ssize_t n;
+    for (off_t off = 0; (n = ::pread(xfd, buf, sizeof buf, off)) > 0; off += n)
+      out.info_xml.append(buf, static_cast<size_t>(n));
+  }
   if (!path.empty()) {
     // The child wrote through the shared file description: the offset is
     // at the end of its part.

@@ -81,7 +81,41 @@
   X(estimated, "estimated")                       \
   X(object, "object")                             \
   X(symbol, "symbol")                             \
-  X(offset, "offset")
+  X(offset, "offset")                             \
+  /* heap map */                                  \
+  X(arenas, "arenas")                             \
+  X(system_bytes, "system_bytes")                 \
+  X(in_use_bytes, "in_use_bytes")                 \
+  X(free_bytes, "free_bytes")                     \
+  X(by_kind, "by_kind")                           \
+  X(in_use, "in_use")                             \
+  X(free, "free")                                 \
+  X(fast, "fast")                                 \
+  X(tcache, "tcache")                             \
+  X(top, "top")                                   \
+  X(meta, "meta")                                 \
+  X(chunks, "chunks")                             \
+  X(free_chunks, "free_chunks")                   \
+  X(largest_free, "largest_free")                 \
+  X(resident_bytes, "resident_bytes")             \
+  X(trimmable_bytes, "trimmable_bytes")           \
+  X(pinned_bytes, "pinned_bytes")                 \
+  X(live_chunks, "live_chunks")                   \
+  X(unrecorded_bytes, "unrecorded_bytes")         \
+  X(segments, "segments")                         \
+  X(mmap_chunks, "mmap_chunks")                   \
+  X(mmap_bytes, "mmap_bytes")                     \
+  X(file_bytes, "file_bytes")                     \
+  X(tracker, "tracker")                           \
+  X(mallinfo, "mallinfo")                         \
+  X(info_xml, "info_xml")                         \
+  X(walk_ms, "walk_ms")                           \
+  X(sites, "sites")                               \
+  X(label, "label")                               \
+  X(id, "id")                                     \
+  X(timeout, "timeout")                           \
+  X(unsupported_glibc, "unsupported_glibc")       \
+  X(walk_failed, "walk_failed")
 
 namespace mi::nif {
 

@@ -34,8 +34,7 @@ ERL_NIF_TERM stats_text(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   return enif_make_tuple2(env, atoms.ok, make_binary(env, text));
 }
 
-ERL_NIF_TERM mallinfo(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const g::Mallinfo m = g::read_mallinfo();
+ERL_NIF_TERM mallinfo_term(ErlNifEnv* env, const g::Mallinfo& m) {
   auto u = [env](uint64_t v) { return enif_make_uint64(env, v); };
   return MapBuilder()
       .put(atoms.arena, u(m.arena))
@@ -49,6 +48,10 @@ ERL_NIF_TERM mallinfo(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.fordblks, u(m.fordblks))
       .put(atoms.keepcost, u(m.keepcost))
       .build(env);
+}
+
+ERL_NIF_TERM mallinfo(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  return mallinfo_term(env, g::read_mallinfo());
 }
 
 namespace {

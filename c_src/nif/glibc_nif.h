@@ -6,7 +6,12 @@
 
 #include <erl_nif.h>
 
+#include "../glibc/glibc_introspect.h"
+
 namespace mi::nif {
+
+// The map mallinfo/0 returns, for any Mallinfo (also one taken elsewhere).
+ERL_NIF_TERM mallinfo_term(ErlNifEnv* env, const mi::glibc::Mallinfo& m);
 
 ERL_NIF_TERM info_file(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM info_xml(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);

@@ -7,6 +7,7 @@
 
 #include "atoms.h"
 #include "glibc_nif.h"
+#include "heap_nif.h"
 #include "term.h"
 #include "trace_nif.h"
 
@@ -46,6 +47,9 @@ ErlNifFunc nif_funcs[] = {
     {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
     {"trace_sites", 2, guarded<n::trace_sites>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
+    // Forks, then waits for the child's walk of every arena and its file
+    // writes (seconds on a big heap).
+    {"heap_dump", 4, guarded<n::heap_dump>, kIo},
     // Constant strings: regular scheduler.
     {"version", 0, guarded<n::version>, 0},
     {"libc_version", 0, guarded<n::libc_version>, 0},

@@ -77,12 +77,6 @@ ERL_NIF_TERM u64(ErlNifEnv* env, uint64_t v) {
   return enif_make_uint64(env, v);
 }
 
-// The process-wide symbolizer: its caches outlive single calls.
-mi::symbolize::Symbolizer& symbolizer() {
-  static mi::symbolize::Symbolizer s;
-  return s;
-}
-
 ERL_NIF_TERM frame_term(ErlNifEnv* env, const mi::symbolize::Frame& f) {
   return MapBuilder()
       .put(atoms.address, u64(env, f.address))
@@ -166,6 +160,19 @@ ERL_NIF_TERM first_n(ErlNifEnv* env, std::vector<T>& v, uint64_t n, Before befor
 }
 
 }  // namespace
+
+mi::symbolize::Symbolizer& symbolizer() {
+  static mi::symbolize::Symbolizer s;
+  return s;
+}
+
+const mi_preload_abi* recording_tracker() {
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr) return nullptr;
+  mi_abi_status st{};
+  abi->status(&st, sizeof st);
+  return st.recording != 0 && st.mode >= MI_MODE_SAMPLE ? abi : nullptr;
+}
 
 ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   const mi_preload_abi* abi = find_abi();

@@ -8,7 +8,17 @@
 
 #include <erl_nif.h>
 
+#include "../common/mi_abi.h"
+#include "../symbolize/symbolize.h"
+
 namespace mi::nif {
+
+// The process-wide symbolizer (its caches outlive single calls). Thread-safe.
+mi::symbolize::Symbolizer& symbolizer();
+
+// The interposer's ABI when it is in this process and keeps a live table
+// (mode sample or full), else nullptr. Cheap after the first call.
+const mi_preload_abi* recording_tracker();
 
 ERL_NIF_TERM trace_status(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);

@@ -1,0 +1,172 @@
+%% @doc The heap map: a chunk-by-chunk dump of every glibc arena of the
+%% running node, a summary of where the free memory sits, and (through
+%% {@link render/2}) a picture of it.
+%%
+%% The node forks; the child walks its copy-on-write image of the heap, in
+%% which glibc's fork handlers have left every arena consistent, and writes
+%% the dump while the node goes on allocating. The calling process waits on
+%% a dirty I/O scheduler; the node's schedulers are held for no longer than
+%% the fork itself. No debug symbols are needed; the glibc version and the
+%% structure layout are checked before anything is trusted. The dump format
+%% is documented in README ("Heap map") and in c_src/heapwalk/dump_format.h.
+-module(mallocinfo_heap).
+
+-export([dump/1, dump/2, summary/0, summary/1, render/2, totals/1]).
+
+-export_type([summary/0, arena_summary/0, dump_error/0]).
+
+-type by_kind() :: #{in_use := non_neg_integer(), free := non_neg_integer(),
+                     fast := non_neg_integer(), tcache := non_neg_integer(),
+                     top := non_neg_integer(), meta := non_neg_integer()}.
+-type arena_summary() :: #{arena := non_neg_integer(),
+                           address := non_neg_integer(),
+                           system_bytes := non_neg_integer(),
+                           in_use_bytes := non_neg_integer(),
+                           free_bytes := non_neg_integer(),
+                           by_kind := by_kind(),
+                           chunks := non_neg_integer(),
+                           free_chunks := non_neg_integer(),
+                           largest_free := non_neg_integer(),
+                           resident_bytes := non_neg_integer(),
+                           trimmable_bytes := non_neg_integer(),
+                           pinned_bytes := non_neg_integer(),
+                           segments := non_neg_integer(),
+                           live_bytes => non_neg_integer(),
+                           live_chunks => non_neg_integer(),
+                           unrecorded_bytes => non_neg_integer()}.
+-type summary() :: #{arenas := [arena_summary()],
+                     total := map(),
+                     mallinfo := map(),
+                     sites := [#{id := pos_integer(), live_bytes := non_neg_integer(),
+                                 count := non_neg_integer(), label := binary()}],
+                     tracker := boolean(),
+                     chunks := non_neg_integer(),
+                     segments := non_neg_integer(),
+                     mmap_chunks := non_neg_integer(),
+                     mmap_bytes := non_neg_integer(),
+                     file_bytes := non_neg_integer(),
+                     walk_ms := non_neg_integer(),
+                     info_xml => binary()}.
+-type dump_error() :: file:posix()
+                    | timeout
+                    | {unsupported_glibc, Version :: binary()}
+                    | {walk_failed, Where :: atom()}
+                    | {wrong_allocator, atom()}.
+-type opts() :: #{max_sites => 0..65534, timeout => pos_integer(), info_xml => boolean()}.
+
+-define(DEFAULT_TIMEOUT, 120000).
+-define(DEFAULT_SITES, 1000).
+
+%% @equiv dump(Path, #{})
+-spec dump(file:name_all()) -> {ok, summary()} | {error, dump_error()}.
+dump(Path) ->
+    dump(Path, #{}).
+
+%% @doc Writes the heap dump to `Path' (atomically: a temporary file beside
+%% it, renamed when complete) and returns the summary of the same snapshot.
+%% Options: `max_sites' (tracker sites numbered in the dump, default 1000),
+%% `timeout' (ms, default 120000: the child is killed after it),
+%% `info_xml' (also return glibc's malloc_info XML taken in the child right
+%% after the walk: the same snapshot, for cross-checking).
+%% Errors: a POSIX atom for the file (`enoent', `eacces', `eisdir', ...);
+%% `timeout'; `{unsupported_glibc, Version}' when the glibc version or the
+%% layout found in memory is not one the walker knows; `{walk_failed,
+%% Where}' when the heap contradicts ptmalloc's invariants (corruption);
+%% `{wrong_allocator, Which}' when malloc is not glibc's.
+-spec dump(file:name_all(), opts()) -> {ok, summary()} | {error, dump_error()}.
+dump(Path, Opts) when is_map(Opts) ->
+    Bin = path_binary(Path),
+    case Bin of
+        <<>> -> erlang:error(badarg, [Path, Opts]);
+        _ -> run(Bin, Opts)
+    end;
+dump(Path, Opts) ->
+    erlang:error(badarg, [Path, Opts]).
+
+%% @equiv summary(#{})
+-spec summary() -> {ok, summary()} | {error, dump_error()}.
+summary() ->
+    summary(#{}).
+
+%% @doc The summary of {@link dump/2} without writing a file.
+-spec summary(opts()) -> {ok, summary()} | {error, dump_error()}.
+summary(Opts) when is_map(Opts) ->
+    run(<<>>, Opts);
+summary(Opts) ->
+    erlang:error(badarg, [Opts]).
+
+%% @doc Renders a dump file into `OutDir': `index.html' and PNG heap maps.
+%% See {@link mallocinfo_heapmap:render/2}.
+-spec render(file:name_all(), file:name_all()) -> {ok, [file:filename_all()]} | {error, term()}.
+render(DumpPath, OutDir) ->
+    mallocinfo_heapmap:render(DumpPath, OutDir).
+
+%% @doc Sums per-arena summaries into the `total' map: every counter summed,
+%% `largest_free' the maximum, plus `arena_count'. Pure.
+-spec totals([arena_summary()]) -> map().
+totals(Arenas) ->
+    Sum = fun(K) -> lists:sum([maps:get(K, A, 0) || A <- Arenas]) end,
+    Keys = [system_bytes, in_use_bytes, free_bytes, chunks, free_chunks, resident_bytes,
+            trimmable_bytes, pinned_bytes, segments],
+    Base = maps:from_list([{K, Sum(K)} || K <- Keys]),
+    Kinds = [in_use, free, fast, tcache, top, meta],
+    ByKind = maps:from_list([{K, lists:sum([maps:get(K, maps:get(by_kind, A)) || A <- Arenas])}
+                             || K <- Kinds]),
+    Tracker = case Arenas of
+                  [#{live_bytes := _} | _] ->
+                      maps:from_list([{K, Sum(K)}
+                                      || K <- [live_bytes, live_chunks, unrecorded_bytes]]);
+                  _ ->
+                      #{}
+              end,
+    maps:merge(Base#{by_kind => ByKind,
+                     largest_free => lists:max([0 | [maps:get(largest_free, A) || A <- Arenas]]),
+                     arena_count => length(Arenas)},
+               Tracker).
+
+%% Internals
+
+run(Path, Opts) ->
+    MaxSites = opt(max_sites, Opts, ?DEFAULT_SITES,
+                   fun(V) -> is_integer(V) andalso V >= 0 andalso V =< 65534 end),
+    Timeout = opt(timeout, Opts, ?DEFAULT_TIMEOUT, fun(V) -> is_integer(V) andalso V > 0 andalso V < 1 bsl 31 end),
+    Xml = opt(info_xml, Opts, false, fun is_boolean/1),
+    case allocator() of
+        glibc ->
+            case mallocinfo_nif:heap_dump(Path, MaxSites, Timeout, Xml) of
+                {ok, #{arenas := Arenas, mmap_bytes := MB, mmap_chunks := MC} = S} ->
+                    Total = (totals(Arenas))#{mmap_bytes => MB, mmap_chunks => MC},
+                    {ok, S#{total => Total}};
+                {error, _} = E ->
+                    E
+            end;
+        Other ->
+            {error, {wrong_allocator, Other}}
+    end.
+
+opt(Key, Opts, Default, Valid) ->
+    V = maps:get(Key, Opts, Default),
+    case Valid(V) of
+        true -> V;
+        false -> erlang:error(badarg, [Opts])
+    end.
+
+%% The active allocator, when mallocinfo can tell (mallocinfo:allocator/0);
+%% glibc otherwise.
+allocator() ->
+    case erlang:function_exported(mallocinfo, allocator, 0) of
+        true -> mallocinfo:allocator();
+        false -> glibc
+    end.
+
+path_binary(Path) when is_binary(Path) ->
+    Path;
+path_binary(Path) when is_list(Path); is_atom(Path) ->
+    try unicode:characters_to_binary(filename:flatten(Path)) of
+        B when is_binary(B) -> B;
+        _ -> erlang:error(badarg, [Path])
+    catch
+        _:_ -> erlang:error(badarg, [Path])
+    end;
+path_binary(Path) ->
+    erlang:error(badarg, [Path]).

@@ -1,0 +1,24 @@
+-module(mi_frag_nif).
+-export([fragment/4, release/0, churn_start/1, churn_stop/0, counter_start/0, counter_read/1]).
+-on_load(init/0).
+
+init() ->
+    erlang:load_nif(filename:join(filename:dirname(code:which(?MODULE)), "mi_frag_nif"), 0).
+
+fragment(_Threads, _N, _Size, _KeepEvery) -> erlang:nif_error(not_loaded).
+release() -> erlang:nif_error(not_loaded).
+churn_start(_Threads) -> erlang:nif_error(not_loaded).
+churn_stop() -> erlang:nif_error(not_loaded).
+
+%% A process that counts as fast as it can on a normal scheduler.
+counter_start() ->
+    spawn(fun() -> count(0) end).
+
+counter_read(Pid) ->
+    Pid ! {read, self()},
+    receive {count, N} -> N after 5000 -> erlang:error(timeout) end.
+
+count(N) ->
+    receive {read, From} -> From ! {count, N}, count(N + 1)
+    after 0 -> count(N + 1)
+    end.
