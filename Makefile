@@ -39,9 +39,11 @@ eunit: build
 ct: build tarball
 	@$(REBAR) ct
 
-# Tracker overhead side by side with glibc and heaptrack; results go to BENCHMARKS.md.
+# Tracker overhead side by side with glibc and heaptrack, then the heap map's
+# dump and render of a 1 GB fragmented heap; results go to BENCHMARKS.md.
 bench: build
 	@c_src/bench/run.sh
+	@c_src/bench/heapmap.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 tarball: build

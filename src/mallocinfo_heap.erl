@@ -46,6 +46,7 @@
                      mmap_bytes := non_neg_integer(),
                      file_bytes := non_neg_integer(),
                      walk_ms := non_neg_integer(),
+                     fork_us := non_neg_integer(),
                      info_xml => binary()}.
 -type dump_error() :: file:posix()
                     | timeout

@@ -1005,7 +1005,9 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return discard(os_error(errno, "pipe"));
   const pid_t parent = ::getpid();
+  const uint64_t fork_start = mono_ns();
   const pid_t pid = ::fork();
+  const uint64_t fork_ns = mono_ns() - fork_start;
   if (pid < 0) {
     const int err = errno;
     ::close(pipefd[0]);
@@ -1044,6 +1046,7 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   }
   if (!parse_reply(reply, h, out))
     return discard(DumpStatus{Failure::walk_failed, 0, "child_reply"});
+  out.fork_ns = fork_ns;
   if (xml != nullptr) {
     if (h.xml_len == ~0ull) return discard(os_error(EIO, "malloc_info"));
     const int xfd = ::fileno(xml);

@@ -69,6 +69,7 @@ struct DumpResult {
   std::string info_xml;        // malloc_info() in the child, when asked
   std::vector<Site> sites;
   uint64_t walk_ns = 0;  // child's walk + write time
+  uint64_t fork_ns = 0;  // the parent's fork() call: the only time it is held
 };
 
 struct DumpOptions {

@@ -110,6 +110,7 @@
   X(mallinfo, "mallinfo")                         \
   X(info_xml, "info_xml")                         \
   X(walk_ms, "walk_ms")                           \
+  X(fork_us, "fork_us")                           \
   X(sites, "sites")                               \
   X(label, "label")                               \
   X(id, "id")                                     \

@@ -143,6 +143,7 @@ ERL_NIF_TERM heap_dump(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       .put(atoms.tracker, make_bool(r.tracker))
       .put(atoms.mallinfo, mallinfo_term(env, r.mallinfo))
       .put(atoms.walk_ms, u64(env, r.walk_ns / 1000000))
+      .put(atoms.fork_us, u64(env, r.fork_ns / 1000))
       .put(atoms.sites, enif_make_list_from_array(env, sites.data(), sites.size()));
   if (opt.want_info_xml) m.put(atoms.info_xml, make_binary(env, r.info_xml));
   return enif_make_tuple2(env, atoms.ok, m.build(env));
