@@ -129,6 +129,8 @@ trim_returns_trimmable(Config) ->
 %% application freed but ptmalloc caches (tcache, fastbins) are not live.
 tracker_sites_and_caches(Config) ->
     ok = call(Config, mi_frag_nif, fragment, [2, 5000, 200, 2]),
+    %% Above the mmap threshold: mmapped chunks, known only to the tracker.
+    ok = call(Config, mi_frag_nif, fragment, [1, 3, 400000, 1]),
     Path = dump_path(Config, "tracked.heapdump"),
     {ok, S} = call(Config, mallocinfo_heap, dump, [Path]),
     #{tracker := true, sites := Sites, total := T} = S,
@@ -136,10 +138,13 @@ tracker_sites_and_caches(Config) ->
     [Frag | _] = [X || #{label := L} = X <- Sites,
                        binary:match(L, <<"mi_frag_alloc">>) =/= nomatch],
     %% 2 x 2500 kept blocks of 200 bytes.
-    %% Per thread: every other one of 5000, plus the last.
-    ?assertEqual(2 * 2501, maps:get(count, Frag)),
-    ?assertEqual(2 * 2501 * 200, maps:get(live_bytes, Frag)),
-    #{live_chunks := LiveChunks, by_kind := #{tcache := Tc, fast := Fast}} = T,
+    %% Per thread: every other one of 5000, plus the last; and the 3 big ones.
+    ?assertEqual(2 * 2501 + 3, maps:get(count, Frag)),
+    ?assertEqual(2 * 2501 * 200 + 3 * 400000, maps:get(live_bytes, Frag)),
+    #{live_chunks := LiveChunks, by_kind := #{tcache := Tc, fast := Fast},
+      mmap_chunks := MmapChunks, mmap_bytes := MmapBytes} = T,
+    ?assert(MmapChunks >= 3),
+    ?assert(MmapBytes >= 3 * 400000),
     ?assert(LiveChunks >= 5000),
     ?assert(Tc + Fast > 0),
     ok = call(Config, mi_frag_nif, release, []).
