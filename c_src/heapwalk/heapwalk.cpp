@@ -398,7 +398,7 @@ bool Child::find_segments() {
       continue;
     }
     // Non-main: the heap holding top, then its predecessors.
-    uint64_t heaps[4096];
+    uint64_t heaps[4096] = {};
     size_t n = 0;
     for (uint64_t h = top & ~(pt::kHeapMax - 1); h != 0; h = rd(h + pt::kHeapInfoPrev)) {
       if (n == 4096 || (h & (pt::kHeapMax - 1)) != 0 || rd(h + pt::kHeapInfoArPtr) != a)
