@@ -132,7 +132,7 @@ run(Path, Opts) ->
                    fun(V) -> is_integer(V) andalso V >= 0 andalso V =< 65534 end),
     Timeout = opt(timeout, Opts, ?DEFAULT_TIMEOUT, fun(V) -> is_integer(V) andalso V > 0 andalso V < 1 bsl 31 end),
     Xml = opt(info_xml, Opts, false, fun is_boolean/1),
-    case allocator() of
+    case mallocinfo:allocator() of
         glibc ->
             case mallocinfo_nif:heap_dump(Path, MaxSites, Timeout, Xml) of
                 {ok, #{arenas := Arenas, mmap_bytes := MB, mmap_chunks := MC} = S} ->
@@ -150,14 +150,6 @@ opt(Key, Opts, Default, Valid) ->
     case Valid(V) of
         true -> V;
         false -> erlang:error(badarg, [Opts])
-    end.
-
-%% The active allocator, when mallocinfo can tell (mallocinfo:allocator/0);
-%% glibc otherwise.
-allocator() ->
-    case erlang:function_exported(mallocinfo, allocator, 0) of
-        true -> mallocinfo:allocator();
-        false -> glibc
     end.
 
 path_binary(Path) when is_binary(Path) ->
