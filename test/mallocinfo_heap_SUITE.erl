@@ -10,12 +10,12 @@
          end_per_testcase/2]).
 -export([agrees_with_glibc/1, fragmentation_is_pinned/1, trim_returns_trimmable/1,
          tracker_sites_and_caches/1, dumps_under_churn/1, node_keeps_running/1,
-         path_errors/1, bad_arguments/1]).
+         path_errors/1, bad_arguments/1, other_allocator/1]).
 
 all() ->
     [agrees_with_glibc, fragmentation_is_pinned, trim_returns_trimmable,
      tracker_sites_and_caches, dumps_under_churn, node_keeps_running, path_errors,
-     bad_arguments].
+     bad_arguments, other_allocator].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -33,6 +33,8 @@ end_per_suite(_Config) ->
 
 init_per_testcase(tracker_sites_and_caches, Config) ->
     start_peer(Config, mallocinfo_trace:preload_env());
+init_per_testcase(other_allocator, Config) ->
+    start_peer(Config, [{"LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}]);
 init_per_testcase(path_errors, Config) ->
     Config;
 init_per_testcase(bad_arguments, Config) ->
@@ -192,6 +194,14 @@ path_errors(Config) ->
     ?assert(lists:member(E, [eacces, enoent, eperm, erofs])),
     %% No temporary file left behind by the failure inside Dir.
     ?assertEqual({ok, ["plain"]}, file:list_dir(Dir)).
+
+%% Under jemalloc glibc's arenas are idle bookkeeping: refuse, and write
+%% nothing.
+other_allocator(Config) ->
+    Path = dump_path(Config, "jemalloc.heapdump"),
+    ?assertEqual({error, {wrong_allocator, jemalloc}}, call(Config, mallocinfo_heap, dump, [Path])),
+    ?assertEqual({error, {wrong_allocator, jemalloc}}, call(Config, mallocinfo_heap, summary, [])),
+    ?assertNot(filelib:is_file(Path)).
 
 bad_arguments(_Config) ->
     ?assertError(badarg, mallocinfo_heap:dump(42)),
