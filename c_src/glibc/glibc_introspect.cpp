@@ -74,6 +74,9 @@ namespace {
 // locks in the child, so malloc_stats() and mallinfo2() are usable here.
 [[noreturn]] void stats_child(int wfd) {
   if (::dup2(wfd, STDERR_FILENO) < 0) ::_exit(127);
+  // No exec follows, so O_CLOEXEC does not apply: let go of the node's
+  // descriptors (sockets, other children's pipes) while this child runs.
+  ::close_range(STDERR_FILENO + 1, ~0u, 0);
   ::malloc_stats();
   ::fflush(stderr);
   const struct mallinfo2 m = ::mallinfo2();

@@ -346,6 +346,7 @@ class Child {
   const char* why_ = "";
 
   uint64_t arenas_[kMaxArenas] = {};
+  uint64_t heaps_[4096] = {};  // one arena's heaps while they are listed
   size_t n_arenas_ = 0;
   MapArray<Seg> segs_;         // in arena order, oldest heap first
   MapArray<Seg> sorted_segs_;  // by address, for lookups
@@ -398,7 +399,7 @@ bool Child::find_segments() {
       continue;
     }
     // Non-main: the heap holding top, then its predecessors.
-    uint64_t heaps[4096] = {};
+    uint64_t* heaps = heaps_;
     size_t n = 0;
     for (uint64_t h = top & ~(pt::kHeapMax - 1); h != 0; h = rd(h + pt::kHeapInfoPrev)) {
       if (n == 4096 || (h & (pt::kHeapMax - 1)) != 0 || rd(h + pt::kHeapInfoArPtr) != a)
@@ -435,7 +436,7 @@ const Seg* Child::seg_of(uint64_t chunk) const {
                              [](uint64_t x, const Seg& s) { return x < s.base; });
   if (it == v.begin()) return nullptr;
   --it;
-  if (chunk < it->first || chunk + pt::kChunkHeader > it->end) return nullptr;
+  if (chunk < it->first || chunk + pt::kMinSize > it->end) return nullptr;
   return it;
 }
 
@@ -455,11 +456,20 @@ bool Child::walk(const Seg& s, F&& f) {
       f(p, size, hd::kTop);
       return true;
     }
+    // sysmalloc retires an old heap's top (when it opens a new heap) into
+    // fenceposts: a 16-byte chunk and a final 0-size header; when less than
+    // MINSIZE was left, the old top itself becomes a small in-use chunk
+    // without the NON_MAIN_ARENA bit, right before the final header. The
+    // sbrk heap gets fenceposts only around foreign sbrk() calls.
+    const bool last =
+        !s.main && p + size + pt::kChunkHeader == s.end && rd(p + size + 8) == pt::kPrevInuse;
     if (!s.main && size == 0 && p + pt::kChunkHeader == s.end) {
-      f(p, pt::kChunkHeader, hd::kMeta);  // the last fencepost of an old heap
+      f(p, pt::kChunkHeader, hd::kMeta);
       return true;
     }
-    if (!s.main && size == pt::kChunkHeader) {
+    if (size == pt::kChunkHeader ||
+        (last && size < 2 * pt::kMinSize && (hdr & pt::kNonMainArena) == 0)) {
+      if (s.main) return fail(kWalkFailed, "foreign_sbrk");
       f(p, size, hd::kMeta);
       p += size;
       continue;
@@ -510,39 +520,51 @@ bool Child::collect_fastbins() {
 }
 
 // A thread's tcache is an ordinary in-use chunk; it is told apart from data
-// that merely has its size by following every bin: each chain must have
-// exactly counts[i] entries, each a chunk of bin i's size inside a heap,
-// all carrying the same key, ending in NULL. Anything else is not a tcache.
+// that merely has its size by following every bin: each chain must be a
+// NULL-terminated list of chunks of the bin's size inside a heap, each
+// carrying the process-wide tcache key, about counts[i] long. "About":
+// tcache_put/tcache_get update entries[i] and counts[i] in two unlocked
+// stores, and fork() may freeze another thread between them, so a chain
+// one entry longer or shorter than its count is accepted. Anything else is
+// not a tcache, and its chunks stay in_use.
 bool Child::collect_tcaches() {
+  bool have_key = false;
+  uint64_t key = 0;
   for (uint64_t c : tcache_candidates_) {
     const uint64_t mem = c + pt::kChunkHeader;
     const size_t mark = cached_.size();
     bool valid = true;
-    bool have_key = false;
-    uint64_t key = 0;
+    uint64_t candidate_key = key;
+    bool candidate_has_key = have_key;
     for (size_t b = 0; b < pt::kTcacheBins && valid; ++b) {
-      const uint16_t count = rd16(mem + 2 * b);
+      const uint32_t count = rd16(mem + 2 * b);
       uint64_t e = rd(mem + pt::kTcacheEntriesOffset + 8 * b);
-      for (uint32_t k = 0; k < count && valid; ++k) {
+      uint32_t length = 0;
+      for (; e != 0; ++length) {
         const Seg* s = e >= pt::kChunkHeader ? seg_of(e - pt::kChunkHeader) : nullptr;
-        if (s == nullptr || (e & (pt::kAlign - 1)) != 0 ||
+        if (length > count || s == nullptr || (e & (pt::kAlign - 1)) != 0 ||
             (rd(e - 8) & ~pt::kFlagBits) != pt::bin_chunk_size(b)) {
           valid = false;
           break;
         }
         const uint64_t entry_key = rd(e + 8);
-        if (have_key && entry_key != key) {
+        if (candidate_has_key && entry_key != candidate_key) {
           valid = false;
           break;
         }
-        key = entry_key;
-        have_key = true;
+        candidate_key = entry_key;
+        candidate_has_key = true;
         if (!cached_.push(Cached{e - pt::kChunkHeader, hd::kTcache})) return fail(kOsError, "mmap");
         e = pt::reveal(e, rd(e));
       }
-      if (valid && e != 0) valid = false;
+      if (valid && length + 1 < count) valid = false;
     }
-    if (!valid) cached_.truncate(mark);
+    if (!valid) {
+      cached_.truncate(mark);
+    } else if (candidate_has_key) {
+      key = candidate_key;
+      have_key = true;
+    }
   }
   return true;
 }
@@ -588,14 +610,15 @@ bool Child::collect_tracker() {
   };
   std::partial_sort(all.begin(), all.begin() + keep, all.end(), by_bytes);
   if (!chosen.reserve(keep + 1)) return fail(kOsError, "mmap");
+  // Blocks without a stack (stack table full, capture failed) have no call
+  // site to name: they stay "other".
   for (size_t i = 0; i < keep; ++i) {
     StackAgg a = all[i];
-    a.site = static_cast<uint32_t>(i + 1);
+    if (a.stack == 0) continue;
+    a.site = static_cast<uint32_t>(chosen.size() + 1);
     chosen.push(a);
   }
   // Label live blocks: both lists sorted by stack, one merge pass.
-  std::sort(all.begin(), all.begin() + keep,
-            [](const StackAgg& x, const StackAgg& y) { return x.stack < y.stack; });
   MapArray<StackAgg> by_stack;
   if (!by_stack.reserve(keep + 1)) return fail(kOsError, "mmap");
   for (const StackAgg& c : chosen) by_stack.push(c);
@@ -662,8 +685,9 @@ bool Child::write_segment(const Seg& s, ArenaSummary& sum) {
     const bool freeish = kind == hd::kFree || kind == hd::kFast || kind == hd::kTcache;
     if (freeish) ++sum.free_chunks;
     if (freeish || kind == hd::kTop) sum.largest_free = std::max(sum.largest_free, size);
-    if (kind == hd::kFree || kind == hd::kFast || kind == hd::kTop) {
-      // Whole pages past the chunk's bookkeeping: what malloc_trim may drop.
+    if (kind == hd::kFree || kind == hd::kFast) {
+      // mtrim (malloc_trim) madvises the whole pages of each free chunk past
+      // its struct malloc_chunk; fastbins are consolidated into bins first.
       const uint64_t lo = (p + pt::kMallocChunkStruct + page_ - 1) & ~(page_ - 1);
       const uint64_t hi = (p + size) & ~(page_ - 1);
       uint64_t whole = 0;
@@ -671,7 +695,14 @@ bool Child::write_segment(const Seg& s, ArenaSummary& sum) {
         whole += page_;
         if (resident(a)) sum.trimmable_bytes += page_;
       }
-      if (kind != hd::kTop) sum.pinned_bytes += size - whole;
+      sum.pinned_bytes += size - whole;
+    } else if (kind == hd::kTop && s.main && size > pt::kMinSize + 1) {
+      // systrim shrinks the sbrk heap by the whole pages of top beyond
+      // MINSIZE + 1 bytes. Non-main tops are only shrunk by free()'s
+      // heap_trim, never by malloc_trim.
+      const uint64_t extra = (size - pt::kMinSize - 1) & ~(page_ - 1);
+      for (uint64_t a = p + size - extra; a < p + size; a += page_)
+        if (resident(a)) sum.trimmable_bytes += page_;
     }
     if (tracker_ && kind == hd::kInUse) {
       if (site != 0) {
@@ -798,8 +829,38 @@ uint32_t Child::run(ReplyHeader& h) {
 [[noreturn]] void child_main(const DumpOptions& opt, int file_fd, int reply_fd, FILE* xml,
                              uint64_t main_arena, pid_t parent) {
   g_reply_fd = reply_fd;
+  // The child never execs, so O_CLOEXEC does not apply: close every
+  // descriptor of the node (sockets, ports, other dumps' pipes) so that it
+  // holds none of them open while it walks.
+  int keep[3] = {file_fd, reply_fd, xml != nullptr ? ::fileno(xml) : -1};
+  std::sort(keep, keep + 3);
+  unsigned lo = 0;
+  for (int k : keep) {
+    if (k < 0) continue;
+    if (static_cast<unsigned>(k) > lo) ::close_range(lo, static_cast<unsigned>(k) - 1, 0);
+    lo = static_cast<unsigned>(k) + 1;
+  }
+  ::close_range(lo, ~0u, 0);
+  // The node's signal handlers and mask are not the child's: defaults,
+  // nothing blocked, and a fault handler on its own stack (a fault may come
+  // from a stack overflow).
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  constexpr size_t kAltStack = 1 << 16;
+  void* alt =
+      ::mmap(nullptr, kAltStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (alt != MAP_FAILED) {
+    stack_t ss{};
+    ss.ss_sp = alt;
+    ss.ss_size = kAltStack;
+    ::sigaltstack(&ss, nullptr);
+  }
   struct sigaction sa {};
   sa.sa_handler = on_fault;
+  sa.sa_flags = SA_ONSTACK;
   ::sigaction(SIGSEGV, &sa, nullptr);
   ::sigaction(SIGBUS, &sa, nullptr);
 
@@ -824,7 +885,7 @@ uint32_t Child::run(ReplyHeader& h) {
     ok = ok && write_all(reply_fd, c->sums, sizeof(ArenaSummary) * h.n_arenas);
     for (const StackAgg& a : c->chosen) {
       uint64_t frames[kMaxStackDepth];
-      uint32_t depth = opt.tracker->stack(a.stack & 0x7fffffffu, frames, kMaxStackDepth);
+      uint32_t depth = opt.tracker->stack(a.stack, frames, kMaxStackDepth);
       depth = std::min<uint32_t>(depth, kMaxStackDepth);
       const ReplySite rs{a.site, depth, a.bytes, a.count};
       ok = ok && write_all(reply_fd, &rs, sizeof rs) &&
@@ -935,6 +996,43 @@ int append_tail(int fd, const DumpResult& r, const SiteLabeler& label, uint64_t&
 
 }  // namespace
 
+namespace {
+
+// A read of this process's memory that fails instead of faulting: the
+// parent checks candidates whose pointers it cannot trust yet.
+bool safe_read(uint64_t addr, uint64_t* out) {
+  iovec local{out, sizeof *out};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof *out};
+  return ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) ==
+         static_cast<ssize_t>(sizeof *out);
+}
+
+// Beyond the bin signature: 0 when the arena list does not come back to
+// the candidate through heap_info-backed arenas; 1 when it does; 2 when, in
+// addition, a contiguous sbrk heap ends with top exactly at the current
+// break (a foreign sbrk() breaks only that). A copy of the signature
+// shifted by one bin pair (possible with large fastbins) fails both.
+int plausible_main_arena(uint64_t a) {
+  uint64_t next = 0;
+  if (!safe_read(a + pt::kArenaNext, &next)) return 0;
+  for (int steps = 0; next != a; ++steps) {
+    const uint64_t heap = next - pt::kHeapInfoBytes;
+    uint64_t ar = 0;
+    if (steps > 4096 || (heap & (pt::kHeapMax - 1)) != 0 || !safe_read(heap, &ar) || ar != next ||
+        !safe_read(next + pt::kArenaNext, &next))
+      return 0;
+  }
+  uint64_t system = 0, top = 0, top_hdr = 0, flags = 0;
+  if (!safe_read(a + pt::kArenaSystemMem, &system) || !safe_read(a + pt::kArenaTop, &top) ||
+      !safe_read(a, &flags))
+    return 0;
+  if (system == 0 || ((flags >> 32) & pt::kNonContiguousBit) != 0) return 2;
+  if (!safe_read(top + 8, &top_hdr)) return 1;
+  return top + (top_hdr & ~pt::kFlagBits) == reinterpret_cast<uint64_t>(::sbrk(0)) ? 2 : 1;
+}
+
+}  // namespace
+
 uint64_t find_main_arena() {
   static std::atomic<uint64_t> cached{0};
   uint64_t found = cached.load(std::memory_order_acquire);
@@ -942,19 +1040,73 @@ uint64_t find_main_arena() {
   LibcData d;
   ::dl_iterate_phdr(find_libc_data, &d);
   if (d.lo == 0) return 0;
-  // Other threads may be changing bins while this reads: a transient
-  // mismatch is retried; the child re-validates on its frozen copy anyway.
-  for (int attempt = 0; attempt < 3 && found == 0; ++attempt) {
+  // Other threads may be changing bins and the break while this reads: a
+  // transient mismatch is retried; the child re-validates on its frozen
+  // copy anyway. One spot must stand out: the only one whose list closes,
+  // or else the only one that also ends at the break.
+  for (int attempt = 0; attempt < 5 && found == 0; ++attempt) {
+    int count[3] = {0, 0, 0};
+    uint64_t match[3] = {0, 0, 0};
     for (uint64_t a = (d.lo + 7) & ~7ull; a + pt::kArenaSize <= d.hi; a += 8) {
-      if (arena_at(a)) {
-        found = a;
-        break;
+      if (!arena_at(a)) continue;
+      const int score = plausible_main_arena(a);
+      for (int k = 1; k <= score; ++k) {
+        ++count[k];
+        match[k] = a;
       }
     }
+    if (count[1] == 1)
+      found = match[1];
+    else if (count[2] == 1)
+      found = match[2];
   }
   if (found != 0) cached.store(found, std::memory_order_release);
   return found;
 }
+
+namespace {
+
+// The dump file until it is renamed into place: closed, and removed unless
+// committed, on every way out of dump() (including exceptions).
+struct TempFile {
+  int fd = -1;
+  std::string tmp;  // empty: /dev/null, nothing to remove
+  bool committed = false;
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+    if (!committed && !tmp.empty()) ::unlink(tmp.c_str());
+  }
+};
+
+// The child: killed and reaped on every way out unless reaped already.
+struct ChildProcess {
+  pid_t pid = -1;
+  void reap(bool kill_first) {
+    if (pid <= 0) return;
+    if (kill_first) ::kill(pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid = -1;
+  }
+  ~ChildProcess() { reap(true); }
+};
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+struct XmlStream {
+  FILE* f = nullptr;
+  ~XmlStream() {
+    if (f != nullptr) ::fclose(f);
+  }
+};
+
+}  // namespace
 
 DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteLabeler& label,
                 DumpResult& out) {
@@ -965,117 +1117,92 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   if (main_arena == 0) return DumpStatus{Failure::unsupported_glibc, 0, "main_arena"};
   if (path.find('\0') != std::string::npos) return os_error(EINVAL, "path");
 
-  std::string tmp;
-  int fd;
+  TempFile file;
   if (path.empty()) {
-    fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    file.fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   } else {
-    tmp = path + ".tmp.XXXXXX";
-    fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+    file.tmp = path + ".tmp.XXXXXX";
+    file.fd = ::mkostemp(file.tmp.data(), O_CLOEXEC);
+    if (file.fd < 0) file.tmp.clear();
   }
-  if (fd < 0) return os_error(errno, "open");
-  auto discard = [&](DumpStatus st) {
-    ::close(fd);
-    if (!tmp.empty()) ::unlink(tmp.c_str());
-    return st;
-  };
-  if (!tmp.empty() && ::fchmod(fd, 0644) != 0) return discard(os_error(errno, "fchmod"));
+  if (file.fd < 0) return os_error(errno, "open");
+  if (!file.tmp.empty() && ::fchmod(file.fd, 0644) != 0) return os_error(errno, "fchmod");
 
   // malloc_info's XML goes to an unbuffered stream on a memfd made here,
   // so that printing it in the child allocates nothing (see child_main).
-  FILE* xml = nullptr;
+  XmlStream xml;
   if (options.want_info_xml) {
     const int mfd = ::memfd_create("mallocinfo-xml", MFD_CLOEXEC);
-    if (mfd < 0) return discard(os_error(errno, "memfd"));
-    xml = ::fdopen(mfd, "w");
-    if (xml == nullptr) {
+    if (mfd < 0) return os_error(errno, "memfd");
+    xml.f = ::fdopen(mfd, "w");
+    if (xml.f == nullptr) {
       const int err = errno;
       ::close(mfd);
-      return discard(os_error(err, "memfd"));
+      return os_error(err, "memfd");
     }
-    ::setvbuf(xml, nullptr, _IONBF, 0);
+    ::setvbuf(xml.f, nullptr, _IONBF, 0);
   }
-  struct XmlCloser {
-    FILE* f;
-    ~XmlCloser() {
-      if (f != nullptr) ::fclose(f);
-    }
-  } xml_closer{xml};
 
   int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) return discard(os_error(errno, "pipe"));
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return os_error(errno, "pipe");
+  Fd reader{pipefd[0]};
+  Fd writer{pipefd[1]};
   const pid_t parent = ::getpid();
+  ChildProcess child;
   const uint64_t fork_start = mono_ns();
-  const pid_t pid = ::fork();
+  child.pid = ::fork();
   const uint64_t fork_ns = mono_ns() - fork_start;
-  if (pid < 0) {
-    const int err = errno;
-    ::close(pipefd[0]);
-    ::close(pipefd[1]);
-    return discard(os_error(err, "fork"));
-  }
-  if (pid == 0) {
-    ::close(pipefd[0]);
-    child_main(options, fd, pipefd[1], xml, main_arena, parent);
-  }
-  ::close(pipefd[1]);
+  if (child.pid < 0) return os_error(errno, "fork");
+  if (child.pid == 0) child_main(options, file.fd, pipefd[1], xml.f, main_arena, parent);
+  ::close(writer.fd);
+  writer.fd = -1;
   std::string reply;
-  const int rerr = read_reply(pipefd[0], options.timeout_ms, reply);
-  ::close(pipefd[0]);
-  if (rerr != 0) ::kill(pid, SIGKILL);
-  int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-  }
-  if (rerr == ETIMEDOUT) return discard(DumpStatus{Failure::timeout, 0, "child"});
-  if (rerr != 0) return discard(os_error(rerr, "pipe"));
+  const int rerr = read_reply(reader.fd, options.timeout_ms, reply);
+  child.reap(rerr != 0);
+  if (rerr == ETIMEDOUT) return DumpStatus{Failure::timeout, 0, "child"};
+  if (rerr != 0) return os_error(rerr, "pipe");
 
   ReplyHeader h;
-  if (reply.size() < sizeof h) return discard(DumpStatus{Failure::walk_failed, 0, "child_died"});
+  if (reply.size() < sizeof h) return DumpStatus{Failure::walk_failed, 0, "child_died"};
   std::memcpy(&h, reply.data(), sizeof h);
   h.detail[sizeof h.detail - 1] = '\0';
-  if (h.magic != kReplyMagic) return discard(DumpStatus{Failure::walk_failed, 0, "child_reply"});
+  if (h.magic != kReplyMagic) return DumpStatus{Failure::walk_failed, 0, "child_reply"};
   switch (h.status) {
     case kOk:
       break;
     case kUnsupported:
-      return discard(DumpStatus{Failure::unsupported_glibc, 0, h.detail});
+      return DumpStatus{Failure::unsupported_glibc, 0, h.detail};
     case kOsError:
-      return discard(os_error(h.err != 0 ? h.err : EIO, h.detail));
+      return os_error(h.err != 0 ? h.err : EIO, h.detail);
     default:
-      return discard(DumpStatus{Failure::walk_failed, 0, h.detail});
+      return DumpStatus{Failure::walk_failed, 0, h.detail};
   }
-  if (!parse_reply(reply, h, out))
-    return discard(DumpStatus{Failure::walk_failed, 0, "child_reply"});
+  if (!parse_reply(reply, h, out)) return DumpStatus{Failure::walk_failed, 0, "child_reply"};
   out.fork_ns = fork_ns;
-  if (xml != nullptr) {
-    if (h.xml_len == ~0ull) return discard(os_error(EIO, "malloc_info"));
-    const int xfd = ::fileno(xml);
+  if (xml.f != nullptr) {
+    if (h.xml_len == ~0ull) return os_error(EIO, "malloc_info");
+    const int xfd = ::fileno(xml.f);
     char buf[65536];
     ssize_t n;
     for (off_t off = 0; (n = ::pread(xfd, buf, sizeof buf, off)) > 0; off += n)
       out.info_xml.append(buf, static_cast<size_t>(n));
   }
-  if (!path.empty()) {
-    // The child wrote through the shared file description: the offset is
-    // at the end of its part.
-    uint64_t written = out.file_bytes;
-    const int err = append_tail(fd, out, label, written);
-    if (err != 0) return discard(os_error(err, "write"));
-    out.file_bytes = written;
-    if (::close(fd) != 0) {
-      const int cerr = errno;
-      ::unlink(tmp.c_str());
-      return os_error(cerr, "close");
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      const int rnerr = errno;
-      ::unlink(tmp.c_str());
-      return os_error(rnerr, "rename");
-    }
-  } else {
-    ::close(fd);
+  if (path.empty()) {
     out.file_bytes = 0;
+    return DumpStatus{};
   }
+  // The child wrote through the shared file description: the offset is at
+  // the end of its part.
+  uint64_t written = out.file_bytes;
+  const int err = append_tail(file.fd, out, label, written);
+  if (err != 0) return os_error(err, "write");
+  out.file_bytes = written;
+  if (::fsync(file.fd) != 0) return os_error(errno, "fsync");
+  const int fd = file.fd;
+  file.fd = -1;
+  if (::close(fd) != 0) return os_error(errno, "close");
+  if (::rename(file.tmp.c_str(), path.c_str()) != 0) return os_error(errno, "rename");
+  file.committed = true;
   return DumpStatus{};
 }
 

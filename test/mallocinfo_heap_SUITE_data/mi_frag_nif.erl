@@ -1,5 +1,6 @@
 -module(mi_frag_nif).
--export([fragment/4, release/0, churn_start/1, churn_stop/0, counter_start/0, counter_read/1]).
+-export([fragment/4, release/0, churn_start/1, churn_stop/0, counter_start/0, counter_read/1,
+         progress_during/1]).
 -on_load(init/0).
 
 init() ->
@@ -21,4 +22,22 @@ counter_read(Pid) ->
 count(N) ->
     receive {read, From} -> From ! {count, N}, count(N + 1)
     after 0 -> count(N + 1)
+    end.
+
+%% Runs M:F(A...) in a process and, from the moment it starts until it
+%% returns, reads a counting process as often as it can. Returns {Result,
+%% Reads}: a call that held the only normal scheduler (+S 1) leaves at most
+%% one read; a dirty NIF leaves many, increasing.
+progress_during({M, F, A}) ->
+    Counter = counter_start(),
+    Self = self(),
+    _ = spawn(fun() -> Self ! started, Self ! {done, apply(M, F, A)} end),
+    receive started -> ok end,
+    sample(Counter, []).
+
+sample(Counter, Acc) ->
+    receive
+        {done, R} -> exit(Counter, kill), {R, lists:reverse(Acc)}
+    after 0 ->
+        sample(Counter, [counter_read(Counter) | Acc])
     end.
