@@ -6,13 +6,13 @@
 -nifs([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
        trim/1, mallopt/2, rss/0, version/0, libc_version/0,
        trace_status/0, trace_set_mode/1, trace_reset/0, trace_olds/4,
-       trace_sites/2, trace_symbolize/2]).
+       trace_sites/2, trace_profile/0, trace_symbolize/2]).
 -on_load(init/0).
 
 -export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
          trace_status/0, trace_set_mode/1, trace_reset/0, trace_olds/4,
-         trace_sites/2, trace_symbolize/2]).
+         trace_sites/2, trace_profile/0, trace_symbolize/2]).
 -export([so_path/0]).
 
 -define(LIB, "mallocinfo_nif").
@@ -56,4 +56,5 @@ trace_set_mode(_Mode) -> erlang:nif_error(nif_not_loaded).
 trace_reset() -> erlang:nif_error(nif_not_loaded).
 trace_olds(_N, _MinAgeMs, _MinSize, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_sites(_N, _Demangle) -> erlang:nif_error(nif_not_loaded).
+trace_profile() -> erlang:nif_error(nif_not_loaded).
 trace_symbolize(_Addresses, _Demangle) -> erlang:nif_error(nif_not_loaded).

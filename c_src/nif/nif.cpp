@@ -45,6 +45,8 @@ ErlNifFunc nif_funcs[] = {
     // ELF files on a cold cache).
     {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
     {"trace_sites", 2, guarded<n::trace_sites>, kCpu},
+    // The same snapshot and grouping, every site with raw addresses.
+    {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
     // Constant strings: regular scheduler.
     {"version", 0, guarded<n::version>, 0},
