@@ -5,6 +5,12 @@
 %% Wrong argument types raise `badarg'; runtime conditions return
 %% `{error, Reason}' with a POSIX atom (`enoent', `eacces', ...).
 %%
+%% {@link allocator/0} says which allocator serves `malloc' in this process.
+%% The glibc calls below describe glibc's heap only: while another allocator
+%% is active (jemalloc or tcmalloc preloaded, say) they return
+%% `{error, {wrong_allocator, Which}}' instead of figures about an idle glibc
+%% heap; see {@link mallocinfo_jemalloc} and {@link mallocinfo_tcmalloc}.
+%%
 %% Loading this module (`l(mallocinfo).') also loads every other module of
 %% the application, so the whole API works in releases running in embedded
 %% code-loading mode, where nothing is loaded on first call.
@@ -12,13 +18,15 @@
 
 -on_load(load_siblings/0).
 
--export([info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0, mallinfo/0,
-         trim/0, trim/1, mallopt/2, version/0]).
+-export([allocator/0, info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0,
+         mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
 -export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0]).
 
--export_type([posix/0, mallopt_param/0]).
+-export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
 -type posix() :: file:posix() | atom().
+-type allocator() :: glibc | jemalloc | tcmalloc | mimalloc | unknown.
+-type wrong_allocator() :: {wrong_allocator, allocator()}.
 -type mallopt_param() :: arena_max | arena_test | mmap_threshold | mmap_max
                        | trim_threshold | top_pad | perturb.
 
@@ -26,19 +34,32 @@
 -define(INT_MAX, 16#7fffffff).
 -define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
 
+%% @doc Which allocator serves `malloc' in this process, now: `glibc',
+%% `jemalloc', `tcmalloc' (gperftools), `mimalloc', or `unknown' (another
+%% one). It is the shared object whose `malloc' the process calls, looking
+%% through mallocinfo's own interposer to the allocator it forwards to, and
+%% recognised by its own exports (`mallctl'; `MallocExtension_GetStats' or
+%% `tc_version'; `mi_version'). A jemalloc that a library `dlopen'ed later,
+%% or carries privately, does not serve `malloc' and does not count. Nothing
+%% is cached: every call looks again.
+-spec allocator() -> allocator().
+allocator() ->
+    mallocinfo_nif:allocator().
+
 %% @doc glibc's `malloc_info(0, ...)' XML written to `Path'. The document is
 %% written to a temporary file in the same directory and renamed into place,
 %% so a reader never sees half of it. Errors are POSIX atoms: `enoent'
 %% (missing directory), `eacces', `enotdir', `eisdir' (Path is a directory),
 %% `enospc', ...
--spec info(Path :: file:name_all()) -> ok | {error, posix()}.
+-spec info(Path :: file:name_all()) -> ok | {error, posix() | wrong_allocator()}.
 info(Path) ->
-    mallocinfo_nif:info_file(path_binary(Path, [Path])).
+    Bin = path_binary(Path, [Path]),
+    glibc(fun() -> mallocinfo_nif:info_file(Bin) end).
 
 %% @doc The same XML in memory, without a temporary file.
--spec info() -> {ok, Xml :: binary()} | {error, posix()}.
+-spec info() -> {ok, Xml :: binary()} | {error, posix() | wrong_allocator()}.
 info() ->
-    mallocinfo_nif:info_xml().
+    glibc(fun mallocinfo_nif:info_xml/0).
 
 %% @doc `malloc_info' parsed into terms with xmerl: per heap (arena) the
 %% free-chunk size classes, `fast'/`rest' free totals, `system' current/max
@@ -47,7 +68,7 @@ info() ->
 %% If the running release lacks xmerl it is loaded from the OTP installation
 %% when one can be found, else `{error, {missing_application, xmerl}}'.
 -spec heaps() -> {ok, mallocinfo_parse:heaps()}
-               | {error, {missing_application, xmerl} | posix()}.
+               | {error, {missing_application, xmerl} | posix() | wrong_allocator()}.
 heaps() ->
     case ensure_xmerl() of
         ok ->
@@ -61,9 +82,9 @@ heaps() ->
 
 %% @doc glibc's `malloc_stats()', exactly: its text goes to the node's
 %% standard error (often lost in a release; see {@link log_stats/0}).
--spec stats() -> ok.
+-spec stats() -> ok | {error, wrong_allocator()}.
 stats() ->
-    mallocinfo_nif:malloc_stats().
+    glibc(fun mallocinfo_nif:malloc_stats/0).
 
 %% @doc The figures `malloc_stats()' prints, as terms: per arena
 %% `system_bytes' and `in_use_bytes', then the totals (which include mmapped
@@ -71,9 +92,9 @@ stats() ->
 %% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
 %% numbers are consistent with each other even while the node allocates.
 %% Returns `{error, enomem | eagain}' if the node cannot fork.
--spec summary() -> mallocinfo_parse:summary() | {error, posix()}.
+-spec summary() -> mallocinfo_parse:summary() | {error, posix() | wrong_allocator()}.
 summary() ->
-    case mallocinfo_nif:stats_text() of
+    case glibc(fun mallocinfo_nif:stats_text/0) of
         {ok, Text} -> mallocinfo_parse:stats(Text);
         {error, _} = E -> E
     end.
@@ -81,9 +102,9 @@ summary() ->
 %% @doc The lines of `malloc_stats()' sent to `logger' at `info' level, one
 %% event per line, with metadata `#{domain => [mallocinfo]}'. The default
 %% logger primary level is `notice': raise it to `info' to see them.
--spec log_stats() -> ok | {error, posix()}.
+-spec log_stats() -> ok | {error, posix() | wrong_allocator()}.
 log_stats() ->
-    case mallocinfo_nif:stats_text() of
+    case glibc(fun mallocinfo_nif:stats_text/0) of
         {ok, Text} ->
             Lines = binary:split(Text, <<"\n">>, [global, trim_all]),
             lists:foreach(
@@ -96,14 +117,16 @@ log_stats() ->
 
 %% @doc Every `mallinfo2()' field, as unbounded integers (no 32-bit wrap).
 -spec mallinfo() -> #{arena | ordblks | smblks | hblks | hblkhd | usmblks | fsmblks
-                      | uordblks | fordblks | keepcost => non_neg_integer()}.
+                      | uordblks | fordblks | keepcost => non_neg_integer()}
+                  | {error, wrong_allocator()}.
 mallinfo() ->
-    mallocinfo_nif:mallinfo().
+    glibc(fun mallocinfo_nif:mallinfo/0).
 
 %% @equiv trim(0)
 -spec trim() -> {ok, #{released := boolean(),
                        rss_before := non_neg_integer() | undefined,
-                       rss_after := non_neg_integer() | undefined}}.
+                       rss_after := non_neg_integer() | undefined}}
+              | {error, wrong_allocator()}.
 trim() ->
     trim(0).
 
@@ -113,9 +136,10 @@ trim() ->
 -spec trim(Pad :: non_neg_integer()) ->
           {ok, #{released := boolean(),
                  rss_before := non_neg_integer() | undefined,
-                 rss_after := non_neg_integer() | undefined}}.
+                 rss_after := non_neg_integer() | undefined}}
+          | {error, wrong_allocator()}.
 trim(Pad) when is_integer(Pad), Pad >= 0, Pad < 16#10000000000000000 ->
-    mallocinfo_nif:trim(Pad);
+    glibc(fun() -> mallocinfo_nif:trim(Pad) end);
 trim(Pad) ->
     erlang:error(badarg, [Pad]).
 
@@ -124,13 +148,13 @@ trim(Pad) ->
 %% (`arena_max'/`arena_test' =< 0, `mmap_threshold' outside 0..32 MiB,
 %% negative `mmap_max'/`top_pad', `trim_threshold' < -1, anything outside a
 %% C int).
--spec mallopt(mallopt_param(), integer()) -> ok | {error, einval}.
+-spec mallopt(mallopt_param(), integer()) -> ok | {error, einval | wrong_allocator()}.
 mallopt(Param, Value) when is_integer(Value) ->
     case lists:member(Param, [arena_max, arena_test, mmap_threshold, mmap_max,
                               trim_threshold, top_pad, perturb]) of
         false -> erlang:error(badarg, [Param, Value]);
         true when Value < ?INT_MIN; Value > ?INT_MAX -> {error, einval};
-        true -> mallocinfo_nif:mallopt(Param, Value)
+        true -> glibc(fun() -> mallocinfo_nif:mallopt(Param, Value) end)
     end;
 mallopt(Param, Value) ->
     erlang:error(badarg, [Param, Value]).
@@ -142,6 +166,14 @@ version() ->
 
 %%% ---------------------------------------------------------------------------
 %%% Internals
+
+%% Runs a glibc call only while glibc serves malloc. Arguments are checked
+%% before this (misuse raises whatever the allocator).
+glibc(Call) ->
+    case allocator() of
+        glibc -> Call();
+        Other -> {error, {wrong_allocator, Other}}
+    end.
 
 path_binary(Path, Args) when is_binary(Path) ->
     check_nul(Path, Args);

@@ -6,13 +6,21 @@
 -nifs([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
        trim/1, mallopt/2, rss/0, version/0, libc_version/0,
        trace_status/0, trace_set_mode/1, trace_reset/0, trace_olds/4,
-       trace_sites/2, trace_profile/0, trace_symbolize/2]).
+       trace_sites/2, trace_profile/0, trace_symbolize/2,
+       allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
+       jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
+       tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
+       tcmalloc_profile_running/0]).
 -on_load(init/0).
 
 -export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
          trace_status/0, trace_set_mode/1, trace_reset/0, trace_olds/4,
-         trace_sites/2, trace_profile/0, trace_symbolize/2]).
+         trace_sites/2, trace_profile/0, trace_symbolize/2,
+         allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
+         jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
+         tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
+         tcmalloc_profile_running/0]).
 -export([so_path/0]).
 
 -define(LIB, "mallocinfo_nif").
@@ -58,3 +66,14 @@ trace_olds(_N, _MinAgeMs, _MinSize, _Demangle) -> erlang:nif_error(nif_not_loade
 trace_sites(_N, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_profile() -> erlang:nif_error(nif_not_loaded).
 trace_symbolize(_Addresses, _Demangle) -> erlang:nif_error(nif_not_loaded).
+allocator() -> erlang:nif_error(nif_not_loaded).
+jemalloc_stats() -> erlang:nif_error(nif_not_loaded).
+jemalloc_summary() -> erlang:nif_error(nif_not_loaded).
+jemalloc_profile_status() -> erlang:nif_error(nif_not_loaded).
+jemalloc_profile_active(_On) -> erlang:nif_error(nif_not_loaded).
+jemalloc_profile_dump(_TmpDir) -> erlang:nif_error(nif_not_loaded).
+tcmalloc_stats() -> erlang:nif_error(nif_not_loaded).
+tcmalloc_profile_start(_Prefix) -> erlang:nif_error(nif_not_loaded).
+tcmalloc_profile_dump() -> erlang:nif_error(nif_not_loaded).
+tcmalloc_profile_stop() -> erlang:nif_error(nif_not_loaded).
+tcmalloc_profile_running() -> erlang:nif_error(nif_not_loaded).

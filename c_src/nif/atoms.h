@@ -81,7 +81,29 @@
   X(estimated, "estimated")                       \
   X(object, "object")                             \
   X(symbol, "symbol")                             \
-  X(offset, "offset")
+  X(offset, "offset")                             \
+  /* allocators */                                \
+  X(glibc, "glibc")                               \
+  X(jemalloc, "jemalloc")                         \
+  X(tcmalloc, "tcmalloc")                         \
+  X(mimalloc, "mimalloc")                         \
+  X(unknown, "unknown")                           \
+  X(wrong_allocator, "wrong_allocator")           \
+  X(allocated, "allocated")                       \
+  X(active, "active")                             \
+  X(resident, "resident")                         \
+  X(mapped, "mapped")                             \
+  X(retained, "retained")                         \
+  X(metadata, "metadata")                         \
+  X(prof, "prof")                                 \
+  X(thread_active_init, "thread_active_init")     \
+  X(lg_sample, "lg_sample")                       \
+  X(stats_disabled, "stats_disabled")             \
+  X(prof_disabled, "profiling_disabled")          \
+  X(prof_unsupported, "profiling_unsupported")    \
+  X(profiler_not_loaded, "profiler_not_loaded")   \
+  X(not_running, "not_running")                   \
+  X(already_running, "already_running")
 
 namespace mi::nif {
 

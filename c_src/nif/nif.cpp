@@ -5,6 +5,7 @@
 // constant-returning ones stay on a normal scheduler.
 #include <erl_nif.h>
 
+#include "alloc_nif.h"
 #include "atoms.h"
 #include "glibc_nif.h"
 #include "term.h"
@@ -48,6 +49,33 @@ ErlNifFunc nif_funcs[] = {
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
+    // Allocator detection: dlsym/dladdr/dlopen(RTLD_NOLOAD) take the dynamic
+    // loader's lock, which another thread's dlopen holds while it reads
+    // files and runs constructors: it can wait, so dirty I/O. Every call
+    // below detects too.
+    {"allocator", 0, guarded<n::allocator>, kIo},
+    // malloc_stats_print locks and merges every arena and formats hundreds
+    // of KB of JSON.
+    {"jemalloc_stats", 0, guarded<n::jemalloc_stats>, kCpu},
+    // Advancing "epoch" merges every arena's statistics under their locks.
+    {"jemalloc_summary", 0, guarded<n::jemalloc_summary>, kCpu},
+    // mallctl takes ctl_mtx, which a concurrent stats print or epoch
+    // refresh holds for as long as it runs.
+    {"jemalloc_profile_status", 0, guarded<n::jemalloc_profile_status>, kCpu},
+    {"jemalloc_profile_active", 1, guarded<n::jemalloc_profile_active>, kCpu},
+    // prof.dump walks every sampled stack and writes a file; then we read
+    // it back and remove it.
+    {"jemalloc_profile_dump", 1, guarded<n::jemalloc_profile_dump>, kIo},
+    // GetStats walks the page heap and every size class under its lock.
+    {"tcmalloc_stats", 0, guarded<n::tcmalloc_stats>, kCpu},
+    // The heap profiler's lock is held while tcmalloc writes an automatic
+    // dump file (HEAP_PROFILE_*_INTERVAL): start, stop and running can wait
+    // on file I/O.
+    {"tcmalloc_profile_start", 1, guarded<n::tcmalloc_profile_start>, kIo},
+    {"tcmalloc_profile_stop", 0, guarded<n::tcmalloc_profile_stop>, kIo},
+    {"tcmalloc_profile_running", 0, guarded<n::tcmalloc_profile_running>, kIo},
+    // GetHeapProfile formats every allocation bucket under that lock.
+    {"tcmalloc_profile_dump", 0, guarded<n::tcmalloc_profile_dump>, kCpu},
     // Constant strings: regular scheduler.
     {"version", 0, guarded<n::version>, 0},
     {"libc_version", 0, guarded<n::libc_version>, 0},
