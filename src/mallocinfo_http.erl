@@ -91,14 +91,29 @@ start_httpd(Port, Ip) ->
         {ok, Pid} ->
             [{port, Actual}] = httpd:info(Pid, [port]),
             {ok, #{port => Actual, ip => Ip}};
-        {error, {listen, Posix}} ->
-            {error, Posix};
         {error, {already_started, _}} ->
             %% An httpd instance holds this address and port already.
             {error, eaddrinuse};
-        {error, _} = E ->
-            E
+        {error, Reason} ->
+            %% A socket error comes back as {listen, Posix}, alone or deep
+            %% in a supervisor's shutdown reason.
+            case listen_error(Reason) of
+                undefined -> {error, Reason};
+                Posix -> {error, Posix}
+            end
     end.
+
+listen_error({listen, Posix}) when is_atom(Posix) ->
+    Posix;
+listen_error(T) when is_tuple(T) ->
+    listen_error(tuple_to_list(T));
+listen_error([H | T]) ->
+    case listen_error(H) of
+        undefined -> listen_error(T);
+        Posix -> Posix
+    end;
+listen_error(_) ->
+    undefined.
 
 %% @doc Stops every mallocinfo HTTP server of this node. Always `ok'.
 -spec stop() -> ok.
@@ -330,8 +345,21 @@ heap_profile([_, _ | _]) ->
 
 set_active(jemalloc, Active) ->
     mallocinfo_jemalloc:profile_active(Active);
-set_active(tcmalloc, _) ->
-    {error, not_supported};
+set_active(tcmalloc, true) ->
+    case mallocinfo_tcmalloc:profile_running() of
+        true -> ok;
+        false -> start_tcmalloc_profiler();
+        {error, _} = E -> E
+    end;
+set_active(tcmalloc, false) ->
+    case mallocinfo_tcmalloc:profile_running() of
+        true ->
+            Result = mallocinfo_tcmalloc:profile_stop(),
+            remove_tcmalloc_dir(),
+            Result;
+        false -> ok;
+        {error, _} = E -> E
+    end;
 set_active(tracker, Active) ->
     case {mallocinfo_trace:status(), Active} of
         {#{preloaded := false}, _} -> {error, not_preloaded};
@@ -343,6 +371,47 @@ set_active(tracker, Active) ->
         %% prof.active is false.
         {#{mode := M}, false} when M =:= full; M =:= sample -> mallocinfo_trace:set_mode(counters);
         {#{}, false} -> ok
+    end.
+
+%% tcmalloc's profiler also writes files of its own, `<prefix>.0001.heap'
+%% and on, each time the HEAP_PROFILE_* thresholds are crossed (every GiB
+%% allocated by default). The prefix points into a directory made fresh for
+%% it (make_dir fails on a name that exists, so nothing planted in advance
+%% is used) with mode 0700, so no one else can plant a symlink in it; the
+%% directory goes when the profiler is stopped here.
+start_tcmalloc_profiler() ->
+    Dir = filename:join(tmp_dir(), io_lib:format("mallocinfo-tcmalloc.~ts.~b",
+                                                 [os:getpid(), rand:uniform(1 bsl 62)])),
+    case file:make_dir(Dir) of
+        ok ->
+            ok = file:change_mode(Dir, 8#700),
+            case mallocinfo_tcmalloc:profile_start(filename:join(Dir, "heap")) of
+                ok ->
+                    persistent_term:put({?MODULE, tcmalloc_dir}, Dir),
+                    ok;
+                {error, _} = E ->
+                    _ = file:del_dir(Dir),
+                    E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+remove_tcmalloc_dir() ->
+    case persistent_term:get({?MODULE, tcmalloc_dir}, undefined) of
+        undefined ->
+            ok;
+        Dir ->
+            _ = file:del_dir_r(Dir),
+            _ = persistent_term:erase({?MODULE, tcmalloc_dir}),
+            ok
+    end.
+
+tmp_dir() ->
+    case os:getenv("TMPDIR") of
+        false -> "/tmp";
+        "" -> "/tmp";
+        Dir -> Dir
     end.
 
 %% Back to the mode the node was started with, when it recorded blocks.
@@ -365,14 +434,17 @@ refusal(tracker, not_preloaded) ->
 refusal(tracker, not_recording) ->
     text(409, "no heap profile: the tracker is preloaded but does not record in this "
               "executable (MALLOCINFO_TRACE_EXE)\n");
-refusal(tcmalloc, not_supported) ->
-    text(409, "tcmalloc's heap profiler is started with HEAPPROFILE=<prefix> in the node's "
-              "environment; it cannot be switched here\n");
+refusal(tcmalloc, not_running) ->
+    text(409, "tcmalloc's heap profiler is not running; GET /heap_profile?active=true "
+              "starts it\n");
+refusal(tcmalloc, profiler_not_loaded) ->
+    text(409, "tcmalloc's heap profiler is not in this process: it is part of "
+              "libtcmalloc.so.4, not of libtcmalloc_minimal.so.4\n");
 refusal(Profiler, Reason) ->
     failure(atom_to_list(Profiler) ++ " heap profile", Reason).
 
 tracker_hint() ->
-    ["Restart the node with LD_PRELOAD=", mallocinfo_trace:preload_path(),
+    ["Restart the node with LD_PRELOAD=", filename:absname(mallocinfo_trace:preload_path()),
      " (mallocinfo_trace:preload_env/0), or with LD_PRELOAD=libjemalloc.so.2 and "
      "MALLOC_CONF=\"prof:true,prof_active:false\"."].
 
@@ -394,8 +466,20 @@ status_text(jemalloc) ->
             ["allocator: jemalloc\nprofiling status unavailable: ", reason_text(Reason), "\n"]
     end;
 status_text(tcmalloc) ->
-    ["allocator: tcmalloc\n\n"
-     "GET /heap_profile?trigger_dump=true  tcmalloc's heap profile, for google-pprof --text\n"];
+    case mallocinfo_tcmalloc:profile_running() of
+        Running when is_boolean(Running) ->
+            ["allocator: tcmalloc\n",
+             "heap_profiler.running: ", atom_to_list(Running), "\n",
+             "\nGET /heap_profile?active=true        start tcmalloc's heap profiler\n"
+             "GET /heap_profile?active=false       stop it (what it recorded is forgotten)\n"
+             "GET /heap_profile?trigger_dump=true  the profile: google-pprof --text "
+             "<beam.smp> <file>\n"];
+        {error, profiler_not_loaded} ->
+            ["allocator: tcmalloc\nheap_profiler: not loaded (libtcmalloc_minimal has none; "
+             "preload libtcmalloc.so.4 to profile)\n"];
+        {error, Reason} ->
+            ["allocator: tcmalloc\nheap profiler status unavailable: ", reason_text(Reason), "\n"]
+    end;
 status_text(tracker) ->
     Allocator = atom_to_list(mallocinfo:allocator()),
     case mallocinfo_trace:status() of

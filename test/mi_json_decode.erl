@@ -7,18 +7,29 @@
 %% Objects become maps with binary keys, arrays lists, strings binaries,
 %% numbers integers (no fraction, no exponent) or floats, and the literals
 %% `true', `false', `null'. Errors raise `{json, Why, Offset}'.
+%%
+%% decode/2 with `#{duplicate_keys => last}' accepts an object that repeats
+%% a name (RFC 8259 says names SHOULD be unique, so such a text is still
+%% JSON; jemalloc 5.3's stats repeat a few) and keeps the last value, as
+%% most parsers do.
 -module(mi_json_decode).
 
--export([decode/1]).
+-export([decode/1, decode/2]).
 
-decode(Bin) when is_binary(Bin) ->
-    {Value, Rest} = value(ws(Bin), Bin),
+decode(Text) ->
+    decode(Text, #{duplicate_keys => reject}).
+
+%% `Doc' below is {Text, DuplicateKeys}: the whole text for error offsets,
+%% and the option.
+decode(Bin, #{duplicate_keys := Dup}) when is_binary(Bin), (Dup =:= reject orelse Dup =:= last) ->
+    Doc = {Bin, Dup},
+    {Value, Rest} = value(ws(Bin), Doc),
     case ws(Rest) of
         <<>> -> Value;
-        Tail -> fail(trailing_text, Tail, Bin)
+        Tail -> fail(trailing_text, Tail, Doc)
     end;
-decode(IoData) ->
-    decode(iolist_to_binary(IoData)).
+decode(IoData, Opts) ->
+    decode(iolist_to_binary(IoData), Opts).
 
 ws(<<C, Rest/binary>>) when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> ws(Rest);
 ws(Bin) -> Bin.
@@ -36,7 +47,7 @@ object(<<$}, R/binary>>, Acc, _) when map_size(Acc) =:= 0 ->
     {Acc, R};
 object(<<$", R/binary>>, Acc, Doc) ->
     {Key, R1} = string(R, [], Doc),
-    case maps:is_key(Key, Acc) of
+    case maps:is_key(Key, Acc) andalso element(2, Doc) =:= reject of
         true -> fail({duplicate_key, Key}, R1, Doc);
         false -> ok
     end,
@@ -159,5 +170,5 @@ number(Bin, Doc) ->
 digits(<<C, R/binary>>, Acc) when C >= $0, C =< $9 -> digits(R, [C | Acc]);
 digits(R, Acc) -> {lists:reverse(Acc), R}.
 
-fail(Why, Rest, Doc) ->
-    error({json, Why, byte_size(Doc) - byte_size(Rest)}).
+fail(Why, Rest, {Text, _}) ->
+    error({json, Why, byte_size(Text) - byte_size(Rest)}).
