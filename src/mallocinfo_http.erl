@@ -135,9 +135,10 @@ stop(Port) ->
 servers() ->
     case inets:services_info() of
         Services when is_list(Services) ->
-            [{Pid, Port} || {httpd, Pid, _} <- Services,
-                            [{modules, [?MODULE]}, {port, Port}]
-                                <- [catch httpd:info(Pid, [modules, port])]];
+            [{Pid, proplists:get_value(port, Info)}
+             || {httpd, Pid, _} <- Services,
+                Info <- [catch httpd:info(Pid, [modules, port])],
+                is_list(Info), proplists:get_value(modules, Info) =:= [?MODULE]];
         {error, _} ->
             []
     end.
