@@ -202,9 +202,9 @@ route(Method, Uri) ->
             case {endpoint(Path), Method} of
                 {undefined, _} ->
                     text(404, "not found; GET / lists the endpoints\n");
-                {_, "GET"} ->
+                {Handler, "GET"} ->
                     case params(Parsed) of
-                        {ok, Params} -> (endpoint(Path))(Params);
+                        {ok, Params} -> Handler(Params);
                         error -> text(400, "malformed query string\n")
                     end;
                 {_, _} ->
@@ -355,7 +355,11 @@ set_active(tcmalloc, true) ->
 set_active(tcmalloc, false) ->
     case mallocinfo_tcmalloc:profile_running() of
         true ->
-            Result = mallocinfo_tcmalloc:profile_stop(),
+            %% not_running: another request stopped it first.
+            Result = case mallocinfo_tcmalloc:profile_stop() of
+                         {error, not_running} -> ok;
+                         Other -> Other
+                     end,
             remove_tcmalloc_dir(),
             Result;
         false -> ok;
@@ -389,6 +393,11 @@ start_tcmalloc_profiler() ->
             case mallocinfo_tcmalloc:profile_start(filename:join(Dir, "heap")) of
                 ok ->
                     persistent_term:put({?MODULE, tcmalloc_dir}, Dir),
+                    ok;
+                {error, already_running} ->
+                    %% Another request started it first: what was asked
+                    %% for is done, with that request's directory.
+                    _ = file:del_dir(Dir),
                     ok;
                 {error, _} = E ->
                     _ = file:del_dir(Dir),
