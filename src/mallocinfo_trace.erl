@@ -118,7 +118,9 @@ heap_profile() ->
 
 %% @doc Call counters per interposed function, bytes allocated and freed,
 %% live tracked bytes and entries, dropped, plus `mallinfo2()' under
-%% `mallinfo'.
+%% `mallinfo' (`{error, {wrong_allocator, Which}}' there when the interposer
+%% forwards to another allocator than glibc, see
+%% {@link mallocinfo:allocator/0}).
 -spec stats() -> map() | {error, not_preloaded}.
 stats() ->
     case status() of

@@ -116,23 +116,24 @@ struct Active {
   Object object;
 };
 
+// What the object serving malloc is, by what it exports itself.
+Kind kind_of(const Object& o) {
+  if (o.map() == nullptr) return Kind::unknown;
+  if (o.map() == object_of(::dlsym(RTLD_DEFAULT, "gnu_get_libc_version"))) return Kind::glibc;
+  if (o.own("mallctl") != nullptr) return Kind::jemalloc;
+  if (o.own("MallocExtension_GetStats") != nullptr || o.own("tc_version") != nullptr)
+    return Kind::tcmalloc;
+  if (o.own("mi_version") != nullptr) return Kind::mimalloc;
+  return Kind::unknown;
+}
+
 // Which allocator serves malloc now, with a reference to its object. Taken
-// afresh on every call: a late dlopen can add allocator symbols to the
-// global scope, never change which malloc the process already calls, and
-// either way nothing stale is kept.
+// afresh on every call, so nothing stale is ever kept; and a late dlopen,
+// which can add allocator symbols to the global scope but never changes the
+// malloc the process calls, does not change the answer.
 Active detect() {
   Object o(malloc_object());
-  Kind k = Kind::unknown;
-  if (o.map() == nullptr)
-    k = Kind::unknown;
-  else if (o.map() == object_of(::dlsym(RTLD_DEFAULT, "gnu_get_libc_version")))
-    k = Kind::glibc;
-  else if (o.own("mallctl") != nullptr)
-    k = Kind::jemalloc;
-  else if (o.own("MallocExtension_GetStats") != nullptr || o.own("tc_version") != nullptr)
-    k = Kind::tcmalloc;
-  else if (o.own("mi_version") != nullptr)
-    k = Kind::mimalloc;
+  const Kind k = kind_of(o);
   return Active{k, std::move(o)};
 }
 
