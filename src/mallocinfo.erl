@@ -20,7 +20,7 @@
 
 -export([allocator/0, info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0,
          mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
--export([xmerl_candidates/1, load_xmerl/1]).
+-export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0]).
 
 -export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
@@ -268,10 +268,21 @@ load_xmerl([Dir | Rest]) ->
 %% newest version first.
 -spec xmerl_candidates([file:filename()]) -> [file:filename()].
 xmerl_candidates(Roots) ->
+    lib_candidates(xmerl, Roots).
+
+%% @private Candidate ebin directories of the OTP application `App' under
+%% the given OTP roots, newest version first: for the applications a
+%% release may lack (xmerl here, inets for mallocinfo_http).
+-spec lib_candidates(atom(), [file:filename()]) -> [file:filename()].
+lib_candidates(App, Roots) ->
+    Pattern = atom_to_list(App) ++ "-*",
     lists:append(
-      [lists:reverse(lists:sort(filelib:wildcard(filename:join([R, "lib", "xmerl-*", "ebin"]))))
+      [lists:reverse(lists:sort(filelib:wildcard(filename:join([R, "lib", Pattern, "ebin"]))))
        || R <- lists:usort(Roots)]).
 
+%% @private The OTP installations to look in: the code server's root and
+%% the one the running emulator comes from.
+-spec otp_roots() -> [file:filename()].
 otp_roots() ->
     %% BINDIR is <otp>/erts-<vsn>/bin for the emulator actually running.
     FromBindir = case os:getenv("BINDIR") of

@@ -9,10 +9,12 @@
 %% and never stall allocating threads (the table is lock-free).
 -module(mallocinfo_trace).
 
--export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, stats/0, reset/0,
-         preload_path/0, preload_env/0, preload_env/1]).
+-export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
+         reset/0, preload_path/0, preload_env/0, preload_env/1]).
 
 -export_type([mode/0, frame/0, old/0, site/0]).
+
+-type posix() :: file:posix().
 
 -type mode() :: full | sample | counters | off.
 -type frame() :: #{address := non_neg_integer(),
@@ -91,6 +93,28 @@ sites(N, Opts) when is_integer(N), N >= 0 ->
     unwrap(mallocinfo_nif:trace_sites(N, D));
 sites(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
+
+%% @doc Every live call site as a heap profile in the legacy gperftools
+%% text format (`heap profile: ...', one line per site with raw return
+%% addresses, then `MAPPED_LIBRARIES:' and this process's
+%% `/proc/self/maps'), which `jeprof --text', `google-pprof --text' and
+%% `pprof' read and symbolize themselves: give them the emulator
+%% (`beam.smp') as the program. In `sample' mode the figures are the same
+%% unbiased estimates {@link sites/1} gives. The file is built in memory;
+%% nothing is written to disk.
+-spec heap_profile() -> {ok, binary()} | {error, not_preloaded | not_recording | posix()}.
+heap_profile() ->
+    case mallocinfo_nif:trace_profile() of
+        {ok, Sites} ->
+            %% Read after the snapshot, so every object a stack points
+            %% into is mapped (unless unloaded in between).
+            case file:read_file("/proc/self/maps") of
+                {ok, Maps} -> {ok, iolist_to_binary(mallocinfo_pprof:heap_profile(Sites, Maps))};
+                {error, _} = E -> E
+            end;
+        {error, _} = E ->
+            E
+    end.
 
 %% @doc Call counters per interposed function, bytes allocated and freed,
 %% live tracked bytes and entries, dropped, plus `mallinfo2()' under

@@ -47,6 +47,8 @@ ErlNifFunc nif_funcs[] = {
     // ELF files on a cold cache).
     {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
     {"trace_sites", 2, guarded<n::trace_sites>, kCpu},
+    // The same snapshot and grouping, every site with raw addresses.
+    {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).

@@ -159,6 +159,51 @@ ERL_NIF_TERM first_n(ErlNifEnv* env, std::vector<T>& v, uint64_t n, Before befor
   return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
 }
 
+// Live blocks grouped by allocation stack. Sampled entries count 1/p(size)
+// blocks and size/p(size) bytes, p(n) = 1 - exp(-n / sample_bytes).
+struct Site {
+  uint32_t stack;
+  double count, bytes;
+  uint64_t oldest;
+  bool estimated;
+};
+
+std::vector<Site> group_by_stack(const mi_preload_abi* abi, const mi_abi_status& st) {
+  const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
+  std::unordered_map<uint32_t, Site> by_stack;
+  by_stack.reserve(st.stacks + 16);
+  stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      Site& s = by_stack.try_emplace(e[i].stack_id, Site{e[i].stack_id, 0, 0, UINT64_MAX, false})
+                    .first->second;
+      const double size = static_cast<double>(e[i].size);
+      if (e[i].flags & MI_ENTRY_SAMPLED) {
+        const double prob = -std::expm1(-size / mean);
+        const double w = prob > 0 ? 1.0 / prob : 1.0;
+        s.count += w;
+        s.bytes += size * w;
+        s.estimated = true;
+      } else {
+        s.count += 1;
+        s.bytes += size;
+      }
+      s.oldest = std::min(s.oldest, e[i].timestamp_ns);
+    }
+  });
+  std::vector<Site> sites;
+  sites.reserve(by_stack.size());
+  for (auto& [id, site] : by_stack) sites.push_back(site);
+  return sites;
+}
+
+bool larger_site(const Site& a, const Site& b) {
+  return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
+}
+
+uint64_t rounded(double v) {
+  return static_cast<uint64_t>(std::llround(v));
+}
+
 }  // namespace
 
 mi::symbolize::Symbolizer& symbolizer() {
@@ -274,7 +319,6 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 }
 
 // sites(N, Demangle): live blocks grouped by stack, the N largest by bytes.
-// Sampled entries count 1/p(size) blocks and size/p(size) bytes.
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
@@ -282,52 +326,45 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   mi_abi_status st;
   const mi_preload_abi* abi = recording_abi(env, &error, &st);
   if (abi == nullptr) return error;
-  const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
-  struct Site {
-    uint32_t stack;
-    double count, bytes;
-    uint64_t oldest;
-    bool estimated;
-  };
-  std::unordered_map<uint32_t, Site> by_stack;
-  by_stack.reserve(st.stacks + 16);
   const uint64_t now = abi->now_ns();
-  stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
-    for (size_t i = 0; i < count; ++i) {
-      Site& s = by_stack.try_emplace(e[i].stack_id, Site{e[i].stack_id, 0, 0, UINT64_MAX, false})
-                    .first->second;
-      const double size = static_cast<double>(e[i].size);
-      if (e[i].flags & MI_ENTRY_SAMPLED) {
-        const double prob = -std::expm1(-size / mean);
-        const double w = prob > 0 ? 1.0 / prob : 1.0;
-        s.count += w;
-        s.bytes += size * w;
-        s.estimated = true;
-      } else {
-        s.count += 1;
-        s.bytes += size;
-      }
-      s.oldest = std::min(s.oldest, e[i].timestamp_ns);
-    }
-  });
-  std::vector<Site> sites;
-  sites.reserve(by_stack.size());
-  for (auto& [id, site] : by_stack) sites.push_back(site);
+  std::vector<Site> sites = group_by_stack(abi, st);
   StackCache stacks(abi, demangle);
-  return first_n(
-      env, sites, n,
-      [](const Site& a, const Site& b) {
-        return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
-      },
-      [&](const Site& s) {
-        return MapBuilder()
-            .put(atoms.stack, stacks.term(env, s.stack))
-            .put(atoms.count, u64(env, static_cast<uint64_t>(std::llround(s.count))))
-            .put(atoms.bytes, u64(env, static_cast<uint64_t>(std::llround(s.bytes))))
-            .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
-            .put(atoms.estimated, make_bool(s.estimated))
-            .build(env);
-      });
+  return first_n(env, sites, n, larger_site, [&](const Site& s) {
+    return MapBuilder()
+        .put(atoms.stack, stacks.term(env, s.stack))
+        .put(atoms.count, u64(env, rounded(s.count)))
+        .put(atoms.bytes, u64(env, rounded(s.bytes)))
+        .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
+        .put(atoms.estimated, make_bool(s.estimated))
+        .build(env);
+  });
+}
+
+// profile(): every site as {Count, Bytes, [ReturnAddress]}, largest first,
+// with raw addresses and no symbols: the heap profile text carries them,
+// and pprof/jeprof symbolize them from the mapped objects themselves.
+// Blocks recorded without a stack (stack id 0) have no frames to show and
+// are left out.
+ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  ERL_NIF_TERM error;
+  mi_abi_status st;
+  const mi_preload_abi* abi = recording_abi(env, &error, &st);
+  if (abi == nullptr) return error;
+  std::vector<Site> sites = group_by_stack(abi, st);
+  std::sort(sites.begin(), sites.end(), larger_site);
+  std::vector<ERL_NIF_TERM> out;
+  out.reserve(sites.size());
+  std::vector<ERL_NIF_TERM> frames;
+  for (const Site& s : sites) {
+    uint64_t pcs[256];
+    const uint32_t depth = std::min<uint32_t>(abi->stack(s.stack, pcs, 256), 256);
+    if (depth == 0) continue;
+    frames.clear();
+    for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
+    out.push_back(enif_make_tuple3(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
+                                   enif_make_list_from_array(env, frames.data(), depth)));
+  }
+  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), out.size()));
 }
 
 // symbolize([Address], Demangle) -> [Frame]: for callers holding raw

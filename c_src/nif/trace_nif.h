@@ -25,6 +25,8 @@ ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[])
 ERL_NIF_TERM trace_reset(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_olds(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// {ok, [{Count, Bytes, [ReturnAddress]}]}: every live site, raw addresses.
+ERL_NIF_TERM trace_profile(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 
 }  // namespace mi::nif
