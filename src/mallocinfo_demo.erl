@@ -55,7 +55,8 @@ run(Opts) when is_map(Opts) ->
     #{leak_blocks := LB, leak_size := LS, threads := T, fragment_blocks := FB,
       fragment_size := FS, keep_every := K, enif_blocks := EB, enif_size := ES,
       hoard_terms := H} = O,
-    Steps = [fun() -> mallocinfo_demo_nif:cache_insert(LB, LS) end,
+    Steps = [fun mallocinfo_demo_nif:load/0,
+             fun() -> mallocinfo_demo_nif:cache_insert(LB, LS) end,
              fun() -> mallocinfo_demo_nif:enif_keep(EB, ES) end,
              fun() -> mallocinfo_demo_nif:fragment(T, FB, FS, K) end],
     case lists:foldl(fun(Step, ok) -> Step(); (_, Stop) -> Stop end, ok, Steps) of
@@ -76,7 +77,10 @@ stop() ->
         undefined -> ok;
         Pid -> exit(Pid, kill)
     end,
-    mallocinfo_demo_nif:release().
+    case mallocinfo_demo_nif:load() of
+        ok -> mallocinfo_demo_nif:release();
+        {error, _} -> ok
+    end.
 
 %% @doc What `make run' does once the node is up: runs the demo, prints
 %% `mallocinfo:report()', and writes `malloc_info.xml' (and, when

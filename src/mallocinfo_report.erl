@@ -117,7 +117,8 @@ format(R) ->
 -spec format_cluster([node_result()]) -> iolist().
 format_cluster(Results) ->
     Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
-    Failures = [para(io_lib:format("~ts: ~0tp", [N, Why])) || {N, {error, Why}} <- Results],
+    Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
+                || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout],
     Verdicts = [[io_lib:format("~ts:~n", [N]),
                  [io_lib:format("  - ~ts~n", [wrap(V, 76, "    ")]) || V <- maps:get(verdicts, R, [])]]
                 || {N, {ok, R}} <- Results],
@@ -853,6 +854,9 @@ account(#{resident := #{groups := G, rss := Rss}} = R) ->
     Mapped = lists:sum([Rss_(K) || K <- maps:keys(G)]),
     Unaccounted = max(0, Mapped - lists:sum([B || {_, B} <- Attributed])),
     #{attributed => Attributed,
+      %% How much of ERTS's claim is not backed by resident memory: up to
+      %% this much of what is unaccounted could be hidden in it.
+      erts_slack_bytes => max(0, ErtsMmap - ErtsPart),
       unaccounted_bytes => Unaccounted,
       unaccounted_percent => percent(Unaccounted, Mapped),
       rss_for_accounting => Mapped,
@@ -1316,7 +1320,14 @@ section_unaccounted(#{unaccounted_bytes := U, unaccounted_percent := P, attribut
     [rule_line("6. Unaccounted"),
      para(["mapped ", human_bytes(maps:get(rss_for_accounting, R, 0)),
            "; explained by the layers: ", lists:join(", ", Parts)]),
-     io_lib:format("unaccounted: ~ts (~.1f% of RSS)~n", [human_bytes(U), float(P)])].
+     io_lib:format("unaccounted: ~ts (~.1f% of RSS)~n", [human_bytes(U), float(P)]),
+     case maps:get(erts_slack_bytes, R, 0) of
+         Slack when Slack > 0 ->
+             para(io_lib:format("(a lower bound: ERTS has ~ts more mapped than is resident for "
+                                "it, and memory mapped behind its back could hide there)",
+                                [human_bytes(Slack)]));
+         _ -> []
+     end].
 
 attributed_label(files) -> "files";
 attributed_label(jit) -> "JIT";
