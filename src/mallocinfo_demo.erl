@@ -92,15 +92,26 @@ make_run(Dir) ->
         #{recording := true} -> ok;
         _ -> io:format("(the interposer is not preloaded: no native call sites)~n")
     end,
-    Demo = run(),
-    io:format("demo workload: ~p~n~n", [maps:without([hoarder], Demo)]),
+    case run() of
+        #{} = Demo ->
+            B = fun(K) -> mallocinfo_units:bytes(maps:get(K, Demo)) end,
+            io:format("demo workload: leaked ~ts in ~ts blocks from demo_cache_insert;~n"
+                      "  ~b threads freed ~ts and kept ~ts in their arenas;~n"
+                      "  ~ts from enif_alloc; ~p (~s) hoards its heap~n~n",
+                      [B(leaked_bytes), mallocinfo_units:count(maps:get(leaked_blocks, Demo)),
+                       maps:get(threads, ?DEFAULTS), B(fragment_freed_bytes),
+                       B(fragment_kept_bytes), B(enif_bytes), maps:get(hoarder, Demo), ?HOARDER]);
+        {error, Why} ->
+            io:format("the demo workload could not start: ~p~n~n", [Why])
+    end,
     ok = mallocinfo:report(),
     Xml = filename:join(Dir, "malloc_info.xml"),
     io:format("~nwritten: ~ts (~p)~n", [Xml, mallocinfo:info(Xml)]),
     heap_map(Dir),
-    io:format("explore: mallocinfo:report(), mallocinfo_trace:sites(5), "
-              "mallocinfo_proc:print(whereis(~s)), mallocinfo:trim(), "
-              "mallocinfo_demo:stop()~n", [?HOARDER]).
+    io:format("explore: mallocinfo:report().  mallocinfo_trace:sites(5).~n"
+              "  mallocinfo_proc:print(whereis(~s)).~n"
+              "  mallocinfo:trim().  mallocinfo_demo:stop().  mallocinfo:report().~n"
+              "(press Enter for a prompt)~n", [?HOARDER]).
 
 %% The heap map (issue 4) when this build has it: dump/1 then render/2.
 heap_map(Dir) ->

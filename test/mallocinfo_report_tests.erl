@@ -1,4 +1,5 @@
-%% EUnit: the pure parts of mallocinfo_report on canned input: /proc text,
+%% EUnit: the pure parts of the report (mallocinfo_report_build,
+%% mallocinfo_report_text, mallocinfo_units) on canned input: /proc text,
 %% erts_alloc figures, crafted reports for every verdict rule, units and
 %% the 80-column text.
 -module(mallocinfo_report_tests).
@@ -6,7 +7,8 @@
 
 -define(KiB, 1024).
 -define(MiB, (1024 * 1024)).
--define(R, mallocinfo_report).
+-define(R, mallocinfo_report_build).
+-define(TEXT, mallocinfo_report_text).
 
 %%% Canned /proc/self/smaps --------------------------------------------------
 
@@ -211,9 +213,9 @@ arena_max_test() ->
     None = #{"MALLOC_ARENA_MAX" => false, "GLIBC_TUNABLES" => false},
     ?assertEqual(#{value => 16, source => default}, ?R:arena_max(None, 2)),
     ?assertEqual(#{value => 2, source => env}, ?R:arena_max(None#{"MALLOC_ARENA_MAX" => "2"}, 2)),
+    Tunables = "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=4",
     ?assertEqual(#{value => 4, source => tunable},
-                 ?R:arena_max(None#{"GLIBC_TUNABLES" =>
-                                        "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=4"}, 2)),
+                 ?R:arena_max(None#{"GLIBC_TUNABLES" => Tunables}, 2)),
     %% Nonsense is what glibc ignores too.
     ?assertEqual(#{value => 64, source => default},
                  ?R:arena_max(None#{"MALLOC_ARENA_MAX" => "lots"}, 8)).
@@ -236,7 +238,8 @@ raw() ->
       mallinfo => #{arena => 110 * ?MiB, uordblks => 40 * ?MiB, fordblks => 70 * ?MiB,
                     hblkhd => 2 * ?MiB, hblks => 1, fsmblks => 0, keepcost => 0,
                     ordblks => 1, smblks => 0, usmblks => 0},
-      libc_summary => #{arenas => [#{arena => 0, system_bytes => 3 * ?MiB, in_use_bytes => 2 * ?MiB},
+      libc_summary => #{arenas => [#{arena => 0, system_bytes => 3 * ?MiB,
+                                     in_use_bytes => 2 * ?MiB},
                                    #{arena => 1, system_bytes => 107 * ?MiB,
                                      in_use_bytes => 38 * ?MiB}]},
       heap_map => {error, {missing, mallocinfo_heap, summary}},
@@ -248,8 +251,8 @@ raw() ->
 
 build_accounting_test() ->
     R = ?R:build(raw()),
-    ?assertMatch(#{node := 'canned@host', resident := #{rss := 210000 * ?KiB, pss := 200000 * ?KiB}},
-                 R),
+    ?assertMatch(#{node := 'canned@host',
+                   resident := #{rss := 210000 * ?KiB, pss := 200000 * ?KiB}}, R),
     ?assertMatch({unavailable, not_preloaded, _}, maps:get(native, R)),
     ?assertEqual(none, maps:get(other_allocator, R)),
     A = maps:from_list(maps:get(attributed, R)),
@@ -273,7 +276,32 @@ build_accounting_test() ->
                   <<"62.3 MiB (32.1% of RSS) is memory no layer accounts for", _/binary>>],
                  maps:get(verdicts, R)),
     %% And the report renders, in 80 columns.
-    assert_80_columns(?R:format(R)).
+    assert_80_columns(?TEXT:format(R)).
+
+%% jemalloc maps NORESERVE where the kernel overcommits: its resident bytes
+%% explain NORESERVE memory the tracker does not own.
+build_jemalloc_test() ->
+    Je = #{allocated => 30 * ?MiB, active => 32 * ?MiB, resident => 40 * ?MiB,
+           mapped => 64 * ?MiB, retained => 8 * ?MiB, metadata => ?MiB},
+    R = ?R:build((raw())#{allocator := jemalloc, jemalloc := {ok, Je}}),
+    ?assertMatch(#{other_allocator := #{allocator := jemalloc, resident := 40 * ?MiB},
+                   libc := #{note := <<"malloc is served by jemalloc">>}}, R),
+    A = maps:from_list(maps:get(attributed, R)),
+    ?assertEqual(40 * ?MiB, maps:get(other_allocator, A)),
+    %% 52048 KiB NORESERVE, 40 MiB of it jemalloc's: 63760 - 40960 KiB left.
+    ?assertEqual((63760 - 40960) * ?KiB, maps:get(unaccounted_bytes, R)),
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    ?assertNotEqual(nomatch, string:find(Text, "== 5. Other allocator: jemalloc")),
+    assert_80_columns(Text).
+
+%% Input the code does not expect costs its section, not the report.
+build_survives_odd_input_test() ->
+    Odd = #{arenas => [#{arena => 0, system_bytes => lots, in_use_bytes => 1}]},
+    R = ?R:build((raw())#{libc_summary := Odd}),
+    ?assertMatch({unavailable, {error, badarith}, _}, maps:get(libc, R)),
+    ?assertMatch(#{resident := #{rss := _}, erts := #{allocated := _}}, R),
+    [_ | _] = maps:get(verdicts, R),
+    assert_80_columns(?TEXT:format(R)).
 
 build_without_smaps_test() ->
     R = ?R:build((raw())#{smaps := {error, enoent}}),
@@ -285,7 +313,7 @@ build_without_smaps_test() ->
     Quiet = (raw())#{smaps := {error, enoent}, libc_summary := {error, enomem}},
     ?assertEqual([<<"nothing stands out (the resident set could not be read)">>],
                  maps:get(verdicts, ?R:build(Quiet))),
-    assert_80_columns(?R:format(R)).
+    assert_80_columns(?TEXT:format(R)).
 
 %%% Verdict rules on crafted reports -------------------------------------------------
 
@@ -323,9 +351,8 @@ quiet() ->
                 heap_map => {unavailable, x, <<>>}},
       native => #{mode => full, live_bytes => 10 * ?MiB, live_entries => 1000,
                   table_bytes => 64 * ?MiB, stack_bytes => 16 * ?MiB,
-                  sites => [#{bytes => 2 * ?MiB, count => 100, oldest_age_ms => 10000,
-                              estimated => false,
-                              stack => [frame(<<"/opt/app/priv/foo_nif.so">>, <<"foo_cache_insert">>)]}],
+                  sites => [site(2 * ?MiB, 100, 10000,
+                                 [frame(<<"/opt/app/priv/foo_nif.so">>, <<"foo_cache_insert">>)])],
                   olds => []},
       other_allocator => none,
       attributed => [{tracker_tables, 0}],
@@ -352,7 +379,8 @@ with_site(Site) ->
 
 native_holder_leak_test() ->
     %% 900 MiB in 3.2 M blocks, the oldest 5 h old: a leak.
-    Stack = [frame(<<"/usr/lib/x86_64-linux-gnu/libstdc++.so.6">>, <<"operator new(unsigned long)">>),
+    Stack = [frame(<<"/usr/lib/x86_64-linux-gnu/libstdc++.so.6">>,
+                   <<"operator new(unsigned long)">>),
              frame(<<"/opt/app/lib/foo-1.0/priv/foo_nif.so">>, <<"foo_cache_insert">>),
              frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_call_dirty_nif">>)],
     R = with_site(site(900 * ?MiB, 3200000, 5 * 3600000, Stack)),
@@ -362,16 +390,16 @@ native_holder_leak_test() ->
                  ?R:rule(native_holder, R)).
 
 native_holder_young_test() ->
-    R = with_site((site(64 * ?MiB, 160000, 12000, [frame(<<"/x/demo.so">>, <<"demo_cache_insert">>)]))#{
-                    estimated => true}),
+    Site = site(64 * ?MiB, 160000, 12000, [frame(<<"/x/demo.so">>, <<"demo_cache_insert">>)]),
+    R = with_site(Site#{estimated => true}),
     {_, S} = ?R:rule(native_holder, R),
     ?assertEqual(<<"the NIF demo.so holds about 64.0 MiB in about 160 k live blocks allocated from "
                    "demo_cache_insert, the oldest 12 s old: a leak if it keeps growing (compare "
                    "with a later report)">>, S).
 
 native_holder_names_vm_and_unknowns_test() ->
-    Vm = with_site(site(100 * ?MiB, 3, 1000,
-                        [frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_sys_aligned_alloc">>)])),
+    Beam = frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_sys_aligned_alloc">>),
+    Vm = with_site(site(100 * ?MiB, 3, 1000, [Beam])),
     {_, S1} = ?R:rule(native_holder, Vm),
     ?assertMatch(<<"the VM itself (beam.smp) holds 100.0 MiB in 3 live blocks allocated from "
                    "erts_sys_aligned_alloc", _/binary>>, S1),
@@ -380,10 +408,25 @@ native_holder_names_vm_and_unknowns_test() ->
     ?assertMatch(<<"the NIF libfoo.so.1 holds 100.0 MiB in 3 live blocks allocated from "
                    "libfoo.so.1+0x10", _/binary>>, S2).
 
+%% A long C++ name is shortened in the sentence, and no line of the text
+%% grows past 80 columns, whatever the words.
+long_words_test() ->
+    Long = iolist_to_binary(["std::vector<std::__cxx11::basic_string<char,std::char_traits<char>,"
+                             "std::allocator<char>>,std::allocator<std::__cxx11::basic_string<"
+                             "char>>>::_M_realloc_insert" | lists:duplicate(5, "<x>")]),
+    R = with_site(site(300 * ?MiB, 10, 1000, [frame(<<"/x/a.so">>, Long)])),
+    {_, S} = ?R:rule(native_holder, R),
+    %% 57 characters and "...".
+    ?assertMatch({match, _}, re:run(S, "allocated from std::vector<std::__cxx11::basic_string<"
+                                       "char,std::char_tra\\.\\.\\., the oldest")),
+    Odd = R#{verdicts => ?R:verdicts(R),
+             other_allocator := {unavailable, {crashed, lists:seq(1, 500)}, <<"no figures">>}},
+    assert_80_columns(?TEXT:format(Odd)).
+
 native_holder_small_site_test() ->
     %% 40 MiB is 3.9% of 1 GiB: below the 5% a verdict needs.
-    ?assertEqual(none, ?R:rule(native_holder,
-                               with_site(site(40 * ?MiB, 10, 1000, [frame(<<"/x.so">>, <<"f">>)])))),
+    Small = with_site(site(40 * ?MiB, 10, 1000, [frame(<<"/x.so">>, <<"f">>)])),
+    ?assertEqual(none, ?R:rule(native_holder, Small)),
     ?assertEqual(none, ?R:rule(native_holder, with_site(site(0, 0, 0, [])))).
 
 culprit_test() ->
@@ -427,7 +470,8 @@ libc_fragmentation_main_arena_only_test() ->
 
 libc_fragmentation_needs_evidence_test() ->
     %% Much free, but a small share of the arenas (25% < 30%).
-    ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([arena(0, 400 * ?MiB, 300 * ?MiB)]))),
+    ?assertEqual(none, ?R:rule(libc_fragmentation,
+                               with_arenas([arena(0, 400 * ?MiB, 300 * ?MiB)]))),
     %% A high share of something small.
     ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([arena(0, 20 * ?MiB, ?MiB)]))),
     ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([]))).
@@ -449,8 +493,8 @@ erts_fragmentation_test() ->
                                 "(500.0 MiB allocated, 22% used)">>},
                  ?R:rule(erts_fragmentation, R)),
     %% 61% used is not fragmentation.
-    ?assertEqual(none, ?R:rule(erts_fragmentation,
-                               with_erts(fun(E) -> E#{allocated := 600 * ?MiB, used := 366 * ?MiB} end))).
+    Used61 = with_erts(fun(E) -> E#{allocated := 600 * ?MiB, used := 366 * ?MiB} end),
+    ?assertEqual(none, ?R:rule(erts_fragmentation, Used61)).
 
 erts_mseg_cache_test() ->
     R = with_erts(fun(E) -> E#{mseg_cache_bytes := 114 * ?MiB, mmap_bytes := 186 * ?MiB} end),
@@ -483,17 +527,20 @@ erts_binary_and_ets_test() ->
                                 "mallocinfo_proc:top(10, binary) names the processes that keep "
                                 "them">>},
                  ?R:rule(erts_binary, Bin)),
+    Sessions = #{table => sessions, bytes => 250 * ?MiB, objects => 9},
     Ets = with_erts(fun(E) -> E#{memory := #{binary => 0, ets => 300 * ?MiB},
-                                 ets := [#{table => sessions, bytes => 250 * ?MiB, objects => 9}]} end),
+                                 ets := [Sessions]} end),
     ?assertEqual({300 * ?MiB, <<"ETS tables take 300.0 MiB (29% of RSS), the largest sessions "
                                 "with 250.0 MiB">>},
                  ?R:rule(erts_ets, Ets)),
     %% 20% of RSS is below the quarter these rules need.
-    ?assertEqual(none, ?R:rule(erts_ets, with_erts(fun(E) -> E#{memory := #{ets => 200 * ?MiB}} end))).
+    ?assertEqual(none, ?R:rule(erts_ets,
+                               with_erts(fun(E) -> E#{memory := #{ets => 200 * ?MiB}} end))).
 
 other_allocator_test() ->
+    Summary = #{allocated => 400 * ?MiB, resident => 900 * ?MiB},
     Je = (quiet())#{other_allocator := #{allocator => jemalloc, resident => 900 * ?MiB,
-                                         summary => #{allocated => 400 * ?MiB, resident => 900 * ?MiB}}},
+                                         summary => Summary}},
     ?assertEqual({500 * ?MiB, <<"jemalloc keeps 900.0 MiB resident for 400.0 MiB allocated: "
                                 "500.0 MiB it has not returned to the system">>},
                  ?R:rule(other_allocator, Je)),
@@ -523,32 +570,32 @@ unexplained_test() ->
 verdicts_ranked_by_bytes_test() ->
     R0 = with_site(site(200 * ?MiB, 10, 1000, [frame(<<"/x/a.so">>, <<"f">>)])),
     R = R0#{unaccounted_bytes := 300 * ?MiB, unaccounted_percent := 29.3},
-    ?assertMatch([<<"300.0 MiB (29.3% of RSS)", _/binary>>, <<"the NIF a.so holds 200.0 MiB", _/binary>>],
-                 ?R:verdicts(R)).
+    ?assertMatch([<<"300.0 MiB (29.3% of RSS)", _/binary>>,
+                  <<"the NIF a.so holds 200.0 MiB", _/binary>>], ?R:verdicts(R)).
 
 %%% Units and text -------------------------------------------------------------------
 
 human_test_() ->
-    [?_assertEqual("0 B", lists:flatten(?R:human_bytes(0))),
-     ?_assertEqual("1023 B", lists:flatten(?R:human_bytes(1023))),
-     ?_assertEqual("1.5 KiB", lists:flatten(?R:human_bytes(1536))),
-     ?_assertEqual("64.0 MiB", lists:flatten(?R:human_bytes(64 * ?MiB))),
-     ?_assertEqual("1.8 GiB", lists:flatten(?R:human_bytes(1932735283))),
-     ?_assertEqual("2.0 TiB", lists:flatten(?R:human_bytes(2 bsl 40))),
-     ?_assertEqual("-", lists:flatten(?R:human_bytes(undefined))),
-     ?_assertEqual("9999", lists:flatten(?R:human_count(9999))),
-     ?_assertEqual("12.3 k", lists:flatten(?R:human_count(12345))),
-     ?_assertEqual("160 k", lists:flatten(?R:human_count(160000))),
-     ?_assertEqual("3.2 M", lists:flatten(?R:human_count(3200000))),
-     ?_assertEqual("850 ms", lists:flatten(?R:human_age(850))),
-     ?_assertEqual("42 s", lists:flatten(?R:human_age(42999))),
-     ?_assertEqual("5.2 min", lists:flatten(?R:human_age(312000))),
-     ?_assertEqual("5.0 h", lists:flatten(?R:human_age(5 * 3600000))),
-     ?_assertEqual("3.1 d", lists:flatten(?R:human_age(3 * 86400000 + 9000000)))].
+    [?_assertEqual("0 B", lists:flatten(mallocinfo_units:bytes(0))),
+     ?_assertEqual("1023 B", lists:flatten(mallocinfo_units:bytes(1023))),
+     ?_assertEqual("1.5 KiB", lists:flatten(mallocinfo_units:bytes(1536))),
+     ?_assertEqual("64.0 MiB", lists:flatten(mallocinfo_units:bytes(64 * ?MiB))),
+     ?_assertEqual("1.8 GiB", lists:flatten(mallocinfo_units:bytes(1932735283))),
+     ?_assertEqual("2.0 TiB", lists:flatten(mallocinfo_units:bytes(2 bsl 40))),
+     ?_assertEqual("-", lists:flatten(mallocinfo_units:bytes(undefined))),
+     ?_assertEqual("9999", lists:flatten(mallocinfo_units:count(9999))),
+     ?_assertEqual("12.3 k", lists:flatten(mallocinfo_units:count(12345))),
+     ?_assertEqual("160 k", lists:flatten(mallocinfo_units:count(160000))),
+     ?_assertEqual("3.2 M", lists:flatten(mallocinfo_units:count(3200000))),
+     ?_assertEqual("850 ms", lists:flatten(mallocinfo_units:age(850))),
+     ?_assertEqual("42 s", lists:flatten(mallocinfo_units:age(42999))),
+     ?_assertEqual("5.2 min", lists:flatten(mallocinfo_units:age(312000))),
+     ?_assertEqual("5.0 h", lists:flatten(mallocinfo_units:age(5 * 3600000))),
+     ?_assertEqual("3.1 d", lists:flatten(mallocinfo_units:age(3 * 86400000 + 9000000)))].
 
 format_crafted_test() ->
     R = (quiet())#{verdicts => ?R:verdicts(quiet())},
-    Text = lists:flatten(io_lib:format("~ts", [?R:format(R)])),
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
     assert_80_columns(Text),
     [?assertNotEqual(nomatch, string:find(Text, S))
      || S <- ["== Verdict", "== 1. Resident set", "== 2. ERTS", "== 3. libc", "== 4. Native",
@@ -557,23 +604,25 @@ format_crafted_test() ->
 
 format_cluster_test() ->
     R = (quiet())#{verdicts => [<<"a verdict">>], injected => true},
-    Text = lists:flatten(io_lib:format("~ts", [?R:format_cluster(
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format_cluster(
                                                  [{'a@host', {ok, R}},
                                                   {'b@host', {error, unreachable}},
                                                   {'c@host', {error, {inject_failed, x}}}])])),
     assert_80_columns(Text),
     Lines = string:split(Text, "\n", all),
     [A] = [L || L <- Lines, string:prefix(L, "a@host ") =/= nomatch],
-    ?assertMatch({match, _}, re:run(A, "^a@host +1\\.0 GiB +500\\.0 MiB +15\\.0 MiB +10\\.0 MiB +1\\.0% +injected$")),
-    ?assert(lists:member("b@host                       -         -         -         -      -  unreachable", Lines)),
+    ?assertMatch({match, _}, re:run(A, "^a@host +1\\.0 GiB +500\\.0 MiB +15\\.0 MiB +10\\.0 MiB "
+                                       "+1\\.0% +injected$")),
+    ?assert(lists:member("b@host                       -         -         -         -      -  "
+                         "unreachable", Lines)),
     ?assertNotEqual(nomatch, string:find(Text, "c@host: {inject_failed,x}")),
     ?assertNotEqual(nomatch, string:find(Text, "  - a verdict")).
 
 collect_bad_arguments_test() ->
-    ?assertError(badarg, ?R:collect(node())),
-    ?assertError(badarg, ?R:collect(["node"])),
-    ?assertError(badarg, ?R:collect([node()], #{timeout => 0})),
-    ?assertError(badarg, ?R:collect([node()], #{bogus => 1})),
+    ?assertError(badarg, mallocinfo_report:collect(node())),
+    ?assertError(badarg, mallocinfo_report:collect(["node"])),
+    ?assertError(badarg, mallocinfo_report:collect([node()], #{timeout => 0})),
+    ?assertError(badarg, mallocinfo_report:collect([node()], #{bogus => 1})),
     ?assertError(badarg, mallocinfo:report(node())).
 
 assert_80_columns(IoData) ->
