@@ -47,7 +47,7 @@
 -define(HEAP_MAP_TIMEOUT, 10000).
 -define(DEFAULT_TIMEOUT, 30000).
 -define(SITES, 10).
--define(OLDS, 5).
+-define(OLDS, 3).
 -define(TOP, 5).
 
 %%% ---------------------------------------------------------------------------

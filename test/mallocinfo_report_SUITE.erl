@@ -133,11 +133,15 @@ direct_mmap_is_unaccounted(Config) ->
         ?assert(U1 - U0 >= Bytes - Slack - 8 * ?MiB),
         ?assert(U1 - U0 =< Bytes + 8 * ?MiB),
         ?assert(maps:get(unaccounted_percent, R1) >= 15),
-        Hex = list_to_binary(string:lowercase(integer_to_list(Address, 16))),
-        [V] = [V || V <- maps:get(verdicts, R1),
-                    binary:match(V, <<"is memory no layer accounts for">>) =/= nomatch],
-        ?assertNotEqual(nomatch, binary:match(V, <<"the largest anonymous mappings: ", Hex/binary,
-                                                   " 128.0 MiB">>)),
+        %% The verdict names the mapping, first among the largest (the
+        %% kernel may have merged it with a neighbour: the one holding the
+        %% address).
+        [V] = [V || V <- maps:get(verdicts, R1), has(V, <<"is memory no layer accounts for">>)],
+        ct:pal("~ts", [V]),
+        #{resident := #{anon_top := [#{start := S, stop := E, rss := Rss} | _]}} = R1,
+        ?assert(S =< Address andalso Address + Bytes =< E andalso Rss >= Bytes),
+        Hex = list_to_binary(string:lowercase(integer_to_list(S, 16))),
+        ?assert(has(V, <<"the largest anonymous mappings: ", Hex/binary, " ">>)),
         ok = Call(mi_mmap_nif, unmap, [])
     after
         peer:stop(Peer)
