@@ -27,7 +27,7 @@
                     hoard_terms => 600000}).
 
 %% @equiv run(#{})
--spec run() -> map().
+-spec run() -> map() | {error, term()}.
 run() ->
     run(#{}).
 
@@ -110,8 +110,13 @@ make_run(Dir) ->
     heap_map(Dir),
     io:format("explore: mallocinfo:report().  mallocinfo_trace:sites(5).~n"
               "  mallocinfo_proc:print(whereis(~s)).~n"
-              "  mallocinfo:trim().  mallocinfo_demo:stop().  mallocinfo:report().~n"
-              "(press Enter for a prompt)~n", [?HOARDER]).
+              "  mallocinfo:trim().  mallocinfo_demo:stop().  mallocinfo:report().~n", [?HOARDER]),
+    %% The shell printed its prompt before all this (erl -eval runs once
+    %% the shell has started).
+    case init:get_argument(noshell) of
+        {ok, _} -> ok;
+        error -> io:format("(press Enter for a prompt)~n")
+    end.
 
 %% The heap map (issue 4) when this build has it: dump/1 then render/2.
 heap_map(Dir) ->

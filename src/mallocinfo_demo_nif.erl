@@ -23,8 +23,21 @@ load() ->
         {error, _} = E -> E
     end.
 
+-spec cache_insert(non_neg_integer(), pos_integer()) -> ok | {error, enomem}.
 cache_insert(_Count, _Size) -> erlang:nif_error(nif_not_loaded).
+
+-spec fragment(pos_integer(), pos_integer(), pos_integer(), pos_integer()) ->
+          {ok, KeptBytes :: non_neg_integer(), FreedBytes :: non_neg_integer()}
+          | {error, enomem | eagain}.
 fragment(_Threads, _Blocks, _Size, _KeepEvery) -> erlang:nif_error(nif_not_loaded).
+
+-spec enif_keep(non_neg_integer(), pos_integer()) -> ok | {error, enomem}.
 enif_keep(_Count, _Size) -> erlang:nif_error(nif_not_loaded).
+
+-spec release() -> ok.
 release() -> erlang:nif_error(nif_not_loaded).
+
+%% {CacheBlocks, CacheBytes, FragmentBlocks, FragmentBytes, EnifBlocks, EnifBytes}
+-spec held() -> {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(),
+                 non_neg_integer(), non_neg_integer()}.
 held() -> erlang:nif_error(nif_not_loaded).

@@ -294,6 +294,23 @@ build_jemalloc_test() ->
     ?assertNotEqual(nomatch, string:find(Text, "== 5. Other allocator: jemalloc")),
     assert_80_columns(Text).
 
+%% tcmalloc's stats text: resident and allocated read from its MALLOC: lines.
+build_tcmalloc_test() ->
+    Stats = <<"------------------------------------------------\n"
+              "MALLOC:       31457280 (   30.0 MiB) Bytes in use by application\n"
+              "MALLOC: +     20971520 (   20.0 MiB) Bytes in page heap freelist\n"
+              "MALLOC: =     52428800 (   50.0 MiB) Actual memory used (physical + swap)\n"
+              "MALLOC: +      1048576 (    1.0 MiB) Bytes released to OS (aka unmapped)\n">>,
+    R = ?R:build((raw())#{allocator := tcmalloc, tcmalloc := {ok, Stats}}),
+    ?assertMatch(#{allocator := tcmalloc, resident := 52428800, allocated := 31457280},
+                 maps:get(other_allocator, R)),
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    ?assertNotEqual(nomatch, string:find(Text, "allocated 30.0 MiB, resident 50.0 MiB")),
+    %% Without the module: the section says what is missing.
+    Missing = ?R:build((raw())#{allocator := tcmalloc}),
+    ?assertMatch({unavailable, {missing, mallocinfo_tcmalloc, stats}, _},
+                 maps:get(other_allocator, Missing)).
+
 %% Input the code does not expect costs its section, not the report.
 build_survives_odd_input_test() ->
     Odd = #{arenas => [#{arena => 0, system_bytes => lots, in_use_bytes => 1}]},
@@ -601,6 +618,27 @@ format_crafted_test() ->
      || S <- ["== Verdict", "== 1. Resident set", "== 2. ERTS", "== 3. libc", "== 4. Native",
               "== 5. Other allocator", "== 6. Unaccounted", "foo_cache_insert (foo_nif.so)",
               "unaccounted: 10.0 MiB (1.0% of RSS)"]].
+
+%% With mallocinfo_heap's summary (the shared contract's keys), the libc
+%% section says what trim could return and what is pinned.
+format_heap_map_test() ->
+    Totals = #{system_bytes => 400 * ?MiB, in_use_bytes => 385 * ?MiB, free_bytes => 15 * ?MiB,
+               by_kind => #{in_use => 385 * ?MiB, free => 10 * ?MiB, fast => ?MiB, tcache => 0,
+                            top => 4 * ?MiB, meta => 0},
+               free_chunks => 123456, largest_free => 4 * ?MiB, resident_bytes => 390 * ?MiB,
+               trimmable_bytes => 6 * ?MiB, pinned_bytes => 8 * ?MiB, mmap_bytes => 0,
+               mmap_chunks => 0, arena_count => 2, chunk_count => 1000000},
+    Q = quiet(),
+    R = Q#{libc := (maps:get(libc, Q))#{heap_map := #{arenas => [], total => Totals}},
+           verdicts => []},
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    assert_80_columns(Text),
+    %% The paragraph is wrapped: compare it unwrapped.
+    Flat = lists:flatten(string:replace(Text, "\n  ", " ", all)),
+    ?assertNotEqual(nomatch, string:find(Flat, "heap map: free 15.0 MiB in 123 k chunks (largest "
+                                               "4.0 MiB); malloc_trim could return 6.0 MiB now; "
+                                               "8.0 MiB pinned between live blocks; resident "
+                                               "390.0 MiB")).
 
 format_cluster_test() ->
     R = (quiet())#{verdicts => [<<"a verdict">>], injected => true},
