@@ -111,7 +111,8 @@ format_cluster(Results) ->
 
 gather() ->
     Mem = erlang:memory(),
-    #{node => node(),
+    Smaps = read_proc("smaps"),
+    Raw = #{node => node(),
       os_pid => list_to_integer(os:getpid()),
       otp_release => list_to_binary(erlang:system_info(otp_release)),
       time => list_to_binary(calendar:system_time_to_rfc3339(erlang:system_time(millisecond),
@@ -119,7 +120,7 @@ gather() ->
       cores => erlang:system_info(logical_processors_online),
       word_size => erlang:system_info(wordsize),
       libc_version => guard(fun() -> mallocinfo_nif:libc_version() end),
-      smaps => read_proc("smaps"),
+      smaps => Smaps,
       smaps_rollup => read_proc("smaps_rollup"),
       status => read_proc("status"),
       memory => maps:from_list(Mem),
@@ -139,7 +140,8 @@ gather() ->
       sites => guard(fun() -> mallocinfo_trace:sites(?SITES, #{demangle => true}) end),
       olds => guard(fun() -> mallocinfo_trace:olds(?OLDS, #{demangle => true}) end),
       jemalloc => optional(mallocinfo_jemalloc, summary, []),
-      tcmalloc => optional(mallocinfo_tcmalloc, stats, [])}.
+      tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
+    maps:merge(Raw, heap_evidence(Smaps)).
 
 %% Any exception becomes {error, _}: one failing source must not lose the
 %% rest of the report.
@@ -153,6 +155,46 @@ read_proc(Name) ->
         {ok, Bin} -> Bin;
         {error, _} = E -> E
     end.
+
+%% What confirms glibc's heaps (see mallocinfo_report_build:heap_windows/2):
+%% the first bytes at each candidate address, read from /proc/self/mem
+%% (the kernel copies them: nothing in this process can fault), and, for
+%% a mapping that merged with a heap, its resident pages inside the heap
+%% from /proc/self/pagemap (bit 63: present). Where either cannot be read
+%% the report falls back to the heaps' shape and to proportions.
+heap_evidence(Smaps) when is_binary(Smaps) ->
+    B = mallocinfo_report_build,
+    case guard(fun() ->
+                       Vmas = B:parse_smaps(Smaps),
+                       Headers = read_at("/proc/self/mem",
+                                         [{A, 48} || A <- B:heap_candidates(Vmas)]),
+                       Windows = B:heap_windows(Vmas, Headers),
+                       #{heap_headers => Headers,
+                         straddle_rss => maps:from_list(
+                                           [{Start, resident_in(Page, Ranges)}
+                                            || {Start, Page, Ranges} <- B:straddling(Vmas, Windows)])}
+               end) of
+        #{} = Evidence -> Evidence;
+        {error, _} -> #{}
+    end;
+heap_evidence(_) ->
+    #{}.
+
+%% #{Offset => Bytes} for the ranges that could be read (a mapping may be
+%% gone since smaps was read); throws when the file cannot be opened.
+read_at(File, Ranges) ->
+    {ok, F} = file:open(File, [read, raw, binary]),
+    try
+        maps:from_list([{Off, Bin} || {Off, Len} <- Ranges,
+                                      {ok, Bin} <- [file:pread(F, Off, Len)]])
+    after
+        file:close(F)
+    end.
+
+resident_in(Page, Ranges) ->
+    Entries = read_at("/proc/self/pagemap",
+                      [{From div Page * 8, (To - From) div Page * 8} || {From, To} <- Ranges]),
+    Page * lists:sum([1 || Bin <- maps:values(Entries), <<E:64/native>> <= Bin, E bsr 63 =:= 1]).
 
 %% instrument is in the tools application, which a release may lack.
 instrument_call(F) ->

@@ -7,7 +7,9 @@
 
 -export([build/1]).
 %% The pieces, exported for tests.
--export([parse_smaps/1, parse_fields/1, group_mappings/1, allocator_types/1,
+%% What mallocinfo_report reads from the process's memory to confirm heaps.
+-export([heap_candidates/1, heap_windows/2, straddling/2]).
+-export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
          erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
          rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1]).
 
@@ -46,7 +48,7 @@ section(F, Raw) ->
 
 resident(#{smaps := Smaps} = Raw) when is_binary(Smaps) ->
     Vmas = parse_smaps(Smaps),
-    #{groups := Groups} = Grouped = group_mappings(Vmas),
+    #{groups := Groups} = Grouped = group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
     Total = lists:sum([Rss || #{rss := Rss} <- maps:values(Groups)]),
     Rollup = fields_or_empty(maps:get(smaps_rollup, Raw, undefined)),
     Status = fields_or_empty(maps:get(status, Raw, undefined)),
@@ -116,6 +118,7 @@ smaps_lines([Line | Rest], Cur, Acc) ->
                {<<"Pss">>, V} -> Cur#{pss => V};
                {<<"Anonymous">>, V} -> Cur#{anon => V};
                {<<"Swap">>, V} -> Cur#{swap => V};
+               {<<"KernelPageSize">>, V} -> Cur#{page_size => V};
                _ -> Cur
            end,
     smaps_lines(Rest, Cur1, Acc).
@@ -130,7 +133,8 @@ vma_header(Line) ->
     S = binary_to_integer(Start, 16),
     E = binary_to_integer(Stop, 16),
     #{start => S, stop => E, perms => Perms, path => iolist_to_binary(lists:join(<<" ">>, Path)),
-      size => E - S, rss => 0, pss => 0, anon => 0, swap => 0, flags => undefined}.
+      size => E - S, rss => 0, pss => 0, anon => 0, swap => 0, page_size => 4096,
+      flags => undefined}.
 
 %% @doc The mappings grouped by what they are. Each group is
 %% `#{rss, size, count}' (bytes; count of mappings, of 64 MiB heaps for
@@ -163,8 +167,19 @@ vma_header(Line) ->
 %% mappings by Rss.
 -spec group_mappings([map()]) -> map().
 group_mappings(Vmas) ->
-    Windows = heap_windows(Vmas),
-    {Parts, _} = lists:mapfoldl(fun(V, Prev) -> {classify(V, Prev, Windows), V} end,
+    group_mappings(Vmas, #{}).
+
+%% @doc The same, with what was read from the process's memory: `heap_headers'
+%% (`#{Address => Bytes}', the first bytes at each of heap_candidates/1)
+%% confirms heaps by their glibc header instead of their shape alone, and
+%% `straddle_rss' (`#{MappingStart => Bytes}', from `/proc/self/pagemap')
+%% says exactly how much of a mapping that straddles a heap is resident
+%% inside it.
+-spec group_mappings([map()], #{heap_headers => map(), straddle_rss => map()}) -> map().
+group_mappings(Vmas, Evidence) ->
+    Windows = heap_windows(Vmas, maps:get(heap_headers, Evidence, undefined)),
+    Straddle = maps:get(straddle_rss, Evidence, #{}),
+    {Parts, _} = lists:mapfoldl(fun(V, Prev) -> {classify(V, Prev, Windows, Straddle), V} end,
                                 undefined, Vmas),
     Flat = lists:append(Parts),
     Kinds = [main_heap, arenas, stacks, jit, noreserve, anon, files, special],
@@ -188,24 +203,25 @@ group_mappings(Vmas) ->
 
 %% One mapping -> [{Kind, Rss, Size, Count, Vma}]: two parts when it
 %% straddles a glibc heap window.
-classify(#{path := <<"[heap]">>} = V, _, _) -> [whole(main_heap, V)];
-classify(#{path := <<"[stack", _/binary>>} = V, _, _) -> [whole(stacks, V)];
-classify(#{path := <<"/memfd:vmem", _/binary>>} = V, _, _) -> [whole(jit, V)];
-classify(#{path := Path} = V, Prev, Windows) ->
+classify(#{path := <<"[heap]">>} = V, _, _, _) -> [whole(main_heap, V)];
+classify(#{path := <<"[stack", _/binary>>} = V, _, _, _) -> [whole(stacks, V)];
+classify(#{path := <<"/memfd:vmem", _/binary>>} = V, _, _, _) -> [whole(jit, V)];
+classify(#{path := Path} = V, Prev, Windows, Straddle) ->
     case anonymous(Path) of
         false when binary_part(Path, 0, 1) =:= <<"/">> -> [whole(files, V)];
         false -> [whole(special, V)];
-        true -> classify_anon(V, Prev, Windows)
+        true -> classify_anon(V, Prev, Windows, Straddle)
     end.
 
-classify_anon(#{size := Size, rss := Rss} = V, Prev, Windows) ->
+classify_anon(#{start := S, size := Size, rss := Rss} = V, Prev, Windows, Straddle) ->
     case overlap(V, Windows) of
         0 ->
             [whole(anon_kind(V, Prev), V)];
         Size ->
             [{arenas, Rss, Size, 1, V}];
         In ->
-            InRss = Rss * In div Size,
+            %% Exact from pagemap when it was read, else in proportion.
+            InRss = min(Rss, maps:get(S, Straddle, Rss * In div Size)),
             [{arenas, InRss, In, 1, V},
              {anon_kind(V, Prev), Rss - InRss, Size - In, 1, V}]
     end.
@@ -239,8 +255,55 @@ anonymous(_) -> false.
 overlap(#{start := S, stop := E}, Windows) ->
     lists:sum([max(0, min(E, W + ?HEAP_MAX) - max(S, W)) || W <- Windows]).
 
-%% Start addresses of the 64 MiB windows that are glibc heaps (see
-%% group_mappings/1). A heap begins a mapping: glibc maps it on its own and
+%% @doc Where a glibc heap could start: every 64 MiB aligned address inside
+%% a writable anonymous private NORESERVE mapping (merged mappings
+%% included). mallocinfo_report reads the first bytes at each.
+-spec heap_candidates([map()]) -> [non_neg_integer()].
+heap_candidates(Vmas) ->
+    [B || #{perms := <<"rw", _, $p>>, path := P} = V <- Vmas, anonymous(P), noreserve(V),
+          B <- aligned_in(V)].
+
+aligned_in(#{start := S, stop := E}) ->
+    lists:seq((S + ?HEAP_MAX - 1) div ?HEAP_MAX * ?HEAP_MAX, E - 1, ?HEAP_MAX).
+
+%% @doc Start addresses of the 64 MiB windows that are glibc heaps. With
+%% the first bytes read at the candidates (`#{Address => Bytes}'), a
+%% candidate is a heap when they are a plausible glibc `heap_info':
+%% `ar_ptr' points just past the start of a 64 MiB window (the arena lives
+%% at the start of its first heap), `prev' is 0 or 64 MiB aligned, `size'
+%% is a positive multiple of 4 KiB up to 64 MiB and `mprotect_size' is at
+%% least `size' (glibc never lowers it below). Zeros, table slots and
+%% carrier contents do not pass. Without them (`undefined': memory could
+%% not be read), by shape alone, see below.
+-spec heap_windows([map()], #{non_neg_integer() => binary()} | undefined) ->
+          [non_neg_integer()].
+heap_windows(Vmas, Headers) when is_map(Headers) ->
+    [B || B <- heap_candidates(Vmas), heap_info(maps:get(B, Headers, <<>>), B)];
+heap_windows(Vmas, _) ->
+    heap_windows(Vmas).
+
+heap_info(<<ArPtr:64/native, Prev:64/native, Size:64/native, Mprotect:64/native, _/binary>>, B) ->
+    ArPtr rem ?HEAP_MAX > 0 andalso ArPtr rem ?HEAP_MAX < 256 andalso
+        Prev rem ?HEAP_MAX =:= 0 andalso Prev =/= B andalso
+        Size > 0 andalso Size rem 4096 =:= 0 andalso Size =< ?HEAP_MAX andalso
+        Mprotect >= Size andalso Mprotect =< ?HEAP_MAX;
+heap_info(_, _) ->
+    false.
+
+%% @doc The anonymous mappings that only partly lie in heap windows, and
+%% the ranges of each that do: `[{Start, PageSize, [{From, To}]}]'. For
+%% these mallocinfo_report counts resident pages in /proc/self/pagemap.
+-spec straddling([map()], [non_neg_integer()]) ->
+          [{non_neg_integer(), pos_integer(), [{non_neg_integer(), non_neg_integer()}]}].
+straddling(Vmas, Windows) ->
+    [{S, Page, Ranges}
+     || #{start := S, stop := E, size := Size, path := P, page_size := Page} = V <- Vmas,
+        anonymous(P),
+        Ranges <- [[{max(S, W), min(E, W + ?HEAP_MAX)} || W <- Windows,
+                                                           W < E, W + ?HEAP_MAX > S]],
+        Ranges =/= [], overlap(V, Windows) < Size].
+
+%% By shape alone: a heap begins a mapping: glibc maps it on its own and
 %% its first bytes are the heap header. So a candidate is a writable
 %% anonymous private NORESERVE mapping that starts 64 MiB aligned; from
 %% there, contiguous anonymous private NORESERVE mappings must cover each

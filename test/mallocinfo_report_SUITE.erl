@@ -82,6 +82,8 @@ demo_report(Config) ->
         ?assert(lists:any(fun(V) -> has(V, <<"fragmentation in libc">>) end, Verdicts)),
         %% ... and the mappings agree: the glibc heaps hold it resident.
         #{resident := #{groups := #{arenas := #{rss := ArenaRss, count := Heaps}}}} = R,
+        %% Every non-main arena has at least one heap, and each was found.
+        ?assert(Heaps >= length(Arenas) - 1),
         ?assert(Heaps >= 4),
         ?assert(ArenaRss >= (Freed + Kept) div 2),
 

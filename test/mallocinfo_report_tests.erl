@@ -117,6 +117,54 @@ unaligned_start_is_not_a_heap_test() ->
     ?assertEqual(4000 * ?KiB, maps:get(rss, maps:get(arenas, G))),
     ?assertEqual(8000 * ?KiB, maps:get(rss, maps:get(noreserve, G))).
 
+%% A glibc heap_info: ar_ptr, prev, size, mprotect_size, pagesize.
+heap_info(ArPtr, Prev, Size, Mprotect) ->
+    <<ArPtr:64/native, Prev:64/native, Size:64/native, Mprotect:64/native, 4096:64/native,
+      0:64/native>>.
+
+%% What the process's memory says decides, not the shape: the tracker's
+%% table merged with the heap above it (the shape alone misses that heap),
+%% a NORESERVE mapping covering an aligned window (zeros there), and a
+%% window of plausible shape whose bytes are no heap_info.
+heap_headers_test() ->
+    Merged = vma(?H + 3 * ?W - 16 * ?MiB, ?H + 3 * ?W + 4 * ?MiB, "rw-p", "", 9000,
+                 "rd wr mr mw me nr"),
+    Tail = vma(?H + 3 * ?W + 4 * ?MiB, ?H + 4 * ?W, "---p", "", 0, "mr mw me nr"),
+    Decoy = vma(?H + 5 * ?W - ?MiB, ?H + 6 * ?W + ?MiB, "rw-p", "", 60000, "rd wr mr mw me nr"),
+    Shaped = vma(?H + 8 * ?W, ?H + 8 * ?W + ?MiB, "rw-p", "", 500, "rd wr mr mw me nr"),
+    ShapedTail = vma(?H + 8 * ?W + ?MiB, ?H + 9 * ?W, "---p", "", 0, "mr mw me nr"),
+    Vmas = ?R:parse_smaps(iolist_to_binary([Merged, Tail, Decoy, Shaped, ShapedTail])),
+    ?assertEqual([?H + 3 * ?W, ?H + 5 * ?W, ?H + 6 * ?W, ?H + 8 * ?W], ?R:heap_candidates(Vmas)),
+    Headers = #{?H + 3 * ?W => heap_info(?H + 3 * ?W + 16#30, 0, 4 * ?MiB, 4 * ?MiB),
+                ?H + 5 * ?W => <<0:384>>,
+                ?H + 8 * ?W => <<"not a heap at all, just bytes in a heap's shape..">>},
+    ?assertEqual([?H + 3 * ?W], ?R:heap_windows(Vmas, Headers)),
+    %% Shape alone gets both wrong.
+    ?assertEqual([?H + 8 * ?W], ?R:heap_windows(Vmas, undefined)),
+    %% The merged mapping is split: exactly by pagemap when read, else in
+    %% proportion to the bytes (4 of 20 MiB).
+    ?assertEqual([{?H + 3 * ?W - 16 * ?MiB, 4096, [{?H + 3 * ?W, ?H + 3 * ?W + 4 * ?MiB}]}],
+                 ?R:straddling(Vmas, [?H + 3 * ?W])),
+    #{groups := Exact} = ?R:group_mappings(Vmas, #{heap_headers => Headers,
+                                                   straddle_rss => #{?H + 3 * ?W - 16 * ?MiB =>
+                                                                         4000 * ?KiB}}),
+    ?assertMatch(#{arenas := #{rss := 4000 * ?KiB, count := 1},
+                   noreserve := #{rss := (5000 + 60000 + 500) * ?KiB}}, Exact),
+    #{groups := Prorated} = ?R:group_mappings(Vmas, #{heap_headers => Headers}),
+    ?assertMatch(#{arenas := #{rss := 1800 * ?KiB}}, Prorated),
+    %% Later heaps of an arena point back to its first heap.
+    ?assert(lists:member(?H + 8 * ?W,
+                         ?R:heap_windows(Vmas, Headers#{?H + 8 * ?W =>
+                                                            heap_info(?H + 16#30, ?H, ?MiB, ?MiB)}))),
+    %% Sizes glibc cannot have.
+    [?assertEqual([], ?R:heap_windows(Vmas, #{?H + 3 * ?W => Bad}))
+     || Bad <- [heap_info(?H + 3 * ?W + 16#30, 0, 0, 0),
+                heap_info(?H + 3 * ?W + 16#30, 0, ?MiB + 1, 2 * ?MiB),
+                heap_info(?H + 3 * ?W + 16#30, 0, 2 * ?MiB, ?MiB),
+                heap_info(?H + 3 * ?W + 16#30, 0, 128 * ?MiB, 128 * ?MiB),
+                heap_info(?H + 3 * ?W + 16#30, ?H + 1, ?MiB, ?MiB),
+                heap_info(12345, 0, ?MiB, ?MiB)]].
+
 parse_fields_test() ->
     Status = <<"Name:\tbeam.smp\nVmHWM:\t  282608 kB\nVmRSS:\t  282608 kB\n"
                "RssAnon:\t  265124 kB\nThreads:\t31\n">>,
