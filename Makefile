@@ -14,14 +14,13 @@ deps:
 build: deps
 	@$(REBAR) compile
 
-# Start a node with the interposer preloaded and mallocinfo loaded, print the
-# malloc summary and the top native call sites, then leave a shell (none when
-# stdin is not a terminal).
+# The project's main job on its demo: start a node with the interposer
+# preloaded, run the demo workload (a leaking NIF, fragmented arenas, a
+# bloated process), print mallocinfo:report(), write malloc_info.xml (and
+# the heap map when the build has it) into ./mallocinfo-demo/, then leave a
+# shell (none when stdin is not a terminal).
 PRELOAD  := $(CURDIR)/priv/libmallocinfo_preload.so
-RUN_EVAL := c:l(mallocinfo), io:format("~p~n", [mallocinfo:summary()]), \
-  io:format("top native call sites (bytes, blocks, innermost frames):~n~p~n", \
-    [[{B, C, [S || \#{symbol := S} <- lists:sublist(St, 4)]} \
-      || \#{bytes := B, count := C, stack := St} <- mallocinfo_trace:sites(5)]])
+RUN_EVAL := mallocinfo_demo:make_run("mallocinfo-demo")
 run: build
 	@if [ -t 0 ]; then LD_PRELOAD=$(PRELOAD) erl -pa $(EBIN) -eval '$(RUN_EVAL).'; \
 	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) -eval '$(RUN_EVAL), halt().'; fi
@@ -63,4 +62,4 @@ fmt-check: deps
 clean:
 	@$(REBAR) clean -a >/dev/null 2>&1 || true
 	@$(MAKE) -s -C c_src clean
-	@rm -rf _build $(TARBALL)
+	@rm -rf _build $(TARBALL) mallocinfo-demo

@@ -21,6 +21,8 @@
 -export([allocator/0, info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0,
          mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
 -export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0]).
+%% The report (mallocinfo_report): printed, for this node or a cluster.
+-export([report/0, report/1]).
 
 -export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
@@ -201,11 +203,15 @@ load_siblings() ->
     %% code:ensure_modules_loaded/1 refuses in embedded mode; load_file/1
     %% (what l/1 does) works in both modes.
     Mods = app_modules(),
+    Loaded = code:is_loaded(mallocinfo_nif) =/= false,
     Failed = [{M, Why} || M <- Mods -- [?MODULE],
                           code:is_loaded(M) =:= false,
                           {error, Why} <- [code:load_file(M)]],
     case {Failed, Mods} of
         {[], [_ | _]} -> ok;
+        %% Loaded from a binary by mallocinfo_report:collect/1, which loads
+        %% the siblings first: nothing is missing then.
+        {[], []} when Loaded -> ok;
         {[], []} -> logger:error("mallocinfo: no modules found beside mallocinfo.beam");
         _ -> logger:error("mallocinfo: could not load ~p", [Failed])
     end,
@@ -290,3 +296,23 @@ otp_roots() ->
                      Bindir -> [filename:dirname(filename:dirname(Bindir))]
                  end,
     [code:root_dir() | FromBindir].
+
+%%% ---------------------------------------------------------------------------
+%%% The report (see mallocinfo_report)
+
+%% @doc Prints the report of this node (80 columns): where the resident set
+%% is (mappings by kind), the ERTS, libc and native layers, what nothing
+%% accounts for, and a verdict. See README "The report".
+-spec report() -> ok.
+report() ->
+    io:put_chars(mallocinfo_report:format(mallocinfo_report:collect())).
+
+%% @doc Prints the report of every node in `Nodes' (collected in parallel
+%% with `erpc'; mallocinfo is loaded over distribution where it is
+%% missing): a comparison table, one row per node, then each node's
+%% verdicts. Unreachable or failing nodes get a row saying why.
+-spec report([node()]) -> ok.
+report(Nodes) when is_list(Nodes) ->
+    io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes)));
+report(Nodes) ->
+    erlang:error(badarg, [Nodes]).

@@ -28,12 +28,20 @@
 init() ->
     erlang:load_nif(so_path(), 0).
 
-%% @doc Path of the shared object without its extension. The application's
-%% priv dir when the code server knows it, else the `priv' directory beside
-%% this module's `ebin', so an unpacked tarball works from any directory.
+%% @doc Path of the shared object without its extension. The directory in
+%% the `mallocinfo' application environment key `nif_dir' when set (this is
+%% how `mallocinfo_report:collect/1' loads the NIF into a node that lacks
+%% it: during on_load the code server does not know this module's file
+%% yet), else the application's priv dir when the code server knows it,
+%% else the `priv' directory beside this module's `ebin', so an unpacked
+%% tarball works from any directory.
 -spec so_path() -> file:filename().
 so_path() ->
     Candidates =
+        case application:get_env(mallocinfo, nif_dir) of
+            {ok, NifDir} when is_list(NifDir) -> [NifDir];
+            _ -> []
+        end ++
         case code:priv_dir(mallocinfo) of
             {error, _} -> [];
             Dir -> [Dir]

@@ -1,0 +1,391 @@
+%% @doc One report that accounts for a node's resident set: which layer
+%% holds the memory (ERTS, libc, native callers, another allocator), what
+%% nothing accounts for, and a few ranked sentences saying what it means.
+%%
+%% {@link collect/0} gathers everything the running node can tell (each
+%% source guarded: a missing module, an absent interposer or a failing call
+%% makes its section `{unavailable, Why, How}' instead of failing the
+%% report), then `mallocinfo_report_build:build/1' turns that raw data into
+%% the report with pure functions, which EUnit tests on canned `/proc' text
+%% and crafted maps; `mallocinfo_report_text' renders it in 80 columns.
+%% {@link collect/1} does the same for every node of a cluster in parallel,
+%% loading mallocinfo over distribution where it is missing.
+%% `mallocinfo:report/0,1' print it.
+%%
+%% The report map (`collect/0'):
+%% <ul>
+%% <li>`resident': RSS, PSS, anonymous/file/shmem (`smaps_rollup',
+%%     `status') and `groups': the mappings of `/proc/self/smaps' by kind
+%%     (`main_heap', `arenas', `stacks', `jit', `noreserve', `anon',
+%%     `files', `special'), each `#{rss, size, count}'.</li>
+%% <li>`erts': `erlang:memory()', per allocator type `allocated' (carriers)
+%%     and `used' (blocks), what ERTS has mapped and how much of it is
+%%     mseg_alloc's cache, carriers from `instrument:carriers/0' with their
+%%     free-block histogram, tagged allocations by origin from
+%%     `instrument:allocations/0', the largest processes and ETS tables.</li>
+%% <li>`libc': `mallinfo2', per-arena system/in-use/free, arena count and
+%%     `M_ARENA_MAX', the heap map summary when `mallocinfo_heap' is
+%%     there.</li>
+%% <li>`native': the tracker's top call sites and oldest blocks.</li>
+%% <li>`other_allocator': jemalloc or tcmalloc figures when active.</li>
+%% <li>`attributed', `unaccounted_bytes', `unaccounted_percent',
+%%     `erts_slack_bytes'.</li>
+%% <li>`verdicts': sentences, most bytes first.</li>
+%% </ul>
+%% Any section may instead be `{unavailable, Why, How}'.
+-module(mallocinfo_report).
+
+-export([collect/0, collect/1, collect/2, format/1, format_cluster/1]).
+
+-export_type([report/0, unavailable/0, node_result/0]).
+
+%% A section that could not be produced: why, and how to get it.
+-type unavailable() :: {unavailable, Why :: term(), How :: binary()}.
+-type report() :: #{atom() => term()}.
+-type node_result() :: {node(), {ok, report()} | {error, term()}}.
+
+-define(HEAP_MAP_TIMEOUT, 10000).
+-define(DEFAULT_TIMEOUT, 30000).
+-define(SITES, 10).
+-define(OLDS, 3).
+-define(TOP, 5).
+
+%%% ---------------------------------------------------------------------------
+%%% API
+
+%% @doc The report of this node. Never fails: a source that is missing or
+%% fails makes its section `{unavailable, Why, How}'. Takes as long as its
+%% sources together, all of them safe on a live node: `instrument' scans
+%% every carrier, the libc summary forks once, the process ranking makes
+%% one `process_info/2' call per process (about 5 s for a million), and
+%% the heap map (when `mallocinfo_heap' is loaded) forks and walks every
+%% arena, bounded by a 10 s timeout. About 250 ms on the demo node.
+-spec collect() -> report().
+collect() ->
+    mallocinfo_report_build:build(gather()).
+
+%% @equiv collect(Nodes, #{})
+-spec collect([node()]) -> [node_result()].
+collect(Nodes) ->
+    collect(Nodes, #{}).
+
+%% @doc The report of every node in `Nodes', collected in parallel with
+%% `erpc', in the order given. A node that lacks mallocinfo gets it first:
+%% the modules' object code and the NIF shared object are sent from this
+%% node, the shared object is written to a private directory (mode 0700,
+%% random name, under the target's `TMPDIR' or `/tmp'), loaded, and the
+%% directory removed; the report then says `injected => true'.
+%% A node that cannot be reached gives `{error, unreachable}', one that
+%% does not answer in time `{error, timeout}', any other failure
+%% `{error, Reason}'; none of them fails the call. `Opts': `timeout' (ms
+%% for the whole collection, default 30000).
+-spec collect([node()], #{timeout => pos_integer()}) -> [node_result()].
+collect(Nodes, Opts) when is_list(Nodes), is_map(Opts) ->
+    case lists:all(fun is_atom/1, Nodes) andalso maps:keys(Opts) -- [timeout] =:= [] of
+        true -> ok;
+        false -> erlang:error(badarg, [Nodes, Opts])
+    end,
+    Timeout = maps:get(timeout, Opts, ?DEFAULT_TIMEOUT),
+    case is_integer(Timeout) andalso Timeout > 0 of
+        true -> cluster(Nodes, Timeout);
+        false -> erlang:error(badarg, [Nodes, Opts])
+    end;
+collect(Nodes, Opts) ->
+    erlang:error(badarg, [Nodes, Opts]).
+
+%% @doc The report as text, at most 80 columns wide.
+-spec format(report()) -> iolist().
+format(R) ->
+    mallocinfo_report_text:format(R).
+
+%% @doc A cluster's reports as text: one row per node (RSS,
+%% `erlang:memory(total)', libc free bytes, live bytes the tracker sees,
+%% the unaccounted share, and whether mallocinfo had to be injected), why
+%% each failed node failed, then each node's verdicts.
+-spec format_cluster([node_result()]) -> iolist().
+format_cluster(Results) ->
+    mallocinfo_report_text:format_cluster(Results).
+
+%%% ---------------------------------------------------------------------------
+%%% Gathering (impure): each source guarded
+
+gather() ->
+    Mem = erlang:memory(),
+    Smaps = read_proc("smaps"),
+    Raw = #{node => node(),
+      os_pid => list_to_integer(os:getpid()),
+      otp_release => list_to_binary(erlang:system_info(otp_release)),
+      time => list_to_binary(calendar:system_time_to_rfc3339(erlang:system_time(millisecond),
+                                                             [{unit, millisecond}])),
+      cores => erlang:system_info(logical_processors_online),
+      word_size => erlang:system_info(wordsize),
+      libc_version => guard(fun() -> mallocinfo_nif:libc_version() end),
+      smaps => Smaps,
+      smaps_rollup => read_proc("smaps_rollup"),
+      status => read_proc("status"),
+      memory => maps:from_list(Mem),
+      allocators => [{A, guard(fun() -> erlang:system_info({allocator, A}) end)}
+                     || A <- erlang:system_info(alloc_util_allocators)],
+      erts_mmap => guard(fun() -> erlang:system_info({allocator, erts_mmap}) end),
+      carriers => instrument_call(carriers),
+      allocations => instrument_call(allocations),
+      processes => guard(fun() -> mallocinfo_proc:top(?TOP, memory) end),
+      ets => guard(fun ets_top/0),
+      allocator => allocator(),
+      mallinfo => guard(fun mallocinfo:mallinfo/0),
+      libc_summary => libc_summary(),
+      heap_map => heap_map(),
+      env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
+      trace_status => guard(fun mallocinfo_trace:status/0),
+      sites => guard(fun() -> mallocinfo_trace:sites(?SITES, #{demangle => true}) end),
+      olds => guard(fun() -> mallocinfo_trace:olds(?OLDS, #{demangle => true}) end),
+      jemalloc => optional(mallocinfo_jemalloc, summary, []),
+      tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
+    maps:merge(Raw, heap_evidence(Smaps)).
+
+%% Any exception becomes {error, _}: one failing source must not lose the
+%% rest of the report.
+guard(F) ->
+    try F()
+    catch Class:Reason -> {error, {Class, Reason}}
+    end.
+
+read_proc(Name) ->
+    case file:read_file("/proc/self/" ++ Name) of
+        {ok, Bin} -> Bin;
+        {error, _} = E -> E
+    end.
+
+%% What confirms glibc's heaps (see mallocinfo_report_build:heap_windows/2):
+%% the first bytes at each candidate address, read from /proc/self/mem
+%% (the kernel copies them: nothing in this process can fault), and, for
+%% a mapping that merged with a heap, its resident pages inside the heap
+%% from /proc/self/pagemap (bit 63: present). Where either cannot be read
+%% the report falls back to the heaps' shape and to proportions.
+heap_evidence(Smaps) when is_binary(Smaps) ->
+    B = mallocinfo_report_build,
+    case guard(fun() ->
+                       Vmas = B:parse_smaps(Smaps),
+                       Headers = read_at("/proc/self/mem",
+                                         [{A, 48} || A <- B:heap_candidates(Vmas)]),
+                       Windows = B:heap_windows(Vmas, Headers),
+                       #{heap_headers => Headers,
+                         straddle_rss => maps:from_list(
+                                           [{Start, resident_in(Page, Ranges)}
+                                            || {Start, Page, Ranges} <- B:straddling(Vmas, Windows)])}
+               end) of
+        #{} = Evidence -> Evidence;
+        {error, _} -> #{}
+    end;
+heap_evidence(_) ->
+    #{}.
+
+%% #{Offset => Bytes} for the ranges that could be read (a mapping may be
+%% gone since smaps was read); throws when the file cannot be opened.
+read_at(File, Ranges) ->
+    {ok, F} = file:open(File, [read, raw, binary]),
+    try
+        maps:from_list([{Off, Bin} || {Off, Len} <- Ranges,
+                                      {ok, Bin} <- [file:pread(F, Off, Len)]])
+    after
+        file:close(F)
+    end.
+
+resident_in(Page, Ranges) ->
+    Entries = read_at("/proc/self/pagemap",
+                      [{From div Page * 8, (To - From) div Page * 8} || {From, To} <- Ranges]),
+    Page * lists:sum([1 || Bin <- maps:values(Entries), <<E:64/native>> <= Bin, E bsr 63 =:= 1]).
+
+%% instrument is in the tools application, which a release may lack.
+instrument_call(F) ->
+    case code:ensure_loaded(instrument) of
+        {module, instrument} -> guard(fun() -> instrument:F() end);
+        {error, _} -> {error, {missing_application, tools}}
+    end.
+
+%% A function of a module that may not exist in this node (another part of
+%% mallocinfo, or an older version): {error, {missing, M, F}} when absent.
+%% The module is a variable, so xref does not ask for it.
+optional(M, F, Args) ->
+    case code:ensure_loaded(M) =:= {module, M} andalso
+        erlang:function_exported(M, F, length(Args)) of
+        true -> guard(fun() -> apply(M, F, Args) end);
+        false -> {error, {missing, M, F}}
+    end.
+
+allocator() ->
+    case optional(mallocinfo, allocator, []) of
+        A when is_atom(A) -> A;
+        _ -> glibc
+    end.
+
+libc_summary() ->
+    case guard(fun mallocinfo:summary/0) of
+        #{arenas := _} = S -> S;
+        Error -> Error
+    end.
+
+%% The heap map forks and walks every arena: tens of ms to about a second.
+%% It runs in its own process so a stuck walk costs at most the timeout.
+heap_map() ->
+    case code:ensure_loaded(mallocinfo_heap) =:= {module, mallocinfo_heap} andalso
+        erlang:function_exported(mallocinfo_heap, summary, 0) of
+        false ->
+            {error, {missing, mallocinfo_heap, summary}};
+        true ->
+            Walk = fun() -> exit({heap_map, optional(mallocinfo_heap, summary, [])}) end,
+            {Pid, Ref} = spawn_monitor(Walk),
+            receive
+                {'DOWN', Ref, process, Pid, {heap_map, Result}} -> Result;
+                {'DOWN', Ref, process, Pid, Other} -> {error, Other}
+            after ?HEAP_MAP_TIMEOUT ->
+                    exit(Pid, kill),
+                    receive {'DOWN', Ref, process, Pid, _} -> ok end,
+                    {error, timeout}
+            end
+    end.
+
+ets_top() ->
+    W = erlang:system_info(wordsize),
+    Tables = [{Words * W, T, Name, Size}
+              || T <- ets:all(),
+                 [{memory, Words}, {name, Name}, {size, Size}] <- [ets_info(T)]],
+    [#{table => Name, bytes => B, objects => S}
+     || {B, _, Name, S} <- lists:sublist(lists:reverse(lists:sort(Tables)), ?TOP)].
+
+ets_info(T) ->
+    case ets:info(T) of
+        undefined -> [];
+        Info -> [{K, proplists:get_value(K, Info)} || K <- [memory, name, size]]
+    end.
+
+%%% ---------------------------------------------------------------------------
+%%% A cluster
+
+cluster(Nodes, Timeout) ->
+    Workers = [{spawn_monitor(fun() -> exit({?MODULE, node_report(N, Timeout)}) end), N}
+               || N <- Nodes],
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    [{N, await(Pid, Ref, Deadline)} || {{Pid, Ref}, N} <- Workers].
+
+await(Pid, Ref, Deadline) ->
+    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    receive
+        {'DOWN', Ref, process, Pid, {?MODULE, Result}} -> Result;
+        {'DOWN', Ref, process, Pid, Other} -> {error, {crashed, Other}}
+    after Left ->
+            exit(Pid, kill),
+            receive {'DOWN', Ref, process, Pid, _} -> ok end,
+            {error, timeout}
+    end.
+
+node_report(Node, _Timeout) when Node =:= node() ->
+    {ok, collect()};
+node_report(Node, Timeout) ->
+    try
+        Injected = ensure_remote(Node, Timeout),
+        Report = erpc:call(Node, ?MODULE, collect, [], Timeout),
+        {ok, Report#{injected => Injected}}
+    catch
+        error:{erpc, noconnection} -> {error, unreachable};
+        error:{erpc, timeout} -> {error, timeout};
+        throw:{inject, Why} -> {error, {inject_failed, Why}};
+        error:{exception, Reason, _Stack} -> {error, {collect_failed, Reason}};
+        Class:Reason -> {error, {Class, Reason}}
+    end.
+
+%% true when mallocinfo had to be loaded over distribution, false when the
+%% node had it. Throws {inject, Why} when it cannot be loaded there.
+ensure_remote(Node, Timeout) ->
+    case erpc:call(Node, code, ensure_loaded, [?MODULE], Timeout) of
+        {module, ?MODULE} -> false;
+        {error, _} -> inject(Node, Timeout), true
+    end.
+
+%% Modules whose object code is sent: the application's, without the demo.
+-define(NOT_SENT, [mallocinfo_demo, mallocinfo_demo_nif]).
+%% Shared objects that are not sent: the interposer only works from
+%% LD_PRELOAD at start, and the demo is not the tool.
+-define(SO_NOT_SENT, ["libmallocinfo_preload.so", "mallocinfo_demo_nif.so"]).
+
+inject(Node, Timeout) ->
+    Call = fun(M, F, A) -> erpc:call(Node, M, F, A, Timeout) end,
+    Missing = [M || M <- app_modules() -- ?NOT_SENT,
+                    element(1, Call(code, ensure_loaded, [M])) =:= error],
+    Objects = [case code:get_object_code(M) of
+                   {M, Bin, _File} -> {M, Bin};
+                   error -> throw({inject, {no_object_code, M}})
+               end || M <- Missing],
+    Tmp = case Call(os, getenv, ["TMPDIR"]) of
+              false -> "/tmp";
+              T -> T
+          end,
+    Dir = private_dir(Call, Tmp, 3),
+    try
+        Priv = filename:dirname(mallocinfo_nif:so_path()),
+        [begin
+             Bin = must(file:read_file(filename:join(Priv, So)), {read, So}),
+             Target = filename:join(Dir, So),
+             must(Call(file, write_file, [Target, Bin]), {write, Target}),
+             must(Call(file, change_mode, [Target, 8#500]), {chmod, Target})
+         end || So <- filelib:wildcard("*.so", Priv) -- ?SO_NOT_SENT],
+        %% mallocinfo_nif's on_load looks here first (see so_path/0); the
+        %% NIF first, mallocinfo last (its on_load loads its siblings).
+        must(Call(application, set_env, [mallocinfo, nif_dir, Dir]), set_env),
+        First = [M || M <- [mallocinfo_nif], lists:keymember(M, 1, Objects)],
+        Last = [M || M <- [mallocinfo], lists:keymember(M, 1, Objects)],
+        [begin
+             {M, Bin} = lists:keyfind(M, 1, Objects),
+             Beam = filename:join(Dir, atom_to_list(M) ++ ".beam"),
+             case Call(code, load_binary, [M, Beam, Bin]) of
+                 {module, M} -> ok;
+                 {error, Why} -> throw({inject, {load_failed, M, Why}})
+             end
+         end || M <- First ++ ([M || {M, _} <- Objects] -- (First ++ Last)) ++ Last],
+        ok
+    after
+        %% A loaded shared object stays mapped after its file is gone:
+        %% nothing is left on the target's disk.
+        _ = Call(application, unset_env, [mallocinfo, nif_dir]),
+        _ = Call(file, del_dir_r, [Dir])
+    end.
+
+%% ok and {ok, Value} pass (as ok and Value); anything else stops the
+%% injection, saying which step failed.
+must(ok, _) -> ok;
+must({ok, Value}, _) -> Value;
+must(Other, Step) -> throw({inject, {Step, Other}}).
+
+%% mkdtemp over distribution: a fresh random name, created (never reused:
+%% make_dir fails on anything that exists, links included), then 0700.
+private_dir(_Call, _Tmp, 0) ->
+    throw({inject, no_private_dir});
+private_dir(Call, Tmp, Tries) ->
+    Name = "mallocinfo-" ++ string:lowercase(binary_to_list(binary:encode_hex(rand:bytes(8)))),
+    Dir = filename:join(Tmp, Name),
+    case Call(file, make_dir, [Dir]) of
+        ok ->
+            must(Call(file, change_mode, [Dir, 8#700]), {chmod, Dir}),
+            Dir;
+        {error, eexist} ->
+            private_dir(Call, Tmp, Tries - 1);
+        {error, Why} ->
+            throw({inject, {make_dir, Dir, Why}})
+    end.
+
+%% The application's modules as this node knows them: its .app file beside
+%% mallocinfo.beam, else every loaded mallocinfo* module.
+app_modules() ->
+    App = case code:which(mallocinfo) of
+              File when is_list(File) ->
+                  filename:join(filename:dirname(File), "mallocinfo.app");
+              _ ->
+                  "mallocinfo.app"
+          end,
+    case file:consult(App) of
+        {ok, [{application, mallocinfo, Props}]} ->
+            proplists:get_value(modules, Props, []);
+        _ ->
+            lists:usort([?MODULE | [M || {M, _} <- code:all_loaded(),
+                                         lists:prefix("mallocinfo", atom_to_list(M))]])
+    end.

@@ -1,0 +1,969 @@
+%% @doc The report from raw data, with pure functions only: `/proc' text
+%% parsed and grouped by mapping kind, the ERTS, libc, native and
+%% other-allocator layers, what each explains of the resident set, and the
+%% verdict rules. `mallocinfo_report:collect/0' gathers the raw data;
+%% EUnit feeds canned `/proc' text and crafted maps.
+-module(mallocinfo_report_build).
+
+-export([build/1]).
+%% The pieces, exported for tests.
+%% What mallocinfo_report reads from the process's memory to confirm heaps.
+-export([heap_candidates/1, heap_windows/2, straddling/2]).
+-export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
+         erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
+         rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1]).
+
+-define(MiB, (1 bsl 20)).
+-define(HEAP_MAX, (64 * ?MiB)).
+%% A stack guard is at most this big; anything larger that is PROT_NONE is
+%% a reservation, not a guard.
+-define(GUARD_MAX, ?MiB).
+%% A verdict needs at least this many bytes and this share of RSS.
+-define(SIGNIFICANT_BYTES, (16 * ?MiB)).
+-define(SIGNIFICANT_PERCENT, 5).
+%% Blocks older than this make a large call site "a leak".
+-define(LEAK_AGE_MS, 60000).
+-define(TOP, 5).
+
+%% @doc The report from the raw data `mallocinfo_report:collect/0'
+%% gathers (see there for the keys).
+-spec build(map()) -> mallocinfo_report:report().
+build(Raw) ->
+    Sections = [{resident, fun resident/1}, {erts, fun erts/1}, {libc, fun libc/1},
+                {native, fun native/1}, {other_allocator, fun other_allocator/1}],
+    Base = maps:merge(maps:with([node, os_pid, otp_release, time, libc_version, allocator], Raw),
+                      maps:from_list([{K, section(F, Raw)} || {K, F} <- Sections])),
+    R = maps:merge(Base, account(Base)),
+    R#{verdicts => verdicts(R)}.
+
+%% Input this code did not expect (another OTP, another kernel) costs one
+%% section, never the report: the operator still gets the rest.
+section(F, Raw) ->
+    try F(Raw)
+    catch Class:Reason ->
+            {unavailable, {Class, Reason}, <<"unexpected input: please report it with this term">>}
+    end.
+
+%%% Resident set --------------------------------------------------------------
+
+resident(#{smaps := Smaps} = Raw) when is_binary(Smaps) ->
+    Vmas = parse_smaps(Smaps),
+    #{groups := Groups} = Grouped = group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
+    Total = lists:sum([Rss || #{rss := Rss} <- maps:values(Groups)]),
+    Rollup = fields_or_empty(maps:get(smaps_rollup, Raw, undefined)),
+    Status = fields_or_empty(maps:get(status, Raw, undefined)),
+    Grouped#{rss => maps:get(<<"Rss">>, Rollup, maps:get(<<"VmRSS">>, Status, Total)),
+             mapped_rss => Total,
+             pss => maps:get(<<"Pss">>, Rollup, undefined),
+             anonymous => maps:get(<<"RssAnon">>, Status,
+                                   maps:get(<<"Anonymous">>, Rollup, undefined)),
+             file => maps:get(<<"RssFile">>, Status, undefined),
+             shmem => maps:get(<<"RssShmem">>, Status, undefined),
+             swap => maps:get(<<"VmSwap">>, Status, maps:get(<<"Swap">>, Rollup, undefined)),
+             peak => maps:get(<<"VmHWM">>, Status, undefined),
+             mappings => length(Vmas)};
+resident(#{smaps := {error, Why}}) ->
+    {unavailable, {smaps, Why}, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>};
+resident(_) ->
+    {unavailable, no_smaps, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>}.
+
+fields_or_empty(Bin) when is_binary(Bin) -> parse_fields(Bin);
+fields_or_empty(_) -> #{}.
+
+%% @doc `Key: value kB' lines (`status', `smaps_rollup') as a map of bytes;
+%% lines without a kB value are left out.
+-spec parse_fields(binary()) -> #{binary() => non_neg_integer()}.
+parse_fields(Bin) ->
+    maps:from_list([KV || Line <- binary:split(Bin, <<"\n">>, [global, trim_all]),
+                          {_, _} = KV <- [kb_field(Line)]]).
+
+kb_field(Line) ->
+    case binary:split(Line, <<":">>) of
+        [Key, Rest] ->
+            case binary:split(string:trim(Rest), <<" ">>, [global, trim_all]) of
+                [N, <<"kB">>] -> to_bytes(Key, N);
+                _ -> none
+            end;
+        _ ->
+            none
+    end.
+
+to_bytes(Key, N) ->
+    try {Key, binary_to_integer(N) * 1024}
+    catch error:badarg -> none
+    end.
+
+%% @doc `/proc/<pid>/smaps' text as a list of mappings, in address order:
+%% `#{start, stop, perms, path, size, rss, pss, anon, swap, flags}' (bytes;
+%% `flags' is the `VmFlags' list, or `undefined' on kernels without it;
+%% `path' is `<<>>' for anonymous memory).
+-spec parse_smaps(binary()) -> [map()].
+parse_smaps(Bin) ->
+    Lines = binary:split(Bin, <<"\n">>, [global, trim_all]),
+    lists:reverse(smaps_lines(Lines, undefined, [])).
+
+smaps_lines([], Cur, Acc) ->
+    push(Cur, Acc);
+smaps_lines([<<C, _/binary>> = Line | Rest], Cur, Acc)
+  when (C >= $0 andalso C =< $9) orelse (C >= $a andalso C =< $f) ->
+    smaps_lines(Rest, vma_header(Line), push(Cur, Acc));
+smaps_lines([_ | Rest], undefined, Acc) ->
+    smaps_lines(Rest, undefined, Acc);
+smaps_lines([<<"VmFlags:", Flags/binary>> | Rest], Cur, Acc) ->
+    smaps_lines(Rest, Cur#{flags => binary:split(Flags, <<" ">>, [global, trim_all])}, Acc);
+smaps_lines([Line | Rest], Cur, Acc) ->
+    Cur1 = case kb_field(Line) of
+               {<<"Size">>, V} -> Cur#{size => V};
+               {<<"Rss">>, V} -> Cur#{rss => V};
+               {<<"Pss">>, V} -> Cur#{pss => V};
+               {<<"Anonymous">>, V} -> Cur#{anon => V};
+               {<<"Swap">>, V} -> Cur#{swap => V};
+               {<<"KernelPageSize">>, V} -> Cur#{page_size => V};
+               _ -> Cur
+           end,
+    smaps_lines(Rest, Cur1, Acc).
+
+push(undefined, Acc) -> Acc;
+push(Vma, Acc) -> [Vma | Acc].
+
+%% "7f0e12a1c000-7f0e12e1c000 rw-p 00000000 00:00 0      [path with spaces]"
+vma_header(Line) ->
+    [Range, Perms, _Offset, _Dev, _Inode | Path] = binary:split(Line, <<" ">>, [global, trim_all]),
+    [Start, Stop] = binary:split(Range, <<"-">>),
+    S = binary_to_integer(Start, 16),
+    E = binary_to_integer(Stop, 16),
+    #{start => S, stop => E, perms => Perms, path => iolist_to_binary(lists:join(<<" ">>, Path)),
+      size => E - S, rss => 0, pss => 0, anon => 0, swap => 0, page_size => 4096,
+      flags => undefined}.
+
+%% @doc The mappings grouped by what they are. Each group is
+%% `#{rss, size, count}' (bytes; count of mappings, of 64 MiB heaps for
+%% `arenas', of stacks for `stacks'):
+%% <ul>
+%% <li>`main_heap': `[heap]', glibc's main arena (brk).</li>
+%% <li>`arenas': glibc's non-main arenas. Each heap of a non-main arena is
+%%     an anonymous private `MAP_NORESERVE' reservation of HEAP_MAX (64 MiB
+%%     on 64-bit) whose start is 64 MiB aligned: readable and writable from
+%%     the start up to what the arena uses, `PROT_NONE' after. A mapping
+%%     that starts 64 MiB aligned and, with the mappings right after it,
+%%     covers 64 MiB windows exactly that way (`rw' then `---', all `nr')
+%%     is counted as heaps; a mapping that merged with a neighbour and
+%%     sticks out of the windows has its Rss split in proportion to the
+%%     bytes inside (the kernel does not say which pages are where). A
+%%     heap whose start merged with a writable NORESERVE mapping below it
+%%     is missed (it is counted in `noreserve').</li>
+%% <li>`stacks': `[stack]', and thread stacks: writable anonymous mappings
+%%     directly above an anonymous `PROT_NONE' guard of at most 1 MiB.</li>
+%% <li>`jit': the BEAM JIT's code, the two views of its `memfd:vmem'
+%%     (or any executable anonymous mapping).</li>
+%% <li>`noreserve': other anonymous `MAP_NORESERVE' mappings (the tracker's
+%%     tables are).</li>
+%% <li>`anon': all other anonymous memory: ERTS carriers (mseg_alloc),
+%%     glibc's mmapped blocks, other allocators, direct mmaps.</li>
+%% <li>`files': file-backed mappings; `special': `[vdso]', other shared
+%%     memory.</li>
+%% </ul>
+%% Also `files_top' and `anon_top': the largest files and anonymous
+%% mappings by Rss.
+-spec group_mappings([map()]) -> map().
+group_mappings(Vmas) ->
+    group_mappings(Vmas, #{}).
+
+%% @doc The same, with what was read from the process's memory: `heap_headers'
+%% (`#{Address => Bytes}', the first bytes at each of heap_candidates/1)
+%% confirms heaps by their glibc header instead of their shape alone, and
+%% `straddle_rss' (`#{MappingStart => Bytes}', from `/proc/self/pagemap')
+%% says exactly how much of a mapping that straddles a heap is resident
+%% inside it.
+-spec group_mappings([map()], #{heap_headers => map(), straddle_rss => map()}) -> map().
+group_mappings(Vmas, Evidence) ->
+    Windows = heap_windows(Vmas, maps:get(heap_headers, Evidence, undefined)),
+    Straddle = maps:get(straddle_rss, Evidence, #{}),
+    {Parts, _} = lists:mapfoldl(fun(V, Prev) -> {classify(V, Prev, Windows, Straddle), V} end,
+                                undefined, Vmas),
+    Flat = lists:append(Parts),
+    Kinds = [main_heap, arenas, stacks, jit, noreserve, anon, files, special],
+    Empty = maps:from_list([{K, #{rss => 0, size => 0, count => 0}} || K <- Kinds]),
+    Groups0 = lists:foldl(
+                fun({K, Rss, Size, Count, _V}, Acc) ->
+                        #{rss := R0, size := S0, count := C0} = maps:get(K, Acc),
+                        Acc#{K => #{rss => R0 + Rss, size => S0 + Size, count => C0 + Count}}
+                end, Empty, Flat),
+    Groups = maps:update_with(arenas, fun(G) -> G#{count => length(Windows)} end, Groups0),
+    Files = lists:foldl(fun({files, Rss, _, _, #{path := P}}, Acc) ->
+                                maps:update_with(P, fun(X) -> X + Rss end, Rss, Acc);
+                           (_, Acc) -> Acc
+                        end, #{}, Flat),
+    FilesTop = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Files))), 3),
+    Anon = [{Rss, S, E} || {anon, Rss, _, _, #{start := S, stop := E}} <- Flat, Rss > 0],
+    AnonTop = lists:sublist(lists:reverse(lists:sort(Anon)), ?TOP),
+    #{groups => Groups,
+      files_top => [#{path => P, rss => R} || {P, R} <- FilesTop],
+      anon_top => [#{start => S, stop => E, rss => R} || {R, S, E} <- AnonTop]}.
+
+%% One mapping -> [{Kind, Rss, Size, Count, Vma}]: two parts when it
+%% straddles a glibc heap window.
+classify(#{path := <<"[heap]">>} = V, _, _, _) -> [whole(main_heap, V)];
+classify(#{path := <<"[stack", _/binary>>} = V, _, _, _) -> [whole(stacks, V)];
+classify(#{path := <<"/memfd:vmem", _/binary>>} = V, _, _, _) -> [whole(jit, V)];
+classify(#{path := Path} = V, Prev, Windows, Straddle) ->
+    case anonymous(Path) of
+        false when binary_part(Path, 0, 1) =:= <<"/">> -> [whole(files, V)];
+        false -> [whole(special, V)];
+        true -> classify_anon(V, Prev, Windows, Straddle)
+    end.
+
+classify_anon(#{start := S, size := Size, rss := Rss} = V, Prev, Windows, Straddle) ->
+    case overlap(V, Windows) of
+        0 ->
+            [whole(anon_kind(V, Prev), V)];
+        Size ->
+            [{arenas, Rss, Size, 1, V}];
+        In ->
+            %% Exact from pagemap when it was read, else in proportion.
+            InRss = min(Rss, maps:get(S, Straddle, Rss * In div Size)),
+            [{arenas, InRss, In, 1, V},
+             {anon_kind(V, Prev), Rss - InRss, Size - In, 1, V}]
+    end.
+
+anon_kind(#{perms := <<_, _, $x, _>>}, _) ->
+    jit;
+anon_kind(#{perms := <<"rw", _, _>>, start := S} = V, #{stop := S, perms := <<"---", _>>, path := P,
+                                                    size := G})
+  when G =< ?GUARD_MAX ->
+    case anonymous(P) of
+        true -> stacks;
+        false -> plain_anon_kind(V)
+    end;
+anon_kind(V, _) ->
+    plain_anon_kind(V).
+
+plain_anon_kind(#{flags := Flags}) when is_list(Flags) ->
+    case lists:member(<<"nr">>, Flags) of
+        true -> noreserve;
+        false -> anon
+    end;
+plain_anon_kind(_) ->
+    anon.
+
+whole(Kind, #{rss := Rss, size := Size} = V) -> {Kind, Rss, Size, 1, V}.
+
+anonymous(<<>>) -> true;
+anonymous(<<"[anon:", _/binary>>) -> true;
+anonymous(_) -> false.
+
+overlap(#{start := S, stop := E}, Windows) ->
+    lists:sum([max(0, min(E, W + ?HEAP_MAX) - max(S, W)) || W <- Windows]).
+
+%% @doc Where a glibc heap could start: every 64 MiB aligned address inside
+%% a writable anonymous private NORESERVE mapping (merged mappings
+%% included). mallocinfo_report reads the first bytes at each.
+-spec heap_candidates([map()]) -> [non_neg_integer()].
+heap_candidates(Vmas) ->
+    [B || #{perms := <<"rw", _, $p>>, path := P} = V <- Vmas, anonymous(P), noreserve(V),
+          B <- aligned_in(V)].
+
+aligned_in(#{start := S, stop := E}) ->
+    lists:seq((S + ?HEAP_MAX - 1) div ?HEAP_MAX * ?HEAP_MAX, E - 1, ?HEAP_MAX).
+
+%% @doc Start addresses of the 64 MiB windows that are glibc heaps. With
+%% the first bytes read at the candidates (`#{Address => Bytes}'), a
+%% candidate is a heap when they are a plausible glibc `heap_info':
+%% `ar_ptr' points just past the start of a 64 MiB window (the arena lives
+%% at the start of its first heap), `prev' is 0 or 64 MiB aligned, `size'
+%% is a positive multiple of 4 KiB up to 64 MiB and `mprotect_size' is at
+%% least `size' (glibc never lowers it below). Zeros, table slots and
+%% carrier contents do not pass. Without them (`undefined': memory could
+%% not be read), by shape alone, see below.
+-spec heap_windows([map()], #{non_neg_integer() => binary()} | undefined) ->
+          [non_neg_integer()].
+heap_windows(Vmas, Headers) when is_map(Headers) ->
+    [B || B <- heap_candidates(Vmas), heap_info(maps:get(B, Headers, <<>>), B)];
+heap_windows(Vmas, _) ->
+    heap_windows(Vmas).
+
+heap_info(<<ArPtr:64/native, Prev:64/native, Size:64/native, Mprotect:64/native, _/binary>>, B) ->
+    ArPtr rem ?HEAP_MAX > 0 andalso ArPtr rem ?HEAP_MAX < 256 andalso
+        Prev rem ?HEAP_MAX =:= 0 andalso Prev =/= B andalso
+        Size > 0 andalso Size rem 4096 =:= 0 andalso Size =< ?HEAP_MAX andalso
+        Mprotect >= Size andalso Mprotect =< ?HEAP_MAX;
+heap_info(_, _) ->
+    false.
+
+%% @doc The anonymous mappings that only partly lie in heap windows, and
+%% the ranges of each that do: `[{Start, PageSize, [{From, To}]}]'. For
+%% these mallocinfo_report counts resident pages in /proc/self/pagemap.
+-spec straddling([map()], [non_neg_integer()]) ->
+          [{non_neg_integer(), pos_integer(), [{non_neg_integer(), non_neg_integer()}]}].
+straddling(Vmas, Windows) ->
+    [{S, Page, Ranges}
+     || #{start := S, stop := E, size := Size, path := P, page_size := Page} = V <- Vmas,
+        anonymous(P),
+        Ranges <- [[{max(S, W), min(E, W + ?HEAP_MAX)} || W <- Windows,
+                                                           W < E, W + ?HEAP_MAX > S]],
+        Ranges =/= [], overlap(V, Windows) < Size].
+
+%% By shape alone: a heap begins a mapping: glibc maps it on its own and
+%% its first bytes are the heap header. So a candidate is a writable
+%% anonymous private NORESERVE mapping that starts 64 MiB aligned; from
+%% there, contiguous anonymous private NORESERVE mappings must cover each
+%% window writable first and PROT_NONE after (never writable again), and
+%% the run must end on a window boundary (a PROT_NONE tail that goes on
+%% past it is a reservation beside the heap). A writable mapping that runs
+%% on into the next window (heaps that filled up and merged) continues
+%% into a window that must qualify too.
+heap_windows(Vmas) ->
+    T = list_to_tuple(Vmas),
+    lists:usort(lists:append(
+                  [Ws || I <- lists:seq(1, tuple_size(T)),
+                         #{start := B, perms := <<"rw", _, $p>>, path := P} = V <- [element(I, T)],
+                         B rem ?HEAP_MAX =:= 0, anonymous(P), noreserve(V),
+                         {ok, Ws} <- [heap_run(T, I, B, B, rw)]])).
+
+%% Walks mapping I.. of a run that started at B; WinStart is the current
+%% window; State is rw (still writable) or none (PROT_NONE seen).
+heap_run(T, I, B, WinStart, State) when I =< tuple_size(T) ->
+    #{stop := E, perms := Perms, path := P} = V = element(I, T),
+    WinEnd = WinStart + ?HEAP_MAX,
+    Kind = case Perms of
+               <<"rw", _, $p>> -> rw;
+               <<"---p">> -> none;
+               _ -> bad
+           end,
+    Fits = Kind =/= bad andalso anonymous(P) andalso noreserve(V) andalso
+        not (Kind =:= rw andalso State =:= none),
+    if
+        not Fits -> error;
+        E =:= WinEnd; Kind =:= none, E > WinEnd -> {ok, lists:seq(B, WinStart, ?HEAP_MAX)};
+        E < WinEnd -> next_in_run(T, I, B, WinStart, Kind, E);
+        true ->
+            %% A writable mapping crossing into the next window(s).
+            Last = (E - 1) div ?HEAP_MAX * ?HEAP_MAX,
+            case E rem ?HEAP_MAX of
+                0 -> {ok, lists:seq(B, Last, ?HEAP_MAX)};
+                _ -> next_in_run(T, I, B, Last, rw, E)
+            end
+    end;
+heap_run(_, _, _, _, _) ->
+    error.
+
+next_in_run(T, I, B, WinStart, State, Stop) ->
+    case I + 1 =< tuple_size(T) andalso maps:get(start, element(I + 1, T)) =:= Stop of
+        true -> heap_run(T, I + 1, B, WinStart, State);
+        false -> error
+    end.
+
+%% Kernels without VmFlags (before 3.8) cannot tell; assume it is.
+noreserve(#{flags := undefined}) -> true;
+noreserve(#{flags := Flags}) -> lists:member(<<"nr">>, Flags).
+
+%%% ERTS --------------------------------------------------------------------
+
+erts(Raw) ->
+    Types = allocator_types(maps:get(allocators, Raw, [])),
+    Sum = fun(K) -> lists:sum([maps:get(K, T) || T <- Types]) end,
+    Mmap = erts_mmap_bytes(maps:get(erts_mmap, Raw, undefined)),
+    #{memory => maps:get(memory, Raw, #{}),
+      allocators => Types,
+      allocated => Sum(allocated),
+      used => Sum(used),
+      sys_alloc_bytes => Sum(sys_alloc),
+      mmap_bytes => Mmap,
+      %% What ERTS keeps mapped beyond the carriers in use: mseg_alloc's
+      %% cache of freed carriers (kept for reuse, released over time).
+      mseg_cache_bytes => case Mmap of
+                              undefined -> undefined;
+                              _ -> max(0, Mmap - Sum(mseg))
+                          end,
+      carriers => carriers_summary(maps:get(carriers, Raw, undefined)),
+      allocations => allocations_summary(maps:get(allocations, Raw, undefined)),
+      processes => ok_list(maps:get(processes, Raw, [])),
+      ets => ok_list(maps:get(ets, Raw, []))}.
+
+ok_list(L) when is_list(L) -> L;
+ok_list(_) -> [].
+
+%% @doc Per allocator type, summed over its instances, what recon_alloc
+%% calls allocated (carriers: mbcs + mbcs_pool + sbcs `carriers_size') and
+%% used (blocks: the `size' of every block type in those carriers), plus
+%% how many carrier bytes came from `sys_alloc' (malloc: inside libc's
+%% heap) and from `mseg_alloc' (mmap). Largest `allocated' first.
+%% Input: `[{Name, erlang:system_info({allocator, Name})}]'.
+-spec allocator_types([{atom(), term()}]) ->
+          [#{name := atom(), allocated := non_neg_integer(), used := non_neg_integer(),
+             sys_alloc := non_neg_integer(), mseg := non_neg_integer()}].
+allocator_types(Allocs) ->
+    Types = [allocator_type(Name, Instances) || {Name, Instances} <- Allocs, is_list(Instances)],
+    lists:reverse(lists:sort(fun(#{allocated := A}, #{allocated := B}) -> A =< B end, Types)).
+
+allocator_type(Name, Instances) ->
+    Parts = [{Kind, Props} || {instance, _, Info} <- Instances, is_list(Info),
+                              {Kind, Props} <- Info,
+                              lists:member(Kind, [mbcs, mbcs_pool, sbcs]), is_list(Props)],
+    Sum = fun(F) -> lists:sum([F(P) || {_, P} <- Parts]) end,
+    #{name => Name,
+      allocated => Sum(fun(P) -> current(carriers_size, P) end),
+      used => Sum(fun blocks_size/1),
+      sys_alloc => Sum(fun(P) -> current(sys_alloc_carriers_size, P) end),
+      mseg => Sum(fun(P) -> current(mseg_alloc_carriers_size, P) end)}.
+
+%% {Key, Current, ...}: the current value is the first.
+current(Key, Props) ->
+    case lists:keyfind(Key, 1, Props) of
+        T when is_tuple(T), tuple_size(T) >= 2, is_integer(element(2, T)) -> element(2, T);
+        _ -> 0
+    end.
+
+%% OTP 23+: {blocks, [{Type, [{count, ...}, {size, Cur, ...}]}]};
+%% before: {blocks_size, Cur, ...}.
+blocks_size(Props) ->
+    case lists:keyfind(blocks, 1, Props) of
+        {blocks, Types} when is_list(Types) ->
+            lists:sum([current(size, L) || {_, L} <- Types, is_list(L)]);
+        _ ->
+            current(blocks_size, Props)
+    end.
+
+%% @doc Bytes ERTS has mapped itself (mseg carriers, the literal area):
+%% the `used' sizes of `erlang:system_info({allocator, erts_mmap})', over
+%% the default and literal mappers, OS and super-carrier parts.
+%% `undefined' when the emulator does not report it.
+-spec erts_mmap_bytes(term()) -> non_neg_integer() | undefined.
+erts_mmap_bytes(Info) when is_list(Info) ->
+    lists:sum([proplists:get_value(used, Sizes, 0)
+               || {_Mapper, Props} <- Info, is_list(Props),
+                  {Part, PartProps} <- Props, Part =:= os orelse Part =:= supercarrier,
+                  is_list(PartProps),
+                  {sizes, Sizes} <- PartProps]);
+erts_mmap_bytes(_) ->
+    undefined.
+
+%% @doc `instrument:carriers/0' summed up: carrier count and bytes, bytes
+%% allocated in them, how many sit in the migration pool, and the
+%% free-block histogram (counts; bucket 0 is blocks up to `hist_start'
+%% bytes, each next bucket doubles the upper bound). Per type as well.
+-spec carriers_summary(term()) -> map() | mallocinfo_report:unavailable().
+carriers_summary({ok, {HistStart, Carriers}}) when is_list(Carriers) ->
+    Rows = [{Type, InPool, Total, lists:sum([S || {_, _, S} <- Allocs]), Free}
+            || {Type, InPool, Total, _Unscanned, Allocs, Free} <- Carriers],
+    Width = lists:max([0 | [tuple_size(F) || {_, _, _, _, F} <- Rows]]),
+    Hist = lists:foldl(fun({_, _, _, _, F}, Acc) -> add_hist(tuple_to_list(F), Acc) end,
+                       lists:duplicate(Width, 0), Rows),
+    ByType = lists:foldl(
+               fun({T, _, Total, Alloc, _}, Acc) ->
+                       maps:update_with(T, fun({C, S, A}) -> {C + 1, S + Total, A + Alloc} end,
+                                        {1, Total, Alloc}, Acc)
+               end, #{}, Rows),
+    #{count => length(Rows),
+      bytes => lists:sum([T || {_, _, T, _, _} <- Rows]),
+      allocated => lists:sum([A || {_, _, _, A, _} <- Rows]),
+      in_pool => length([x || {_, true, _, _, _} <- Rows]),
+      hist_start => HistStart,
+      free_histogram => Hist,
+      by_type => lists:reverse(lists:keysort(2, [{T, S, C, A}
+                                                  || {T, {C, S, A}} <- maps:to_list(ByType)]))};
+carriers_summary({error, {missing_application, tools}} = E) ->
+    unavailable(E, <<"instrument is in the tools application: add tools to the release">>);
+carriers_summary(Other) ->
+    unavailable(Other, <<"instrument:carriers/0 failed">>).
+
+add_hist(Counts, Acc) ->
+    lists:zipwith(fun(A, B) -> A + B end, Counts, Acc).
+
+%% @doc `instrument:allocations/0' (tagged allocations: binaries, and what
+%% NIFs and drivers allocate with `enif_alloc'/`driver_alloc', by origin
+%% module) as `[#{origin, type, count, min_bytes, max_bytes}]', largest
+%% first. Sizes are only known to the histogram bucket, hence the bounds:
+%% bucket 0 holds blocks up to `HistStart' bytes, bucket `i' those above
+%% `HistStart * 2^(i-1)' and up to `HistStart * 2^i'; the last bucket has no
+%% upper bound (`max_bytes' counts it at its lower bound and says
+%% `open => true').
+-spec allocations_summary(term()) -> [map()] | mallocinfo_report:unavailable().
+allocations_summary({ok, {HistStart, _Unscanned, ByOrigin}}) when is_map(ByOrigin) ->
+    Rows = [begin
+                Counts = tuple_to_list(Hist),
+                N = length(Counts),
+                Idx = lists:zip(lists:seq(0, N - 1), Counts),
+                Lower = fun(0) -> 0; (I) -> HistStart bsl (I - 1) end,
+                Upper = fun(I) when I =:= N - 1 -> Lower(I); (I) -> HistStart bsl I end,
+                #{origin => Origin, type => Type,
+                  count => lists:sum(Counts),
+                  min_bytes => lists:sum([C * Lower(I) || {I, C} <- Idx]),
+                  max_bytes => lists:sum([C * Upper(I) || {I, C} <- Idx]),
+                  open => lists:last([0 | Counts]) > 0}
+            end || {Origin, Types} <- maps:to_list(ByOrigin), is_map(Types),
+                   {Type, Hist} <- maps:to_list(Types), is_tuple(Hist)],
+    lists:reverse(lists:sort(fun(#{max_bytes := A}, #{max_bytes := B}) -> A =< B end, Rows));
+allocations_summary({error, {missing_application, tools}} = E) ->
+    unavailable(E, <<"instrument is in the tools application: add tools to the release">>);
+allocations_summary(Other) ->
+    unavailable(Other, <<"instrument:allocations/0 failed">>).
+
+unavailable({error, Why}, How) -> {unavailable, Why, How};
+unavailable(Why, How) -> {unavailable, Why, How}.
+
+%%% libc ----------------------------------------------------------------------
+
+libc(#{allocator := A} = Raw) when A =/= glibc ->
+    %% glibc's own heap is nearly empty when another allocator replaced
+    %% malloc; its figures are still shown, but they are not where the
+    %% memory is.
+    libc_glibc(Raw#{libc_note => <<"malloc is served by ", (atom_to_binary(A))/binary>>});
+libc(Raw) ->
+    libc_glibc(Raw).
+
+libc_glibc(#{mallinfo := #{arena := _} = MI} = Raw) ->
+    Arenas = case maps:get(libc_summary, Raw, undefined) of
+                 #{arenas := L} ->
+                     [#{arena => N, system_bytes => S, in_use_bytes => U, free_bytes => S - U}
+                      || #{arena := N, system_bytes := S, in_use_bytes := U} <- L];
+                 _ ->
+                     undefined
+             end,
+    System = maps:get(arena, MI),
+    InUse = maps:get(uordblks, MI),
+    HeapMap = case maps:get(heap_map, Raw, undefined) of
+                  {ok, #{total := _} = S} -> S;
+                  {error, {missing, mallocinfo_heap, _}} = E ->
+                      unavailable(E, <<"the heap map needs mallocinfo_heap (not in this build)">>);
+                  Other ->
+                      unavailable(Other, <<"mallocinfo_heap:summary() failed">>)
+              end,
+    Cores = maps:get(cores, Raw, 1),
+    Env = maps:get(env, Raw, #{}),
+    Base = #{mallinfo => MI,
+             system_bytes => System,
+             in_use_bytes => InUse,
+             free_bytes => maps:get(fordblks, MI),
+             mmap_bytes => maps:get(hblkhd, MI),
+             mmap_count => maps:get(hblks, MI),
+             arenas => case Arenas of undefined -> []; _ -> Arenas end,
+             arena_count => case Arenas of undefined -> undefined; _ -> length(Arenas) end,
+             arena_max => arena_max(Env, Cores),
+             heap_map => HeapMap},
+    case Raw of
+        #{libc_note := Note} -> Base#{note => Note};
+        _ -> Base
+    end;
+libc_glibc(#{mallinfo := Error}) ->
+    unavailable(Error, <<"mallocinfo_nif could not be loaded or mallinfo2 failed">>);
+libc_glibc(_) ->
+    {unavailable, no_mallinfo, <<"mallocinfo_nif is needed">>}.
+
+%% @doc How many arenas glibc may create: `MALLOC_ARENA_MAX', else
+%% `glibc.malloc.arena_max' in `GLIBC_TUNABLES', else glibc's default of
+%% 8 per online core (64-bit). A `mallopt(M_ARENA_MAX)' made at run time
+%% cannot be read back and is not seen.
+-spec arena_max(#{string() => string() | false}, pos_integer()) ->
+          #{value := pos_integer(), source := env | tunable | default}.
+arena_max(Env, Cores) ->
+    FromEnv = positive(maps:get("MALLOC_ARENA_MAX", Env, false)),
+    FromTunable = case maps:get("GLIBC_TUNABLES", Env, false) of
+                      false -> undefined;
+                      T -> tunable(string:split(T, ":", all))
+                  end,
+    if
+        FromEnv =/= undefined -> #{value => FromEnv, source => env};
+        FromTunable =/= undefined -> #{value => FromTunable, source => tunable};
+        true -> #{value => 8 * Cores, source => default}
+    end.
+
+tunable([]) -> undefined;
+tunable(["glibc.malloc.arena_max=" ++ V | _]) -> positive(V);
+tunable([_ | Rest]) -> tunable(Rest).
+
+positive(false) -> undefined;
+positive(S) ->
+    case string:to_integer(S) of
+        {N, ""} when N > 0 -> N;
+        _ -> undefined
+    end.
+
+%%% Native callers ------------------------------------------------------------
+
+native(#{trace_status := #{preloaded := false}}) ->
+    {unavailable, not_preloaded,
+     <<"start the node with LD_PRELOAD=<mallocinfo>/priv/libmallocinfo_preload.so "
+       "(mallocinfo_trace:preload_env/0; README \"Preloading\")">>};
+native(#{trace_status := #{recording := false}}) ->
+    {unavailable, not_recording,
+     <<"the interposer is loaded but this executable does not match MALLOCINFO_TRACE_EXE">>};
+native(#{trace_status := #{mode := Mode}}) when Mode =:= off; Mode =:= counters ->
+    {unavailable, {mode, Mode},
+     <<"mallocinfo_trace:set_mode(full) records blocks allocated from then on">>};
+native(#{trace_status := #{} = S, sites := Sites, olds := Olds})
+  when is_list(Sites), is_list(Olds) ->
+    (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes], S))#{
+      sites => Sites, olds => Olds};
+native(#{trace_status := #{}, sites := Error}) when not is_list(Error) ->
+    unavailable(Error, <<"mallocinfo_trace:sites/2 failed">>);
+native(#{trace_status := #{}, olds := Error}) ->
+    unavailable(Error, <<"mallocinfo_trace:olds/2 failed">>);
+native(#{trace_status := Error}) ->
+    unavailable(Error, <<"mallocinfo_nif is needed">>);
+native(_) ->
+    {unavailable, no_tracker, <<"mallocinfo_nif is needed">>}.
+
+%% @doc The frame that names who allocated: the first frame of the stack
+%% outside the C and C++ runtime (a `malloc' called through `operator
+%% new', `strdup' or a C++ container names its user, not libstdc++), else
+%% the first frame. `undefined' for an empty stack.
+-spec culprit([map()]) -> map() | undefined.
+culprit([]) ->
+    undefined;
+culprit([First | _] = Stack) ->
+    case [F || #{object := O} = F <- Stack, not runtime_object(O)] of
+        [F | _] -> F;
+        [] -> First
+    end.
+
+runtime_object(Object) ->
+    Base = filename:basename(Object),
+    lists:any(fun(P) -> binary:longest_common_prefix([Base, P]) =:= byte_size(P) end,
+              [<<"libc.so">>, <<"libc-">>, <<"libstdc++.so">>, <<"libgcc_s.so">>,
+               <<"ld-linux">>, <<"libmallocinfo_preload.so">>]).
+
+%%% Other allocator -----------------------------------------------------------
+
+other_allocator(#{allocator := jemalloc} = Raw) ->
+    case maps:get(jemalloc, Raw, undefined) of
+        {ok, #{resident := Resident} = S} ->
+            #{allocator => jemalloc, summary => S, resident => Resident};
+        Other -> unavailable(Other, <<"mallocinfo_jemalloc:summary() is needed">>)
+    end;
+other_allocator(#{allocator := tcmalloc} = Raw) ->
+    case maps:get(tcmalloc, Raw, undefined) of
+        {ok, Text} when is_binary(Text) ->
+            #{allocator => tcmalloc, stats => Text,
+              resident => tcmalloc_figure(Text, <<"Actual memory used">>),
+              allocated => tcmalloc_figure(Text, <<"Bytes in use by application">>)};
+        Other ->
+            unavailable(Other, <<"mallocinfo_tcmalloc:stats() is needed">>)
+    end;
+other_allocator(#{allocator := glibc}) ->
+    none;
+other_allocator(#{allocator := A}) ->
+    {unavailable, {unsupported, A}, <<"no figures for this allocator">>};
+other_allocator(_) ->
+    none.
+
+%% "MALLOC: =     123456 (    0.1 MiB) Actual memory used (physical + swap)"
+tcmalloc_figure(Text, Label) ->
+    Lines = [L || L <- binary:split(Text, <<"\n">>, [global]), binary:match(L, Label) =/= nomatch],
+    case Lines of
+        [L | _] ->
+            case re:run(L, "MALLOC:\\s*[=+-]?\\s*([0-9]+)", [{capture, all_but_first, binary}]) of
+                {match, [N]} -> binary_to_integer(N);
+                nomatch -> undefined
+            end;
+        [] ->
+            undefined
+    end.
+
+%%% Accounting ----------------------------------------------------------------
+
+%% What each layer explains of the resident set. The kernel's grouping is
+%% exact; the layers' figures are what each says it holds, and a layer
+%% explains at most what is resident in the mappings it owns:
+%%   files, JIT, stacks, special: what they are;
+%%   glibc heaps ([heap] + arenas): up to libc's arena bytes (mallinfo arena);
+%%   NORESERVE anonymous: up to the tracker's tables;
+%%   other anonymous: libc's mmapped blocks, another allocator's resident
+%%   bytes, then ERTS up to what it has mapped (carriers and mseg cache).
+%% Whatever is left is unaccounted. ERTS's claim is bounded by a virtual
+%% size, so the unaccounted figure is a lower bound: memory mapped behind
+%% ERTS's back can hide in the part of ERTS's mappings that is not resident.
+account(#{resident := #{groups := G, rss := Rss}} = R) ->
+    Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
+    Heaps = Rss_(main_heap) + Rss_(arenas),
+    Anon = Rss_(anon),
+    LibcArena = case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
+    LibcMmap = case maps:get(libc, R) of #{mmap_bytes := M} -> M; _ -> 0 end,
+    Tracker = case maps:get(native, R) of
+                  #{table_bytes := TB, stack_bytes := SB} -> TB + SB;
+                  _ -> 0
+              end,
+    ErtsMmap = case maps:get(erts, R) of
+                   #{mmap_bytes := E} when is_integer(E) -> E;
+                   _ -> 0
+               end,
+    OtherAlloc = case maps:get(other_allocator, R) of
+                     #{resident := OR} when is_integer(OR) -> OR;
+                     _ -> 0
+                 end,
+    NoReserve = Rss_(noreserve),
+    %% The tracker's tables are NORESERVE mappings. libc's mmapped blocks
+    %% and another allocator's resident bytes are resident figures (jemalloc
+    %% maps NORESERVE where the kernel overcommits, so it may claim either
+    %% kind); ERTS's figure is what it mapped (virtual), so ERTS takes what
+    %% is left of the anonymous memory, up to that.
+    TrackerPart = min(NoReserve, Tracker),
+    MmapPart = min(Anon, LibcMmap),
+    OtherFromNoReserve = min(NoReserve - TrackerPart, OtherAlloc),
+    OtherFromAnon = min(Anon - MmapPart, OtherAlloc - OtherFromNoReserve),
+    ErtsPart = min(Anon - MmapPart - OtherFromAnon, ErtsMmap),
+    Attributed = [{files, Rss_(files)}, {jit, Rss_(jit)}, {stacks, Rss_(stacks)},
+                  {special, Rss_(special)},
+                  {libc_heaps, min(Heaps, LibcArena)},
+                  {tracker_tables, TrackerPart},
+                  {erts_carriers, ErtsPart},
+                  {libc_mmap, MmapPart},
+                  {other_allocator, OtherFromNoReserve + OtherFromAnon}],
+    Mapped = lists:sum([Rss_(K) || K <- maps:keys(G)]),
+    Unaccounted = max(0, Mapped - lists:sum([B || {_, B} <- Attributed])),
+    #{attributed => Attributed,
+      %% Anonymous memory (not NORESERVE, not glibc heaps) nothing claims.
+      anon_unclaimed => Anon - MmapPart - OtherFromAnon - ErtsPart,
+      %% How much of ERTS's claim is not backed by resident memory: up to
+      %% this much of what is unaccounted could be hidden in it.
+      erts_slack_bytes => max(0, ErtsMmap - ErtsPart),
+      unaccounted_bytes => Unaccounted,
+      unaccounted_percent => percent(Unaccounted, Mapped),
+      rss_for_accounting => Mapped,
+      headline_rss => Rss};
+account(_) ->
+    #{attributed => [], anon_unclaimed => undefined, erts_slack_bytes => undefined,
+      unaccounted_bytes => undefined, unaccounted_percent => undefined}.
+
+percent(_, 0) -> 0.0;
+percent(Part, Whole) -> round(Part * 1000 / Whole) / 10.
+
+%%% Verdicts ------------------------------------------------------------------
+
+%% @doc The rules, in no particular order; verdicts/1 ranks what they say.
+-spec rules() -> [atom()].
+rules() ->
+    [native_holder, libc_fragmentation, erts_fragmentation, erts_mseg_cache, process_heap,
+     erts_binary, erts_ets, other_allocator, tracker_tables, unexplained].
+
+%% @doc The sentences of every rule that fires, most bytes first; a single
+%% "nothing stands out" sentence, with the two largest groups, when none
+%% does.
+-spec verdicts(mallocinfo_report:report()) -> [binary()].
+verdicts(R) ->
+    %% A rule that meets a shape it does not know says nothing rather than
+    %% taking the report down.
+    Fired = [V || Name <- rules(), {_, _} = V <- [catch rule(Name, R)]],
+    case lists:reverse(lists:keysort(1, Fired)) of
+        [] -> [nothing_stands_out(R)];
+        Sorted -> [S || {_, S} <- Sorted]
+    end.
+
+%% @doc One rule on a report: `{Bytes, Sentence}' when its evidence is in
+%% the report (Bytes ranks it), `none' otherwise. A rule needs at least
+%% 16 MiB and 5% of RSS behind it.
+-spec rule(atom(), mallocinfo_report:report()) -> {non_neg_integer(), binary()} | none.
+rule(native_holder, #{native := #{sites := [#{bytes := B, count := C, stack := Stack} = Site | _]}}
+     = R) ->
+    case significant(B, R) of
+        false -> none;
+        true ->
+            Age = maps:get(oldest_age_ms, Site, 0),
+            About = case maps:get(estimated, Site, false) of true -> "about "; false -> "" end,
+            {Who, From} = who(culprit(Stack)),
+            Tail = case Age >= ?LEAK_AGE_MS of
+                       true -> "a leak";
+                       false -> "a leak if it keeps growing (compare with a later report)"
+                   end,
+            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts, the oldest ~ts "
+                    "old: ~ts",
+                    [Who, About, bytes(B), About, count(C), From, age(Age), Tail])}
+    end;
+rule(libc_fragmentation, #{libc := #{arenas := [_ | _] = Arenas} = L} = R) ->
+    System = lists:sum([S || #{system_bytes := S} <- Arenas]),
+    Free = lists:sum([F || #{free_bytes := F} <- Arenas]),
+    N = length(Arenas),
+    case significant(Free, R) andalso Free * 100 >= 30 * System of
+        false -> none;
+        true ->
+            Trim = case L of
+                       #{heap_map := #{total := #{trimmable_bytes := T, pinned_bytes := P}}} ->
+                           fmt("; mallocinfo:trim() would return about ~ts now, ~ts is pinned "
+                               "between live blocks", [bytes(T), bytes(P)]);
+                       _ -> ""
+                   end,
+            NonMainFree = lists:sum([F || #{arena := A, free_bytes := F} <- Arenas, A =/= 0]),
+            ArenaMax = case L of
+                           #{arena_max := #{value := Max}} ->
+                               io_lib:format(" of ~b allowed", [Max]);
+                           _ -> ""
+                       end,
+            Cap = case N > 2 andalso NonMainFree * 2 >= Free of
+                      true -> fmt("; ~ts of the free memory is in per-thread arenas: consider "
+                                  "MALLOC_ARENA_MAX=2", [bytes(NonMainFree)]);
+                      false -> ""
+                  end,
+            {Free, fmt("libc arenas hold ~ts of which ~ts (~b%) is free: fragmentation in libc "
+                       "(~ts~ts)~ts~ts",
+                       [bytes(System), bytes(Free), Free * 100 div max(1, System),
+                        plural(N, "arena"), ArenaMax, Trim, Cap])}
+    end;
+rule(erts_fragmentation, #{erts := #{allocated := A, used := U, allocators := [_ | _] = Types}}
+     = R) ->
+    case significant(A - U, R) andalso U * 100 < 60 * A of
+        false -> none;
+        true ->
+            Unused = fun(#{allocated := TA, used := TU}) -> TA - TU end,
+            ByUnused = lists:sort(fun(X, Y) -> Unused(X) >= Unused(Y) end, Types),
+            [#{name := Worst, allocated := WA, used := WU} | _] = ByUnused,
+            {A - U, fmt("ERTS allocators hold ~ts in carriers but use ~ts (~b%): fragmentation "
+                         "inside erts_alloc, most in ~ts (~ts allocated, ~b% used)",
+                         [bytes(A), bytes(U), U * 100 div max(1, A), Worst,
+                          bytes(WA), WU * 100 div max(1, WA)])}
+    end;
+rule(erts_mseg_cache, #{erts := #{mseg_cache_bytes := C, mmap_bytes := M}} = R)
+  when is_integer(C) ->
+    case significant(C, R) of
+        false -> none;
+        true ->
+            {C, fmt("ERTS keeps ~ts of freed carriers mapped in mseg_alloc's cache (~ts mapped in "
+                    "all): they are reused for new carriers or released over time",
+                    [bytes(C), bytes(M)])}
+    end;
+rule(tracker_tables, #{native := #{table_bytes := TB, stack_bytes := SB},
+                       attributed := Attributed} = R) ->
+    case proplists:get_value(tracker_tables, Attributed, 0) of
+        B when is_integer(B) ->
+            case significant(B, R) of
+                false -> none;
+                true ->
+                    {B, fmt("the mallocinfo tracker's own tables keep ~ts resident (~ts of RSS, "
+                            "~ts reserved): MALLOCINFO_TABLE_SIZE and MALLOCINFO_TRACE=sample "
+                            "make them smaller",
+                            [bytes(B), share(B, R), bytes(TB + SB)])}
+            end;
+        _ -> none
+    end;
+rule(process_heap, #{erts := #{processes := [#{pid := Pid, value := B} = P | _]}} = R) ->
+    case significant(B, R) of
+        false -> none;
+        true ->
+            {B, fmt("process ~ts~ts holds ~ts (~ts of RSS): mallocinfo_proc:print(~ts) shows what "
+                    "is on its heap",
+                    [pid_to_list(Pid), proc_name(maps:get(name, P, undefined)), bytes(B),
+                     share(B, R), pid_to_list(Pid)])}
+    end;
+rule(erts_binary, #{erts := #{memory := #{binary := B}}} = R) ->
+    case significant(B, R) andalso B * 4 >= rss(R) of
+        false -> none;
+        true ->
+            {B, fmt("refc binaries take ~ts (~ts of RSS): mallocinfo_proc:top(10, binary) names "
+                    "the "
+                    "processes that keep them", [bytes(B), share(B, R)])}
+    end;
+rule(erts_ets, #{erts := #{memory := #{ets := B}} = E} = R) ->
+    case significant(B, R) andalso B * 4 >= rss(R) of
+        false -> none;
+        true ->
+            Largest = case maps:get(ets, E, []) of
+                          [#{table := T, bytes := TB} | _] ->
+                              fmt(", the largest ~tp with ~ts", [T, bytes(TB)]);
+                          _ -> ""
+                      end,
+            {B, fmt("ETS tables take ~ts (~ts of RSS)~ts", [bytes(B), share(B, R), Largest])}
+    end;
+rule(other_allocator, #{other_allocator := #{allocator := A, resident := Res} = O} = R)
+  when is_integer(Res) ->
+    Allocated = case O of
+                    #{summary := #{allocated := X}} -> X;
+                    #{allocated := X} when is_integer(X) -> X;
+                    _ -> undefined
+                end,
+    case is_integer(Allocated) andalso significant(Res - Allocated, R) of
+        false -> none;
+        true ->
+            {Res - Allocated,
+             fmt("~ts keeps ~ts resident for ~ts allocated: ~ts it has not returned to the system",
+                 [A, bytes(Res), bytes(Allocated), bytes(Res - Allocated)])}
+    end;
+rule(unexplained, #{unaccounted_bytes := U, unaccounted_percent := P} = R) when is_integer(U) ->
+    case significant(U, R) andalso P >= 15 of
+        false -> none;
+        true ->
+            Maps = case R of
+                       #{resident := #{anon_top := [_ | _] = Top}} ->
+                           Largest = [[hex(S), " ", bytes(Rs)]
+                                      || #{start := S, rss := Rs} <- lists:sublist(Top, 3)],
+                           ["; the largest anonymous mappings: " | lists:join(", ", Largest)];
+                       _ -> ""
+                   end,
+            {U, fmt("~ts (~.1f% of RSS) is memory no layer accounts for: most likely mapped "
+                    "directly (mmap) by a NIF or a library~ts", [bytes(U), float(P), Maps])}
+    end;
+rule(_, _) ->
+    none.
+
+who(undefined) ->
+    {"native code", "an unknown function"};
+who(#{object := Object} = F) ->
+    Base = filename:basename(Object),
+    Who = case {binary:match(Base, <<"beam">>), binary:match(Base, <<".so">>)} of
+              {{0, _}, _} -> "the VM itself (" ++ binary_to_list(Base) ++ ")";
+              {_, nomatch} -> "native code in " ++ binary_to_list(Base);
+              _ -> "the NIF " ++ binary_to_list(Base)
+          end,
+    From = case F of
+               #{symbol := S} when is_binary(S) -> short_symbol(S);
+               #{offset := Off} -> io_lib:format("~ts+0x~.16b", [Base, Off]);
+               _ -> "an unnamed function"
+           end,
+    {Who, From}.
+
+%% @doc A process's registered name or initial call, for a sentence.
+-spec proc_name(term()) -> iolist().
+%% A demangled C++ name can run to hundreds of characters: the sentence
+%% keeps its first 60.
+short_symbol(S) ->
+    L = unicode:characters_to_list(S),
+    case string:length(L) > 60 of
+        true -> string:slice(L, 0, 57) ++ "...";
+        false -> L
+    end.
+
+proc_name(undefined) -> "";
+proc_name(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
+proc_name({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
+proc_name(Other) -> io_lib:format(" (~tp)", [Other]).
+
+nothing_stands_out(#{resident := #{groups := G}} = R) ->
+    Sorted = lists:reverse(lists:sort([{Rss, K} || {K, #{rss := Rss}} <- maps:to_list(G)])),
+    Parts = [io_lib:format("~ts ~ts", [group_label(K), bytes(B)])
+             || {B, K} <- lists:sublist(Sorted, 2)],
+    fmt("nothing stands out: RSS ~ts, the largest parts ~ts",
+        [bytes(rss(R)), lists:join(" and ", Parts)]);
+nothing_stands_out(_) ->
+    <<"nothing stands out (the resident set could not be read)">>.
+
+plural(1, Noun) -> ["1 ", Noun];
+plural(N, Noun) -> [integer_to_list(N), " ", Noun, "s"].
+
+hex(N) -> string:lowercase(integer_to_list(N, 16)).
+
+significant(Bytes, R) ->
+    Rss = rss(R),
+    Bytes >= ?SIGNIFICANT_BYTES andalso Bytes * 100 >= ?SIGNIFICANT_PERCENT * Rss.
+
+%% @doc RSS of a report (0 when the resident set could not be read).
+-spec rss(mallocinfo_report:report()) -> non_neg_integer().
+rss(#{resident := #{rss := Rss}}) -> Rss;
+rss(_) -> 0.
+
+share(B, R) ->
+    io_lib:format("~b%", [B * 100 div max(1, rss(R))]).
+
+fmt(Format, Args) ->
+    unicode:characters_to_binary(io_lib:format(Format, Args)).
+
+group_label(main_heap) -> "the glibc main heap";
+group_label(arenas) -> "glibc arenas";
+group_label(stacks) -> "thread stacks";
+group_label(jit) -> "JIT code";
+group_label(noreserve) -> "MAP_NORESERVE memory";
+group_label(anon) -> "anonymous memory";
+group_label(files) -> "files";
+group_label(special) -> "vdso and shared memory".
+
+% Shorthands for the units the sentences use.
+bytes(B) -> mallocinfo_units:bytes(B).
+count(N) -> mallocinfo_units:count(N).
+age(Ms) -> mallocinfo_units:age(Ms).

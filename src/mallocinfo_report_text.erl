@@ -1,0 +1,364 @@
+%% @doc The report as text, 80 columns wide, with humanised units. Pure:
+%% it renders what `mallocinfo_report:collect/0,1' return.
+-module(mallocinfo_report_text).
+
+-export([format/1, format_cluster/1]).
+
+%% One row of the cluster table: 78 columns at most.
+-define(ROW, "~-20ts ~9ts ~9ts ~9ts ~9ts ~6ts  ~ts~n").
+
+%% @doc The report of one node.
+-spec format(mallocinfo_report:report()) -> iolist().
+format(R) ->
+    [header(R), section_verdicts(R), section_resident(R), section_erts(R),
+     section_libc(R), section_native(R), section_other(R), section_unaccounted(R)].
+
+%% @doc A cluster's reports: one row per node, why each failed node
+%% failed, then each node's verdicts.
+-spec format_cluster([mallocinfo_report:node_result()]) -> iolist().
+format_cluster(Results) ->
+    Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
+    Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
+                || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout],
+    Verdicts = [[io_lib:format("~ts:~n", [N]),
+                 [io_lib:format("  - ~ts~n", [wrap(V, 76, "    ")])
+                  || V <- maps:get(verdicts, R, [])]]
+                || {N, {ok, R}} <- Results],
+    [rule_line(io_lib:format("cluster: ~b nodes", [length(Results)])), Head,
+     [cluster_row(N, Res) || {N, Res} <- Results],
+     [["failed:\n", Failures] || Failures =/= []],
+     [[rule_line("Verdicts"), Verdicts] || Verdicts =/= []]].
+
+%%% ---------------------------------------------------------------------------
+%%% Text (80 columns)
+
+header(R) ->
+    Libc = case maps:get(libc_version, R, undefined) of
+               V when is_binary(V) -> V;
+               _ -> "?"
+           end,
+    [rule_line(io_lib:format("mallocinfo report: ~ts", [maps:get(node, R, '?')])),
+     para(io_lib:format("os pid ~tp, OTP ~ts, glibc ~ts, malloc: ~ts, ~ts",
+                        [maps:get(os_pid, R, '?'), maps:get(otp_release, R, "?"), Libc,
+                         maps:get(allocator, R, glibc), maps:get(time, R, "")]))].
+
+rule_line(Title) ->
+    T = lists:flatten(Title),
+    ["== ", T, " ", lists:duplicate(max(3, 76 - string:length(T)), $=), "\n"].
+
+section_verdicts(R) ->
+    Vs = maps:get(verdicts, R, []),
+    [rule_line("Verdict"),
+     [io_lib:format("~2b. ~ts~n", [I, wrap(V, 76, "    ")])
+      || {I, V} <- lists:zip(lists:seq(1, length(Vs)), Vs)]].
+
+section_resident(#{resident := {unavailable, _, _} = U}) ->
+    [rule_line("1. Resident set"), unavailable_line(U)];
+section_resident(#{resident := Res} = R) ->
+    #{groups := G} = Res,
+    Attributed = maps:from_list(maps:get(attributed, R, [])),
+    Erts = maps:get(erts_carriers, Attributed, 0),
+    Mmap = maps:get(libc_mmap, Attributed, 0),
+    Other = maps:get(other_allocator, Attributed, 0),
+    Unclaimed = case maps:get(anon_unclaimed, R, undefined) of
+                    undefined -> rss_of(anon, G);
+                    U -> U
+                end,
+    Count = fun(K, What) ->
+                    case maps:get(count, maps:get(K, G)) of
+                        0 -> "";
+                        N -> io_lib:format("~b ~ts", [N, What])
+                    end
+            end,
+    TopFiles = lists:sublist(maps:get(files_top, Res, []), 2),
+    Files = lists:join(", ", [io_lib:format("~ts ~ts", [filename:basename(P), bytes(B)])
+                              || #{path := P, rss := B} <- TopFiles]),
+    B = fun(K) -> bytes(maps:get(K, Res, undefined)) end,
+    [rule_line("1. Resident set"),
+     para(io_lib:format("RSS ~ts (peak ~ts), PSS ~ts: anonymous ~ts, file ~ts, shmem ~ts, swap ~ts",
+                        [B(rss), B(peak), B(pss), B(anonymous), B(file), B(shmem), B(swap)])),
+     io_lib:format("~b mappings, by kind:~n", [maps:get(mappings, Res, 0)]),
+     group_line("glibc main heap [heap]", rss_of(main_heap, G), ""),
+     group_line("glibc arenas (64 MiB heaps)", rss_of(arenas, G), Count(arenas, "heaps")),
+     group_line("ERTS carriers, mseg cache (est.)", Erts, "up to what ERTS mapped"),
+     [group_line("libc mmapped blocks (est.)", Mmap, "") || Mmap > 0],
+     [group_line("other allocator (est.)", Other, "") || Other > 0],
+     group_line("other anonymous", Unclaimed, "no layer claims it"),
+     group_line("MAP_NORESERVE anonymous", rss_of(noreserve, G), "tracker tables, reserves"),
+     group_line("JIT code", rss_of(jit, G), "both views of the code"),
+     group_line("thread stacks", rss_of(stacks, G), Count(stacks, "stacks")),
+     group_line("files", rss_of(files, G), Files),
+     [group_line("vdso, other shared", rss_of(special, G), "") || rss_of(special, G) > 0]].
+
+group_line(Label, Bytes, Note) ->
+    io_lib:format("  ~-32ts ~10ts  ~ts~n", [Label, bytes(Bytes), truncate(Note, 32)]).
+
+rss_of(K, G) -> maps:get(rss, maps:get(K, G)).
+
+section_erts(#{erts := E}) ->
+    Mem = maps:get(memory, E),
+    M = fun(K) -> bytes(maps:get(K, Mem, undefined)) end,
+    Types = [T || #{allocated := A} = T <- maps:get(allocators, E), A > 0],
+    #{allocated := Alloc, used := Used} = E,
+    [rule_line("2. ERTS"),
+     para(io_lib:format("erlang:memory(): total ~ts = processes ~ts + system ~ts (binary ~ts, "
+                        "ets ~ts, code ~ts, atom ~ts)",
+                        [M(total), M(processes), M(system), M(binary), M(ets), M(code), M(atom)])),
+     para(io_lib:format("carriers: ~ts allocated, ~ts used (~b%); ~ts of them from malloc; ERTS "
+                        "has ~ts mapped, ~ts of it mseg_alloc's cache of freed carriers",
+                        [bytes(Alloc), bytes(Used), Used * 100 div max(1, Alloc),
+                         bytes(maps:get(sys_alloc_bytes, E)),
+                         bytes(maps:get(mmap_bytes, E)),
+                         bytes(maps:get(mseg_cache_bytes, E, undefined))])),
+     io_lib:format("  ~-16s ~11s ~11s ~6s~n", ["allocator", "allocated", "used", "usage"]),
+     [io_lib:format("  ~-16ts ~11ts ~11ts ~5b%~n",
+                    [N, bytes(A), bytes(U), U * 100 div max(1, A)])
+      || #{name := N, allocated := A, used := U} <- lists:sublist(Types, 6)],
+     carriers_lines(maps:get(carriers, E)),
+     allocations_lines(maps:get(allocations, E)),
+     case maps:get(processes, E) of
+         [] -> [];
+         Ps ->
+             Procs = [io_lib:format("~ts~ts ~ts", [pid_to_list(P), proc_name(N), bytes(V)])
+                      || #{pid := P, name := N, value := V} <- lists:sublist(Ps, 3)],
+             para(["largest processes: " | lists:join("; ", Procs)])
+     end,
+     case maps:get(ets, E) of
+         [] -> [];
+         Ts -> para(["largest ETS tables: ",
+                     lists:join("; ", [io_lib:format("~0tp ~ts", [T, bytes(TB)])
+                                       || #{table := T, bytes := TB} <- lists:sublist(Ts, 3)])])
+     end].
+
+carriers_lines({unavailable, _, _} = U) ->
+    unavailable_line("instrument:carriers/0 ", U);
+carriers_lines(#{count := C, bytes := B, allocated := A, hist_start := H,
+                 free_histogram := Hist}) ->
+    Last = length(Hist) - 1,
+    Label = fun(0) -> "<=" ++ bytes(H);
+               (I) when I =:= Last -> ">" ++ bytes(H bsl (I - 1));
+               (I) -> "<=" ++ bytes(H bsl I)
+            end,
+    [para(io_lib:format("instrument: ~b carriers of ~ts hold ~ts in blocks; free blocks by size:",
+                        [C, bytes(B), bytes(A)])),
+     para_indented(lists:join("; ", [io_lib:format("~ts: ~ts", [Label(I), count(N)])
+                                     || {I, N} <- lists:zip(lists:seq(0, Last), Hist), N > 0]))].
+
+allocations_lines({unavailable, _, _} = U) ->
+    unavailable_line("instrument:allocations/0 ", U);
+allocations_lines([]) ->
+    [];
+allocations_lines(Rows) ->
+    ["tagged allocations (enif_alloc, driver_alloc, binaries) by origin:\n",
+     [io_lib:format("  ~-22ts ~-14ts ~8ts blocks  ~ts-~ts~n",
+                    [truncate(atom_to_list(O), 22), truncate(atom_to_list(T), 14), count(C),
+                     bytes(Min), bytes(Max)])
+      || #{origin := O, type := T, count := C, min_bytes := Min, max_bytes := Max}
+             <- lists:sublist(Rows, 5)]].
+
+section_libc(#{libc := {unavailable, _, _} = U}) ->
+    [rule_line("3. libc"), unavailable_line(U)];
+section_libc(#{libc := L}) ->
+    #{mallinfo := MI, arenas := Arenas, arena_max := #{value := Max, source := Src}} = L,
+    BySystem = lists:reverse(lists:keysort(2, [{A, S} || #{arena := A, system_bytes := S}
+                                                            <- Arenas])),
+    Shown = [A || {A, _} <- lists:sublist(BySystem, 8)],
+    M = fun(K) -> bytes(maps:get(K, MI)) end,
+    [rule_line("3. libc (glibc malloc)"),
+     [para(maps:get(note, L)) || maps:is_key(note, L)],
+     para(io_lib:format("mallinfo2: arenas ~ts, in use ~ts, free ~ts (fastbins ~ts), releasable "
+                        "top ~ts; mmapped blocks ~ts in ~b",
+                        [M(arena), M(uordblks), M(fordblks), M(fsmblks), M(keepcost), M(hblkhd),
+                         maps:get(hblks, MI)])),
+     case maps:get(arena_count, L) of
+         undefined -> para("per-arena figures unavailable (malloc_stats could not fork)");
+         N -> para(io_lib:format("~b arenas, M_ARENA_MAX ~b (~ts)", [N, Max, Src]))
+     end,
+     [[io_lib:format("  ~-7s ~11s ~11s ~11s ~5s~n", ["arena", "system", "in use", "free", "free%"]),
+       [io_lib:format("  ~-7b ~11ts ~11ts ~11ts ~4b%~n",
+                      [A, bytes(S), bytes(U), bytes(F), F * 100 div max(1, S)])
+        || #{arena := A, system_bytes := S, in_use_bytes := U, free_bytes := F} <- Arenas,
+           lists:member(A, Shown)],
+       [io_lib:format("  (~b smaller arenas not shown)~n", [length(Arenas) - length(Shown)])
+        || length(Arenas) > length(Shown)]] || Arenas =/= []],
+     heap_map_lines(maps:get(heap_map, L))].
+
+heap_map_lines({unavailable, _, _} = U) ->
+    unavailable_line("heap map ", U);
+heap_map_lines(#{total := T}) ->
+    B = fun(K) -> bytes(maps:get(K, T, undefined)) end,
+    para(io_lib:format("heap map: free ~ts in ~ts chunks (largest ~ts); malloc_trim could return "
+                       "~ts now; ~ts pinned between live blocks; resident ~ts",
+                       [B(free_bytes), count(maps:get(free_chunks, T, 0)), B(largest_free),
+                        B(trimmable_bytes), B(pinned_bytes), B(resident_bytes)])).
+
+section_native(#{native := {unavailable, _, _} = U}) ->
+    [rule_line("4. Native callers (tracker)"), unavailable_line(U)];
+section_native(#{native := N}) ->
+    #{sites := Sites, olds := Olds} = N,
+    [rule_line("4. Native callers (tracker)"),
+     para(io_lib:format("mode ~ts: ~ts live in ~ts blocks, ~b dropped",
+                        [maps:get(mode, N), bytes(maps:get(live_bytes, N, 0)),
+                         count(maps:get(live_entries, N, 0)), maps:get(dropped, N, 0)])),
+     "top call sites (live bytes, blocks, oldest, allocated from):\n",
+     [io_lib:format("  ~10ts ~7ts ~8ts  ~ts~n",
+                    [bytes(B), count(C), age(maps:get(oldest_age_ms, S, 0)),
+                     frame_text(culprit(St), 49)])
+      || #{bytes := B, count := C, stack := St} = S <- lists:sublist(Sites, 6)],
+     "oldest live blocks (size, age, allocated from):\n",
+     [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
+      || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+%% "symbol (object)" in at most Width columns: the symbol gives way first.
+frame_text(undefined, _) ->
+    "?";
+frame_text(#{object := O} = F, Width) ->
+    Obj = truncate(filename:basename(O), Width div 2),
+    Sym = case maps:get(symbol, F, undefined) of
+              undefined -> io_lib:format("+0x~.16b", [maps:get(offset, F, 0)]);
+              S -> S
+          end,
+    [truncate(Sym, Width - 3 - string:length(Obj)), " (", Obj, ")"].
+
+truncate(S, N) ->
+    Flat = unicode:characters_to_list(S),
+    case string:length(Flat) > N of
+        true -> [string:slice(Flat, 0, max(0, N - 3)), "..."];
+        false -> Flat
+    end.
+
+section_other(#{other_allocator := none}) ->
+    [rule_line("5. Other allocator"), "none: malloc is glibc's\n"];
+section_other(#{other_allocator := {unavailable, _, _} = U}) ->
+    [rule_line("5. Other allocator"), unavailable_line(U)];
+section_other(#{other_allocator := #{allocator := jemalloc, summary := S}}) ->
+    [rule_line("5. Other allocator: jemalloc"),
+     para(io_lib:format("allocated ~ts, active ~ts, resident ~ts, mapped ~ts, retained ~ts, "
+                        "metadata ~ts",
+                        [bytes(maps:get(K, S, undefined))
+                         || K <- [allocated, active, resident, mapped, retained, metadata]]))];
+section_other(#{other_allocator := #{allocator := A} = O}) ->
+    [rule_line(io_lib:format("5. Other allocator: ~ts", [A])),
+     para(io_lib:format("allocated ~ts, resident ~ts",
+                        [bytes(maps:get(allocated, O, undefined)),
+                         bytes(maps:get(resident, O, undefined))]))].
+
+section_unaccounted(#{unaccounted_bytes := undefined}) ->
+    [rule_line("6. Unaccounted"), "unknown: the resident set could not be read\n"];
+section_unaccounted(#{unaccounted_bytes := U, unaccounted_percent := P, attributed := A} = R) ->
+    Parts = [io_lib:format("~ts ~ts", [attributed_label(K), bytes(B)]) || {K, B} <- A, B > 0],
+    [rule_line("6. Unaccounted"),
+     para(["mapped ", bytes(maps:get(rss_for_accounting, R, 0)),
+           "; explained by the layers: ", lists:join(", ", Parts)]),
+     io_lib:format("unaccounted: ~ts (~.1f% of RSS)~n", [bytes(U), float(P)]),
+     case maps:get(erts_slack_bytes, R, 0) of
+         Slack when Slack > 0 ->
+             para(io_lib:format("(a lower bound: ERTS has ~ts more mapped than is resident for "
+                                "it, and memory mapped behind its back could hide there)",
+                                [bytes(Slack)]));
+         _ -> []
+     end].
+
+attributed_label(files) -> "files";
+attributed_label(jit) -> "JIT";
+attributed_label(stacks) -> "stacks";
+attributed_label(special) -> "vdso etc.";
+attributed_label(libc_heaps) -> "libc heaps";
+attributed_label(tracker_tables) -> "tracker tables";
+attributed_label(erts_carriers) -> "ERTS mappings";
+attributed_label(libc_mmap) -> "libc mmapped blocks";
+attributed_label(other_allocator) -> "other allocator".
+
+unavailable_line(U) ->
+    unavailable_line("", U).
+
+unavailable_line(What, {unavailable, Why, How}) ->
+    para(io_lib:format("~tsunavailable (~ts): ~ts",
+                       [What, truncate(io_lib:format("~0tP", [Why, 8]), 120), How])).
+
+%% A paragraph: wrapped at 78 columns, continuation lines indented by two.
+para(Text) ->
+    [wrap(Text, 78, "  "), "\n"].
+
+%% The same, every line indented by two.
+para_indented(Text) ->
+    ["  ", wrap(Text, 76, "  "), "\n"].
+
+%% Greedy word wrap; continuation lines start with Indent and are at most
+%% Width wide including it. A unit stays with its number ("186.2 MiB",
+%% "160 k", "5 s"); a word longer than a line (a C++ symbol, a term) is cut.
+wrap(Text, Width, Indent) ->
+    Narrow = Width - length(Indent),
+    Words = lists:append([cut(W, Narrow)
+                          || W <- glue_units(string:lexemes(unicode:characters_to_list(Text),
+                                                            " "))]),
+    Room = fun([]) -> Width; (_) -> Narrow end,
+    {Lines, Last} = lists:foldl(
+                      fun(W, {Acc, []}) -> {Acc, W};
+                         (W, {Acc, Cur}) ->
+                              case string:length(Cur) + 1 + string:length(W) > Room(Acc) of
+                                  true -> {[Cur | Acc], W};
+                                  false -> {Acc, Cur ++ " " ++ W}
+                              end
+                      end, {[], []}, Words),
+    lists:join(["\n", Indent], lists:reverse([Last | Lines])).
+
+cut(Word, Max) ->
+    case string:length(Word) > Max of
+        true -> [string:slice(Word, 0, Max) | cut(string:slice(Word, Max), Max)];
+        false -> [Word]
+    end.
+
+glue_units([N, U | Rest]) ->
+    case is_unit(U) of
+        true -> glue_units([N ++ " " ++ U | Rest]);
+        false -> [N | glue_units([U | Rest])]
+    end;
+glue_units(Words) ->
+    Words.
+
+is_unit(W) ->
+    lists:member(string:trim(W, trailing, ",;:)."),
+                 ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "k", "M", "G",
+                  "ms", "s", "min", "h", "d"]).
+
+%%% ---------------------------------------------------------------------------
+%%% The cluster table
+
+cluster_row(Node, {ok, R}) ->
+    Erts = case R of #{erts := #{memory := #{total := T}}} -> T; _ -> undefined end,
+    Free = case R of
+               #{libc := #{arenas := [_ | _] = A}} -> lists:sum([F || #{free_bytes := F} <- A]);
+               #{libc := #{free_bytes := F}} -> F;
+               _ -> undefined
+           end,
+    Native = case R of #{native := #{live_bytes := L}} -> L; _ -> undefined end,
+    Unacct = case R of
+                 #{unaccounted_percent := P} when is_number(P) ->
+                     io_lib:format("~.1f%", [float(P)]);
+                 _ -> "-"
+             end,
+    Status = case maps:get(injected, R, false) of
+                 true -> "injected";
+                 false -> "ok"
+             end,
+    io_lib:format(?ROW, [truncate(atom_to_list(Node), 20), short_bytes(rss(R)), short_bytes(Erts),
+                         short_bytes(Free), short_bytes(Native), Unacct, Status]);
+cluster_row(Node, {error, Why}) ->
+    Status = case Why of
+                 unreachable -> "unreachable";
+                 timeout -> "timeout";
+                 _ -> "failed"
+             end,
+    io_lib:format(?ROW, [truncate(atom_to_list(Node), 20), "-", "-", "-", "-", "-", Status]).
+
+short_bytes(undefined) -> "-";
+short_bytes(B) -> bytes(B).
+
+% Shorthands for the units the text use.
+bytes(B) -> mallocinfo_units:bytes(B).
+count(N) -> mallocinfo_units:count(N).
+age(Ms) -> mallocinfo_units:age(Ms).
+culprit(Stack) -> mallocinfo_report_build:culprit(Stack).
+rss(R) -> mallocinfo_report_build:rss(R).
+proc_name(Name) -> mallocinfo_report_build:proc_name(Name).

@@ -1,0 +1,717 @@
+%% EUnit: the pure parts of the report (mallocinfo_report_build,
+%% mallocinfo_report_text, mallocinfo_units) on canned input: /proc text,
+%% erts_alloc figures, crafted reports for every verdict rule, units and
+%% the 80-column text.
+-module(mallocinfo_report_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+-define(KiB, 1024).
+-define(MiB, (1024 * 1024)).
+-define(R, mallocinfo_report_build).
+-define(TEXT, mallocinfo_report_text).
+
+%%% Canned /proc/self/smaps --------------------------------------------------
+
+%% One mapping as the kernel prints it (a subset of the fields).
+vma(Start, Stop, Perms, Path, RssKb, Flags) ->
+    io_lib:format("~.16b-~.16b ~s 00000000 00:00 0                          ~s~n"
+                  "Size:           ~8b kB~n"
+                  "KernelPageSize:        4 kB~n"
+                  "Rss:            ~8b kB~n"
+                  "Pss:            ~8b kB~n"
+                  "Anonymous:      ~8b kB~n"
+                  "Swap:                  0 kB~n"
+                  "THPeligible:    0~n"
+                  "VmFlags: ~s~n",
+                  [Start, Stop, Perms, Path, (Stop - Start) div 1024, RssKb, RssKb,
+                   case Path of "" -> RssKb; _ -> 0 end, Flags]).
+
+-define(H, 16#7f0000000000).
+-define(W, (64 * ?MiB)).
+
+smaps() ->
+    iolist_to_binary(
+      [vma(16#55d000000000, 16#55d000100000, "r-xp", "/usr/lib/erlang/erts-13.1.5/bin/beam.smp",
+           1024, "rd ex mr mw me"),
+       vma(16#55d000100000, 16#55d000180000, "r--p", "/usr/lib/erlang/erts-13.1.5/bin/beam.smp",
+           512, "rd mr mw me"),
+       vma(16#55d000200000, 16#55d000600000, "rw-p", "[heap]", 3000, "rd wr mr mw me ac"),
+       %% A non-main heap: 16 MiB in use, PROT_NONE to the end of its 64 MiB.
+       vma(?H + 1 * ?W, ?H + 1 * ?W + 16 * ?MiB, "rw-p", "", 12000, "rd wr mr mw me nr"),
+       vma(?H + 1 * ?W + 16 * ?MiB, ?H + 2 * ?W, "---p", "", 0, "mr mw me nr"),
+       %% Two heaps that filled up and merged into one mapping.
+       vma(?H + 2 * ?W, ?H + 4 * ?W, "rw-p", "", 100000, "rd wr mr mw me nr"),
+       %% A decoy: a NORESERVE mapping (the tracker's table) that spans an
+       %% aligned window but does not start on it.
+       vma(?H + 5 * ?W - 16 * ?MiB, ?H + 6 * ?W + 4 * ?MiB, "rw-p", "", 50000,
+           "rd wr mr mw me nr"),
+       %% A heap whose PROT_NONE tail runs on into a reservation.
+       vma(?H + 8 * ?W, ?H + 8 * ?W + 4 * ?MiB, "rw-p", "", 4000, "rd wr mr mw me nr"),
+       vma(?H + 8 * ?W + 4 * ?MiB, ?H + 10 * ?W, "---p", "", 0, "mr mw me nr"),
+       %% Aligned NORESERVE but continued by an accountable mapping: not a heap.
+       vma(?H + 12 * ?W, ?H + 12 * ?W + 32 * ?MiB, "rw-p", "", 2048, "rd wr mr mw me nr"),
+       vma(?H + 12 * ?W + 32 * ?MiB, ?H + 13 * ?W, "rw-p", "", 1000, "rd wr mr mw me ac"),
+       %% A thread stack: a 4 KiB guard, then the stack.
+       vma(?H + 14 * ?W, ?H + 14 * ?W + 4096, "---p", "", 0, "mr mw me nh"),
+       vma(?H + 14 * ?W + 4096, ?H + 14 * ?W + 4096 + ?MiB, "rw-p", "", 64, "rd wr mr mw me ac nh"),
+       %% The JIT's two views of its code.
+       vma(?H + 15 * ?W, ?H + 15 * ?W + 8 * ?MiB, "rw-s", "/memfd:vmem (deleted)", 4000,
+           "rd wr sh mr mw me ms"),
+       vma(?H + 15 * ?W + 8 * ?MiB, ?H + 15 * ?W + 16 * ?MiB, "r-xs", "/memfd:vmem (deleted)", 4000,
+           "rd ex sh mr mw me ms"),
+       %% ERTS carriers and the like: plain anonymous memory.
+       vma(?H + 16 * ?W, ?H + 16 * ?W + 16 * ?MiB, "rw-p", "", 16384, "rd wr mr mw me ac"),
+       vma(?H + 17 * ?W, ?H + 17 * ?W + ?MiB, "rw-p", "[anon:named]", 256, "rd wr mr mw me ac"),
+       vma(16#7ffc00000000, 16#7ffc00021000, "rw-p", "[stack]", 132, "rd wr mr mw me gd ac"),
+       vma(16#7ffc00100000, 16#7ffc00102000, "r-xp", "[vdso]", 4, "rd ex mr mw me de")]).
+
+parse_smaps_test() ->
+    Vmas = ?R:parse_smaps(smaps()),
+    ?assertEqual(19, length(Vmas)),
+    [Beam | _] = Vmas,
+    ?assertMatch(#{start := 16#55d000000000, stop := 16#55d000100000, perms := <<"r-xp">>,
+                   path := <<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>,
+                   size := 1024 * ?KiB, rss := 1024 * ?KiB, pss := 1024 * ?KiB, anon := 0,
+                   flags := [<<"rd">>, <<"ex">>, <<"mr">>, <<"mw">>, <<"me">>]}, Beam),
+    %% A path with a space survives.
+    ?assert(lists:any(fun(#{path := P}) -> P =:= <<"/memfd:vmem (deleted)">> end, Vmas)),
+    %% Without VmFlags (old kernels) the flags are unknown, not empty.
+    [NoFlags] = ?R:parse_smaps(<<"00400000-00401000 r--p 00000000 08:01 1 /bin/x\nRss: 4 kB\n">>),
+    ?assertMatch(#{flags := undefined, rss := 4096, path := <<"/bin/x">>}, NoFlags).
+
+group_mappings_test() ->
+    #{groups := G, files_top := Files, anon_top := Anon} =
+        ?R:group_mappings(?R:parse_smaps(smaps())),
+    Rss = fun(K) -> maps:get(rss, maps:get(K, G)) end,
+    Count = fun(K) -> maps:get(count, maps:get(K, G)) end,
+    ?assertEqual(3000 * ?KiB, Rss(main_heap)),
+    %% Windows 1, 2, 3 (merged) and 8 (tail into a reservation); not the
+    %% decoy, not window 12.
+    ?assertEqual(4, Count(arenas)),
+    ?assertEqual((12000 + 100000 + 4000) * ?KiB, Rss(arenas)),
+    ?assertEqual((50000 + 2048) * ?KiB, Rss(noreserve)),
+    ?assertEqual((64 + 132) * ?KiB, Rss(stacks)),
+    ?assertEqual(2, Count(stacks)),
+    ?assertEqual(8000 * ?KiB, Rss(jit)),
+    ?assertEqual((1000 + 16384 + 256) * ?KiB, Rss(anon)),
+    ?assertEqual((1024 + 512) * ?KiB, Rss(files)),
+    ?assertEqual(4 * ?KiB, Rss(special)),
+    %% Every resident byte is in exactly one group.
+    Total = lists:sum([R || #{rss := R} <- ?R:parse_smaps(smaps())]),
+    ?assertEqual(Total, lists:sum([R || #{rss := R} <- maps:values(G)])),
+    ?assertEqual([#{path => <<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, rss => 1536 * ?KiB}],
+                 Files),
+    ?assertMatch([#{rss := 16384 * ?KiB, start := S} | _] when S =:= ?H + 16 * ?W, Anon).
+
+%% A heap is a mapping of its own: a NORESERVE mapping that merely covers
+%% an aligned window is not one.
+unaligned_start_is_not_a_heap_test() ->
+    Smaps = iolist_to_binary(
+              [vma(?H + ?W - 4 * ?MiB, ?H + ?W + 4 * ?MiB, "rw-p", "", 8000, "rd wr mr mw me nr"),
+               vma(?H + 2 * ?W, ?H + 2 * ?W + 4 * ?MiB, "rw-p", "", 4000, "rd wr mr mw me nr"),
+               vma(?H + 2 * ?W + 4 * ?MiB, ?H + 3 * ?W, "---p", "", 0, "mr mw me nr")]),
+    #{groups := G} = ?R:group_mappings(?R:parse_smaps(Smaps)),
+    %% The first mapping starts unaligned: not a heap at all (see the
+    %% docs: such a heap is missed); the second is.
+    ?assertEqual(1, maps:get(count, maps:get(arenas, G))),
+    ?assertEqual(4000 * ?KiB, maps:get(rss, maps:get(arenas, G))),
+    ?assertEqual(8000 * ?KiB, maps:get(rss, maps:get(noreserve, G))).
+
+%% A glibc heap_info: ar_ptr, prev, size, mprotect_size, pagesize.
+heap_info(ArPtr, Prev, Size, Mprotect) ->
+    <<ArPtr:64/native, Prev:64/native, Size:64/native, Mprotect:64/native, 4096:64/native,
+      0:64/native>>.
+
+%% What the process's memory says decides, not the shape: the tracker's
+%% table merged with the heap above it (the shape alone misses that heap),
+%% a NORESERVE mapping covering an aligned window (zeros there), and a
+%% window of plausible shape whose bytes are no heap_info.
+heap_headers_test() ->
+    Merged = vma(?H + 3 * ?W - 16 * ?MiB, ?H + 3 * ?W + 4 * ?MiB, "rw-p", "", 9000,
+                 "rd wr mr mw me nr"),
+    Tail = vma(?H + 3 * ?W + 4 * ?MiB, ?H + 4 * ?W, "---p", "", 0, "mr mw me nr"),
+    Decoy = vma(?H + 5 * ?W - ?MiB, ?H + 6 * ?W + ?MiB, "rw-p", "", 60000, "rd wr mr mw me nr"),
+    Shaped = vma(?H + 8 * ?W, ?H + 8 * ?W + ?MiB, "rw-p", "", 500, "rd wr mr mw me nr"),
+    ShapedTail = vma(?H + 8 * ?W + ?MiB, ?H + 9 * ?W, "---p", "", 0, "mr mw me nr"),
+    Vmas = ?R:parse_smaps(iolist_to_binary([Merged, Tail, Decoy, Shaped, ShapedTail])),
+    ?assertEqual([?H + 3 * ?W, ?H + 5 * ?W, ?H + 6 * ?W, ?H + 8 * ?W], ?R:heap_candidates(Vmas)),
+    Headers = #{?H + 3 * ?W => heap_info(?H + 3 * ?W + 16#30, 0, 4 * ?MiB, 4 * ?MiB),
+                ?H + 5 * ?W => <<0:384>>,
+                ?H + 8 * ?W => <<"not a heap at all, just bytes in a heap's shape..">>},
+    ?assertEqual([?H + 3 * ?W], ?R:heap_windows(Vmas, Headers)),
+    %% Shape alone gets both wrong.
+    ?assertEqual([?H + 8 * ?W], ?R:heap_windows(Vmas, undefined)),
+    %% The merged mapping is split: exactly by pagemap when read, else in
+    %% proportion to the bytes (4 of 20 MiB).
+    ?assertEqual([{?H + 3 * ?W - 16 * ?MiB, 4096, [{?H + 3 * ?W, ?H + 3 * ?W + 4 * ?MiB}]}],
+                 ?R:straddling(Vmas, [?H + 3 * ?W])),
+    #{groups := Exact} = ?R:group_mappings(Vmas, #{heap_headers => Headers,
+                                                   straddle_rss => #{?H + 3 * ?W - 16 * ?MiB =>
+                                                                         4000 * ?KiB}}),
+    ?assertMatch(#{arenas := #{rss := 4000 * ?KiB, count := 1},
+                   noreserve := #{rss := (5000 + 60000 + 500) * ?KiB}}, Exact),
+    #{groups := Prorated} = ?R:group_mappings(Vmas, #{heap_headers => Headers}),
+    ?assertMatch(#{arenas := #{rss := 1800 * ?KiB}}, Prorated),
+    %% Later heaps of an arena point back to its first heap.
+    ?assert(lists:member(?H + 8 * ?W,
+                         ?R:heap_windows(Vmas, Headers#{?H + 8 * ?W =>
+                                                            heap_info(?H + 16#30, ?H, ?MiB, ?MiB)}))),
+    %% Sizes glibc cannot have.
+    [?assertEqual([], ?R:heap_windows(Vmas, #{?H + 3 * ?W => Bad}))
+     || Bad <- [heap_info(?H + 3 * ?W + 16#30, 0, 0, 0),
+                heap_info(?H + 3 * ?W + 16#30, 0, ?MiB + 1, 2 * ?MiB),
+                heap_info(?H + 3 * ?W + 16#30, 0, 2 * ?MiB, ?MiB),
+                heap_info(?H + 3 * ?W + 16#30, 0, 128 * ?MiB, 128 * ?MiB),
+                heap_info(?H + 3 * ?W + 16#30, ?H + 1, ?MiB, ?MiB),
+                heap_info(12345, 0, ?MiB, ?MiB)]].
+
+parse_fields_test() ->
+    Status = <<"Name:\tbeam.smp\nVmHWM:\t  282608 kB\nVmRSS:\t  282608 kB\n"
+               "RssAnon:\t  265124 kB\nThreads:\t31\n">>,
+    ?assertEqual(#{<<"VmHWM">> => 282608 * ?KiB, <<"VmRSS">> => 282608 * ?KiB,
+                   <<"RssAnon">> => 265124 * ?KiB}, ?R:parse_fields(Status)).
+
+%%% erts_alloc figures ------------------------------------------------------------
+
+%% The shape of erlang:system_info({allocator, A}) in OTP 25 (a subset).
+instance(N, MbcsCarriers, MbcsBlocks, SbcsCarriers, SbcsBlocks, SysAlloc) ->
+    {instance, N,
+     [{versions, "0.9", "3.0"},
+      {options, [{e, true}]},
+      {mbcs, [{blocks, [{binary_alloc, [{count, 7, 53, 53}, {size, MbcsBlocks, 0, 0}]},
+                        {eheap_alloc, [{count, 1, 1, 1}, {size, 100, 0, 0}]}]},
+              {carriers, 2, 3, 3},
+              {mseg_alloc_carriers, 1},
+              {sys_alloc_carriers, 1},
+              {carriers_size, MbcsCarriers, 0, 0},
+              {mseg_alloc_carriers_size, MbcsCarriers - SysAlloc},
+              {sys_alloc_carriers_size, SysAlloc}]},
+      {mbcs_pool, [{blocks, [{binary_alloc, [{count, 1}, {size, 1000}]}]},
+                   {carriers, 1}, {carriers_size, 65536}]},
+      {sbcs, [{blocks, [{binary_alloc, [{count, 1, 1, 1}, {size, SbcsBlocks, 0, 0}]}]},
+              {carriers, 1, 1, 1},
+              {mseg_alloc_carriers, 1},
+              {sys_alloc_carriers, 0},
+              {carriers_size, SbcsCarriers, 0, 0},
+              {mseg_alloc_carriers_size, SbcsCarriers},
+              {sys_alloc_carriers_size, 0}]},
+      {calls, [{binary_alloc, 0, 192}]}]}.
+
+allocator_types_test() ->
+    Allocs = [{binary_alloc, [instance(0, 589824, 272040, 659456, 657104, 65536),
+                              instance(1, 65536, 0, 0, 0, 65536)]},
+              {ets_alloc, [instance(0, 1048576, 524288, 0, 0, 0)]},
+              {disabled_alloc, false}],
+    %% Largest allocated first.
+    [Bin, Ets] = ?R:allocator_types(Allocs),
+    %% Carriers: mbcs + mbcs_pool + sbcs; blocks: every type in them.
+    ?assertEqual(#{name => binary_alloc,
+                   allocated => 589824 + 65536 + 659456 + 65536 + 65536,
+                   used => (272040 + 100 + 1000 + 657104) + (0 + 100 + 1000 + 0),
+                   sys_alloc => 65536 + 65536,
+                   mseg => (589824 - 65536 + 659456) + 0},
+                 Bin),
+    ?assertMatch(#{name := ets_alloc, allocated := 1048576 + 65536,
+                   used := 524288 + 100 + 1000}, Ets).
+
+%% OTP before 23 reported {blocks_size, Cur, ...}.
+allocator_types_old_format_test() ->
+    Old = {instance, 0, [{mbcs, [{blocks_size, 300, 0, 0}, {carriers_size, 1000, 0, 0}]}]},
+    ?assertMatch([#{allocated := 1000, used := 300, sys_alloc := 0}],
+                 ?R:allocator_types([{eheap_alloc, [Old]}])).
+
+erts_mmap_bytes_test() ->
+    Info = [{default_mmap, [{options, [{scs, 0}]}, {os, [{sizes, [{used, 14815232}]}]}]},
+            {literal_mmap,
+             [{options, [{scs, 1073676288}]},
+              {supercarrier, [{sizes, [{total, 1073741824}, {total_sa, 2097152}, {used, 2162688}]},
+                              {free_segs, [{used, 0}, {max, 0}]}]}]}],
+    ?assertEqual(14815232 + 2162688, ?R:erts_mmap_bytes(Info)),
+    ?assertEqual(undefined, ?R:erts_mmap_bytes(false)).
+
+carriers_summary_test() ->
+    Carriers = {ok, {512,
+                     [{binary_alloc, false, 65536, 0, [{binary_alloc, 15, 5504}],
+                       {1, 1, 0, 0}},
+                      {eheap_alloc, true, 524288, 0, [{eheap_alloc, 48, 427048}],
+                       {4, 3, 3, 1}},
+                      {binary_alloc, false, 65536, 0, [], {0, 0, 0, 1}}]}},
+    S = ?R:carriers_summary(Carriers),
+    ?assertMatch(#{count := 3, bytes := 655360, allocated := 432552, in_pool := 1,
+                   hist_start := 512, free_histogram := [5, 4, 3, 2]}, S),
+    ?assertEqual([{eheap_alloc, 524288, 1, 427048}, {binary_alloc, 131072, 2, 5504}],
+                 maps:get(by_type, S)),
+    ?assertMatch({unavailable, {missing_application, tools}, _},
+                 ?R:carriers_summary({error, {missing_application, tools}})).
+
+allocations_summary_test() ->
+    %% 64 blocks in bucket 10, i.e. above 128 * 2^9 and up to 128 * 2^10
+    %% bytes; 2 in the open last bucket (index 3 of 4).
+    Allocs = {ok, {128, 0, #{mallocinfo_demo_nif =>
+                                 #{nif_internal => {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0}},
+                             system => #{binary => {3, 9, 0, 2}}}}},
+    [Demo, Sys] = ?R:allocations_summary(Allocs),
+    ?assertEqual(#{origin => mallocinfo_demo_nif, type => nif_internal, count => 64,
+                   min_bytes => 64 * 65536, max_bytes => 64 * 131072, open => false}, Demo),
+    ?assertEqual(#{origin => system, type => binary, count => 14,
+                   min_bytes => 9 * 128 + 2 * 512, max_bytes => 3 * 128 + 9 * 256 + 2 * 512,
+                   open => true}, Sys).
+
+arena_max_test() ->
+    None = #{"MALLOC_ARENA_MAX" => false, "GLIBC_TUNABLES" => false},
+    ?assertEqual(#{value => 16, source => default}, ?R:arena_max(None, 2)),
+    ?assertEqual(#{value => 2, source => env}, ?R:arena_max(None#{"MALLOC_ARENA_MAX" => "2"}, 2)),
+    Tunables = "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=4",
+    ?assertEqual(#{value => 4, source => tunable},
+                 ?R:arena_max(None#{"GLIBC_TUNABLES" => Tunables}, 2)),
+    %% Nonsense is what glibc ignores too.
+    ?assertEqual(#{value => 64, source => default},
+                 ?R:arena_max(None#{"MALLOC_ARENA_MAX" => "lots"}, 8)).
+
+%%% build/1 on canned raw data ---------------------------------------------------
+
+raw() ->
+    #{node => 'canned@host', os_pid => 42, otp_release => <<"25">>, time => <<"now">>,
+      cores => 2, libc_version => <<"2.36">>, allocator => glibc,
+      smaps => smaps(),
+      smaps_rollup => <<"Rss:  210000 kB\nPss:  200000 kB\n">>,
+      status => <<"VmRSS:\t210000 kB\nRssAnon:\t 190000 kB\n">>,
+      memory => #{total => 40 * ?MiB, processes => 10 * ?MiB, system => 30 * ?MiB,
+                  binary => ?MiB, ets => ?MiB, code => 8 * ?MiB, atom => ?MiB},
+      allocators => [{eheap_alloc, [instance(0, 20 * ?MiB, 10 * ?MiB, 0, 0, 0)]}],
+      erts_mmap => [{default_mmap, [{os, [{sizes, [{used, 10 * ?MiB}]}]}]}],
+      carriers => {error, {missing_application, tools}},
+      allocations => {error, {missing_application, tools}},
+      processes => [], ets => [],
+      mallinfo => #{arena => 110 * ?MiB, uordblks => 40 * ?MiB, fordblks => 70 * ?MiB,
+                    hblkhd => 2 * ?MiB, hblks => 1, fsmblks => 0, keepcost => 0,
+                    ordblks => 1, smblks => 0, usmblks => 0},
+      libc_summary => #{arenas => [#{arena => 0, system_bytes => 3 * ?MiB,
+                                     in_use_bytes => 2 * ?MiB},
+                                   #{arena => 1, system_bytes => 107 * ?MiB,
+                                     in_use_bytes => 38 * ?MiB}]},
+      heap_map => {error, {missing, mallocinfo_heap, summary}},
+      env => #{"MALLOC_ARENA_MAX" => false, "GLIBC_TUNABLES" => false},
+      trace_status => #{preloaded => false, recording => false, mode => off},
+      sites => {error, not_preloaded}, olds => {error, not_preloaded},
+      jemalloc => {error, {missing, mallocinfo_jemalloc, summary}},
+      tcmalloc => {error, {missing, mallocinfo_tcmalloc, stats}}}.
+
+build_accounting_test() ->
+    R = ?R:build(raw()),
+    ?assertMatch(#{node := 'canned@host',
+                   resident := #{rss := 210000 * ?KiB, pss := 200000 * ?KiB}}, R),
+    ?assertMatch({unavailable, not_preloaded, _}, maps:get(native, R)),
+    ?assertEqual(none, maps:get(other_allocator, R)),
+    A = maps:from_list(maps:get(attributed, R)),
+    %% Heaps resident: 3000 + 116000 KiB, of which libc explains its 110 MiB.
+    ?assertEqual(110 * ?MiB, maps:get(libc_heaps, A)),
+    %% No tracker: nothing explains the NORESERVE mappings.
+    ?assertEqual(0, maps:get(tracker_tables, A)),
+    %% Anonymous 17640 KiB: libc's 2 MiB of mmapped blocks, then ERTS's 10 MiB.
+    ?assertEqual(2 * ?MiB, maps:get(libc_mmap, A)),
+    ?assertEqual(10 * ?MiB, maps:get(erts_carriers, A)),
+    Mapped = lists:sum([Rss || #{rss := Rss} <- ?R:parse_smaps(smaps())]),
+    Unaccounted = Mapped - lists:sum(maps:values(A)),
+    ?assertEqual(Unaccounted, maps:get(unaccounted_bytes, R)),
+    ?assertEqual(round(Unaccounted * 1000 / Mapped) / 10, maps:get(unaccounted_percent, R)),
+    %% 52048 KiB of NORESERVE memory nothing explains (no tracker), 6360
+    %% KiB of heap beyond libc's figure, 5352 KiB of anonymous memory:
+    %% 63760 KiB of 198424 KiB mapped, and the rule says so.
+    ?assertEqual(63760 * ?KiB, Unaccounted),
+    ?assertMatch([<<"libc arenas hold 110.0 MiB of which 70.0 MiB (63%) is free: fragmentation "
+                    "in libc (2 arenas of 16 allowed)">>,
+                  <<"62.3 MiB (32.1% of RSS) is memory no layer accounts for", _/binary>>],
+                 maps:get(verdicts, R)),
+    %% And the report renders, in 80 columns.
+    assert_80_columns(?TEXT:format(R)).
+
+%% jemalloc maps NORESERVE where the kernel overcommits: its resident bytes
+%% explain NORESERVE memory the tracker does not own.
+build_jemalloc_test() ->
+    Je = #{allocated => 30 * ?MiB, active => 32 * ?MiB, resident => 40 * ?MiB,
+           mapped => 64 * ?MiB, retained => 8 * ?MiB, metadata => ?MiB},
+    R = ?R:build((raw())#{allocator := jemalloc, jemalloc := {ok, Je}}),
+    ?assertMatch(#{other_allocator := #{allocator := jemalloc, resident := 40 * ?MiB},
+                   libc := #{note := <<"malloc is served by jemalloc">>}}, R),
+    A = maps:from_list(maps:get(attributed, R)),
+    ?assertEqual(40 * ?MiB, maps:get(other_allocator, A)),
+    %% 52048 KiB NORESERVE, 40 MiB of it jemalloc's: 63760 - 40960 KiB left.
+    ?assertEqual((63760 - 40960) * ?KiB, maps:get(unaccounted_bytes, R)),
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    ?assertNotEqual(nomatch, string:find(Text, "== 5. Other allocator: jemalloc")),
+    assert_80_columns(Text).
+
+%% tcmalloc's stats text: resident and allocated read from its MALLOC: lines.
+build_tcmalloc_test() ->
+    Stats = <<"------------------------------------------------\n"
+              "MALLOC:       31457280 (   30.0 MiB) Bytes in use by application\n"
+              "MALLOC: +     20971520 (   20.0 MiB) Bytes in page heap freelist\n"
+              "MALLOC: =     52428800 (   50.0 MiB) Actual memory used (physical + swap)\n"
+              "MALLOC: +      1048576 (    1.0 MiB) Bytes released to OS (aka unmapped)\n">>,
+    R = ?R:build((raw())#{allocator := tcmalloc, tcmalloc := {ok, Stats}}),
+    ?assertMatch(#{allocator := tcmalloc, resident := 52428800, allocated := 31457280},
+                 maps:get(other_allocator, R)),
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    ?assertNotEqual(nomatch, string:find(Text, "allocated 30.0 MiB, resident 50.0 MiB")),
+    %% Without the module: the section says what is missing.
+    Missing = ?R:build((raw())#{allocator := tcmalloc}),
+    ?assertMatch({unavailable, {missing, mallocinfo_tcmalloc, stats}, _},
+                 maps:get(other_allocator, Missing)).
+
+%% Input the code does not expect costs its section, not the report.
+build_survives_odd_input_test() ->
+    Odd = #{arenas => [#{arena => 0, system_bytes => lots, in_use_bytes => 1}]},
+    R = ?R:build((raw())#{libc_summary := Odd}),
+    ?assertMatch({unavailable, {error, badarith}, _}, maps:get(libc, R)),
+    ?assertMatch(#{resident := #{rss := _}, erts := #{allocated := _}}, R),
+    [_ | _] = maps:get(verdicts, R),
+    assert_80_columns(?TEXT:format(R)).
+
+build_without_smaps_test() ->
+    R = ?R:build((raw())#{smaps := {error, enoent}}),
+    ?assertMatch({unavailable, {smaps, enoent}, _}, maps:get(resident, R)),
+    ?assertEqual(undefined, maps:get(unaccounted_bytes, R)),
+    %% The libc figures are still evidence; nothing is said about RSS.
+    ?assertMatch([<<"libc arenas hold 110.0 MiB of which 70.0 MiB (63%) is free", _/binary>>],
+                 maps:get(verdicts, R)),
+    Quiet = (raw())#{smaps := {error, enoent}, libc_summary := {error, enomem}},
+    ?assertEqual([<<"nothing stands out (the resident set could not be read)">>],
+                 maps:get(verdicts, ?R:build(Quiet))),
+    assert_80_columns(?TEXT:format(R)).
+
+%%% Verdict rules on crafted reports -------------------------------------------------
+
+frame(Object, Symbol) ->
+    #{address => 16#7f0000001000, object => Object, symbol => Symbol, offset => 16}.
+
+%% A report in which no rule has evidence: 1 GiB RSS, every part small.
+quiet() ->
+    #{node => 'q@host', allocator => glibc,
+      resident => #{rss => 1024 * ?MiB, anon_top => [],
+                    groups => maps:from_list(
+                                [{K, #{rss => B, size => B, count => 1}}
+                                 || {K, B} <- [{main_heap, 100 * ?MiB}, {arenas, 300 * ?MiB},
+                                               {stacks, ?MiB}, {jit, 8 * ?MiB},
+                                               {noreserve, 0}, {anon, 500 * ?MiB},
+                                               {files, 115 * ?MiB}, {special, 0}]])},
+      erts => #{memory => #{total => 500 * ?MiB, binary => 10 * ?MiB, ets => 10 * ?MiB},
+                allocated => 500 * ?MiB, used => 450 * ?MiB, mmap_bytes => 500 * ?MiB,
+                mseg_cache_bytes => ?MiB, sys_alloc_bytes => 0,
+                carriers => {unavailable, {missing_application, tools}, <<"add tools">>},
+                allocations => [],
+                allocators => [#{name => eheap_alloc, allocated => 500 * ?MiB, used => 450 * ?MiB,
+                                 sys_alloc => 0, mseg => 499 * ?MiB}],
+                processes => [#{pid => list_to_pid("<0.90.0>"), name => my_server,
+                                value => 4 * ?MiB, by => memory}],
+                ets => [#{table => sessions, bytes => 9 * ?MiB, objects => 1000}]},
+      libc => #{mallinfo => #{arena => 400 * ?MiB, uordblks => 385 * ?MiB, fordblks => 15 * ?MiB,
+                              hblkhd => 0, hblks => 0, fsmblks => 0, keepcost => 0},
+                arena_count => 2,
+                arenas => [#{arena => 0, system_bytes => 100 * ?MiB, in_use_bytes => 95 * ?MiB,
+                             free_bytes => 5 * ?MiB},
+                           #{arena => 1, system_bytes => 300 * ?MiB, in_use_bytes => 290 * ?MiB,
+                             free_bytes => 10 * ?MiB}],
+                arena_max => #{value => 16, source => default},
+                heap_map => {unavailable, x, <<>>}},
+      native => #{mode => full, live_bytes => 10 * ?MiB, live_entries => 1000,
+                  table_bytes => 64 * ?MiB, stack_bytes => 16 * ?MiB,
+                  sites => [site(2 * ?MiB, 100, 10000,
+                                 [frame(<<"/opt/app/priv/foo_nif.so">>, <<"foo_cache_insert">>)])],
+                  olds => []},
+      other_allocator => none,
+      attributed => [{tracker_tables, 0}],
+      unaccounted_bytes => 10 * ?MiB, unaccounted_percent => 1.0}.
+
+quiet_report_has_no_rule_test() ->
+    [?assertEqual({Name, none}, {Name, ?R:rule(Name, quiet())}) || Name <- ?R:rules()],
+    ?assertEqual([<<"nothing stands out: RSS 1.0 GiB, the largest parts anonymous memory "
+                    "500.0 MiB and glibc arenas 300.0 MiB">>], ?R:verdicts(quiet())).
+
+%% Missing sections are no evidence either.
+empty_report_has_no_rule_test() ->
+    Empty = #{resident => {unavailable, x, <<>>}, erts => #{}, libc => {unavailable, x, <<>>},
+              native => {unavailable, not_preloaded, <<>>}, other_allocator => none,
+              unaccounted_bytes => undefined, unaccounted_percent => undefined, attributed => []},
+    [?assertEqual({Name, none}, {Name, ?R:rule(Name, Empty)}) || Name <- ?R:rules()].
+
+site(Bytes, Count, AgeMs, Stack) ->
+    #{bytes => Bytes, count => Count, oldest_age_ms => AgeMs, estimated => false, stack => Stack}.
+
+with_site(Site) ->
+    R = quiet(),
+    R#{native := (maps:get(native, R))#{sites := [Site]}}.
+
+native_holder_leak_test() ->
+    %% 900 MiB in 3.2 M blocks, the oldest 5 h old: a leak.
+    Stack = [frame(<<"/usr/lib/x86_64-linux-gnu/libstdc++.so.6">>,
+                   <<"operator new(unsigned long)">>),
+             frame(<<"/opt/app/lib/foo-1.0/priv/foo_nif.so">>, <<"foo_cache_insert">>),
+             frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_call_dirty_nif">>)],
+    R = with_site(site(900 * ?MiB, 3200000, 5 * 3600000, Stack)),
+    ?assertEqual({900 * ?MiB,
+                  <<"the NIF foo_nif.so holds 900.0 MiB in 3.2 M live blocks allocated from "
+                    "foo_cache_insert, the oldest 5.0 h old: a leak">>},
+                 ?R:rule(native_holder, R)).
+
+native_holder_young_test() ->
+    Site = site(64 * ?MiB, 160000, 12000, [frame(<<"/x/demo.so">>, <<"demo_cache_insert">>)]),
+    R = with_site(Site#{estimated => true}),
+    {_, S} = ?R:rule(native_holder, R),
+    ?assertEqual(<<"the NIF demo.so holds about 64.0 MiB in about 160 k live blocks allocated from "
+                   "demo_cache_insert, the oldest 12 s old: a leak if it keeps growing (compare "
+                   "with a later report)">>, S).
+
+native_holder_names_vm_and_unknowns_test() ->
+    Beam = frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_sys_aligned_alloc">>),
+    Vm = with_site(site(100 * ?MiB, 3, 1000, [Beam])),
+    {_, S1} = ?R:rule(native_holder, Vm),
+    ?assertMatch(<<"the VM itself (beam.smp) holds 100.0 MiB in 3 live blocks allocated from "
+                   "erts_sys_aligned_alloc", _/binary>>, S1),
+    Anon = with_site(site(100 * ?MiB, 3, 1000, [frame(<<"/usr/lib/libfoo.so.1">>, undefined)])),
+    {_, S2} = ?R:rule(native_holder, Anon),
+    ?assertMatch(<<"the NIF libfoo.so.1 holds 100.0 MiB in 3 live blocks allocated from "
+                   "libfoo.so.1+0x10", _/binary>>, S2).
+
+%% A long C++ name is shortened in the sentence, and no line of the text
+%% grows past 80 columns, whatever the words.
+long_words_test() ->
+    Long = iolist_to_binary(["std::vector<std::__cxx11::basic_string<char,std::char_traits<char>,"
+                             "std::allocator<char>>,std::allocator<std::__cxx11::basic_string<"
+                             "char>>>::_M_realloc_insert" | lists:duplicate(5, "<x>")]),
+    R = with_site(site(300 * ?MiB, 10, 1000, [frame(<<"/x/a.so">>, Long)])),
+    {_, S} = ?R:rule(native_holder, R),
+    %% 57 characters and "...".
+    ?assertMatch({match, _}, re:run(S, "allocated from std::vector<std::__cxx11::basic_string<"
+                                       "char,std::char_tra\\.\\.\\., the oldest")),
+    Odd = R#{verdicts => ?R:verdicts(R),
+             other_allocator := {unavailable, {crashed, lists:seq(1, 500)}, <<"no figures">>}},
+    assert_80_columns(?TEXT:format(Odd)).
+
+native_holder_small_site_test() ->
+    %% 40 MiB is 3.9% of 1 GiB: below the 5% a verdict needs.
+    Small = with_site(site(40 * ?MiB, 10, 1000, [frame(<<"/x.so">>, <<"f">>)])),
+    ?assertEqual(none, ?R:rule(native_holder, Small)),
+    ?assertEqual(none, ?R:rule(native_holder, with_site(site(0, 0, 0, [])))).
+
+culprit_test() ->
+    Own = frame(<<"/opt/x/priv/x_nif.so">>, <<"x_alloc">>),
+    Libc = frame(<<"/usr/lib/x86_64-linux-gnu/libc.so.6">>, <<"__strdup">>),
+    Cxx = frame(<<"/usr/lib/x86_64-linux-gnu/libstdc++.so.6">>, <<"operator new(unsigned long)">>),
+    ?assertEqual(Own, ?R:culprit([Libc, Cxx, Own])),
+    ?assertEqual(Libc, ?R:culprit([Libc, Cxx])),
+    ?assertEqual(undefined, ?R:culprit([])).
+
+with_arenas(Arenas) ->
+    R = quiet(),
+    R#{libc := (maps:get(libc, R))#{arenas := Arenas}}.
+
+arena(N, System, InUse) ->
+    #{arena => N, system_bytes => System, in_use_bytes => InUse, free_bytes => System - InUse}.
+
+libc_fragmentation_test() ->
+    Arenas = [arena(0, 200 * ?MiB, 150 * ?MiB)
+              | [arena(N, 150 * ?MiB, 30 * ?MiB) || N <- lists:seq(1, 11)]],
+    R = with_arenas(Arenas),
+    Free = 50 * ?MiB + 11 * 120 * ?MiB,
+    ?assertEqual({Free, <<"libc arenas hold 1.8 GiB of which 1.3 GiB (74%) is free: fragmentation "
+                          "in libc (12 arenas of 16 allowed); 1.3 GiB of the free memory is in "
+                          "per-thread arenas: consider MALLOC_ARENA_MAX=2">>},
+                 ?R:rule(libc_fragmentation, R)),
+    %% With the heap map, what trim would return and what is pinned.
+    L = maps:get(libc, R),
+    WithMap = R#{libc := L#{heap_map := #{total => #{trimmable_bytes => 600 * ?MiB,
+                                                     pinned_bytes => 700 * ?MiB}}}},
+    {_, S} = ?R:rule(libc_fragmentation, WithMap),
+    ?assertMatch(<<_/binary>>, S),
+    ?assertNotEqual(nomatch, binary:match(S, <<"; mallocinfo:trim() would return about 600.0 MiB "
+                                               "now, 700.0 MiB is pinned between live blocks;">>)).
+
+libc_fragmentation_main_arena_only_test() ->
+    %% All of it in the main arena: no MALLOC_ARENA_MAX advice.
+    {_, S} = ?R:rule(libc_fragmentation, with_arenas([arena(0, 400 * ?MiB, 100 * ?MiB)])),
+    ?assertEqual(<<"libc arenas hold 400.0 MiB of which 300.0 MiB (75%) is free: fragmentation "
+                   "in libc (1 arena of 16 allowed)">>, S).
+
+libc_fragmentation_needs_evidence_test() ->
+    %% Much free, but a small share of the arenas (25% < 30%).
+    ?assertEqual(none, ?R:rule(libc_fragmentation,
+                               with_arenas([arena(0, 400 * ?MiB, 300 * ?MiB)]))),
+    %% A high share of something small.
+    ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([arena(0, 20 * ?MiB, ?MiB)]))),
+    ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([]))).
+
+with_erts(Fun) ->
+    R = quiet(),
+    R#{erts := Fun(maps:get(erts, R))}.
+
+erts_fragmentation_test() ->
+    R = with_erts(fun(E) ->
+                          E#{allocated := 600 * ?MiB, used := 200 * ?MiB,
+                             allocators := [#{name => eheap_alloc, allocated => 100 * ?MiB,
+                                              used => 90 * ?MiB},
+                                            #{name => binary_alloc, allocated => 500 * ?MiB,
+                                              used => 110 * ?MiB}]}
+                  end),
+    ?assertEqual({400 * ?MiB, <<"ERTS allocators hold 600.0 MiB in carriers but use 200.0 MiB "
+                                "(33%): fragmentation inside erts_alloc, most in binary_alloc "
+                                "(500.0 MiB allocated, 22% used)">>},
+                 ?R:rule(erts_fragmentation, R)),
+    %% 61% used is not fragmentation.
+    Used61 = with_erts(fun(E) -> E#{allocated := 600 * ?MiB, used := 366 * ?MiB} end),
+    ?assertEqual(none, ?R:rule(erts_fragmentation, Used61)).
+
+erts_mseg_cache_test() ->
+    R = with_erts(fun(E) -> E#{mseg_cache_bytes := 114 * ?MiB, mmap_bytes := 186 * ?MiB} end),
+    ?assertEqual({114 * ?MiB, <<"ERTS keeps 114.0 MiB of freed carriers mapped in mseg_alloc's "
+                                "cache (186.0 MiB mapped in all): they are reused for new carriers "
+                                "or released over time">>},
+                 ?R:rule(erts_mseg_cache, R)),
+    ?assertEqual(none, ?R:rule(erts_mseg_cache,
+                               with_erts(fun(E) -> E#{mseg_cache_bytes := undefined} end))).
+
+process_heap_test() ->
+    Pid = list_to_pid("<0.123.0>"),
+    R = with_erts(fun(E) ->
+                          E#{processes := [#{pid => Pid, name => mallocinfo_demo_hoarder,
+                                             value => 300 * ?MiB, by => memory}]}
+                  end),
+    ?assertEqual({300 * ?MiB, <<"process <0.123.0> (mallocinfo_demo_hoarder) holds 300.0 MiB "
+                                "(29% of RSS): mallocinfo_proc:print(<0.123.0>) shows what is on "
+                                "its heap">>},
+                 ?R:rule(process_heap, R)),
+    Mfa = with_erts(fun(E) -> E#{processes := [#{pid => Pid, name => {foo, init, 1},
+                                                 value => 300 * ?MiB}]} end),
+    {_, S} = ?R:rule(process_heap, Mfa),
+    ?assertMatch(<<"process <0.123.0> (foo:init/1) holds", _/binary>>, S),
+    ?assertEqual(none, ?R:rule(process_heap, with_erts(fun(E) -> E#{processes := []} end))).
+
+erts_binary_and_ets_test() ->
+    Bin = with_erts(fun(E) -> E#{memory := #{binary => 400 * ?MiB, ets => 0}} end),
+    ?assertEqual({400 * ?MiB, <<"refc binaries take 400.0 MiB (39% of RSS): "
+                                "mallocinfo_proc:top(10, binary) names the processes that keep "
+                                "them">>},
+                 ?R:rule(erts_binary, Bin)),
+    Sessions = #{table => sessions, bytes => 250 * ?MiB, objects => 9},
+    Ets = with_erts(fun(E) -> E#{memory := #{binary => 0, ets => 300 * ?MiB},
+                                 ets := [Sessions]} end),
+    ?assertEqual({300 * ?MiB, <<"ETS tables take 300.0 MiB (29% of RSS), the largest sessions "
+                                "with 250.0 MiB">>},
+                 ?R:rule(erts_ets, Ets)),
+    %% 20% of RSS is below the quarter these rules need.
+    ?assertEqual(none, ?R:rule(erts_ets,
+                               with_erts(fun(E) -> E#{memory := #{ets => 200 * ?MiB}} end))).
+
+other_allocator_test() ->
+    Summary = #{allocated => 400 * ?MiB, resident => 900 * ?MiB},
+    Je = (quiet())#{other_allocator := #{allocator => jemalloc, resident => 900 * ?MiB,
+                                         summary => Summary}},
+    ?assertEqual({500 * ?MiB, <<"jemalloc keeps 900.0 MiB resident for 400.0 MiB allocated: "
+                                "500.0 MiB it has not returned to the system">>},
+                 ?R:rule(other_allocator, Je)),
+    Tc = (quiet())#{other_allocator := #{allocator => tcmalloc, resident => 900 * ?MiB,
+                                         allocated => 890 * ?MiB}},
+    ?assertEqual(none, ?R:rule(other_allocator, Tc)).
+
+tracker_tables_test() ->
+    R = (quiet())#{attributed := [{tracker_tables, 70 * ?MiB}]},
+    ?assertEqual({70 * ?MiB, <<"the mallocinfo tracker's own tables keep 70.0 MiB resident (6% of "
+                               "RSS, 80.0 MiB reserved): MALLOCINFO_TABLE_SIZE and "
+                               "MALLOCINFO_TRACE=sample make them smaller">>},
+                 ?R:rule(tracker_tables, R)).
+
+unexplained_test() ->
+    R = (quiet())#{unaccounted_bytes := 300 * ?MiB, unaccounted_percent := 29.3},
+    R1 = R#{resident := (maps:get(resident, R))#{anon_top := [#{start => 16#7f0000000000,
+                                                                stop => 16#7f0010000000,
+                                                                rss => 256 * ?MiB}]}},
+    ?assertEqual({300 * ?MiB, <<"300.0 MiB (29.3% of RSS) is memory no layer accounts for: most "
+                                "likely mapped directly (mmap) by a NIF or a library; the largest "
+                                "anonymous mappings: 7f0000000000 256.0 MiB">>},
+                 ?R:rule(unexplained, R1)),
+    %% 14% is under the 15% the rule needs.
+    ?assertEqual(none, ?R:rule(unexplained, R#{unaccounted_percent := 14.0})).
+
+verdicts_ranked_by_bytes_test() ->
+    R0 = with_site(site(200 * ?MiB, 10, 1000, [frame(<<"/x/a.so">>, <<"f">>)])),
+    R = R0#{unaccounted_bytes := 300 * ?MiB, unaccounted_percent := 29.3},
+    ?assertMatch([<<"300.0 MiB (29.3% of RSS)", _/binary>>,
+                  <<"the NIF a.so holds 200.0 MiB", _/binary>>], ?R:verdicts(R)).
+
+%%% Units and text -------------------------------------------------------------------
+
+human_test_() ->
+    [?_assertEqual("0 B", lists:flatten(mallocinfo_units:bytes(0))),
+     ?_assertEqual("1023 B", lists:flatten(mallocinfo_units:bytes(1023))),
+     ?_assertEqual("1.5 KiB", lists:flatten(mallocinfo_units:bytes(1536))),
+     ?_assertEqual("64.0 MiB", lists:flatten(mallocinfo_units:bytes(64 * ?MiB))),
+     ?_assertEqual("1.8 GiB", lists:flatten(mallocinfo_units:bytes(1932735283))),
+     ?_assertEqual("2.0 TiB", lists:flatten(mallocinfo_units:bytes(2 bsl 40))),
+     ?_assertEqual("-", lists:flatten(mallocinfo_units:bytes(undefined))),
+     ?_assertEqual("9999", lists:flatten(mallocinfo_units:count(9999))),
+     ?_assertEqual("12.3 k", lists:flatten(mallocinfo_units:count(12345))),
+     ?_assertEqual("160 k", lists:flatten(mallocinfo_units:count(160000))),
+     ?_assertEqual("3.2 M", lists:flatten(mallocinfo_units:count(3200000))),
+     ?_assertEqual("850 ms", lists:flatten(mallocinfo_units:age(850))),
+     ?_assertEqual("42 s", lists:flatten(mallocinfo_units:age(42999))),
+     ?_assertEqual("5.2 min", lists:flatten(mallocinfo_units:age(312000))),
+     ?_assertEqual("5.0 h", lists:flatten(mallocinfo_units:age(5 * 3600000))),
+     ?_assertEqual("3.1 d", lists:flatten(mallocinfo_units:age(3 * 86400000 + 9000000)))].
+
+format_crafted_test() ->
+    R = (quiet())#{verdicts => ?R:verdicts(quiet())},
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    assert_80_columns(Text),
+    [?assertNotEqual(nomatch, string:find(Text, S))
+     || S <- ["== Verdict", "== 1. Resident set", "== 2. ERTS", "== 3. libc", "== 4. Native",
+              "== 5. Other allocator", "== 6. Unaccounted", "foo_cache_insert (foo_nif.so)",
+              "unaccounted: 10.0 MiB (1.0% of RSS)"]].
+
+%% With mallocinfo_heap's summary (the shared contract's keys), the libc
+%% section says what trim could return and what is pinned.
+format_heap_map_test() ->
+    Totals = #{system_bytes => 400 * ?MiB, in_use_bytes => 385 * ?MiB, free_bytes => 15 * ?MiB,
+               by_kind => #{in_use => 385 * ?MiB, free => 10 * ?MiB, fast => ?MiB, tcache => 0,
+                            top => 4 * ?MiB, meta => 0},
+               free_chunks => 123456, largest_free => 4 * ?MiB, resident_bytes => 390 * ?MiB,
+               trimmable_bytes => 6 * ?MiB, pinned_bytes => 8 * ?MiB, mmap_bytes => 0,
+               mmap_chunks => 0, arena_count => 2, chunk_count => 1000000},
+    Q = quiet(),
+    R = Q#{libc := (maps:get(libc, Q))#{heap_map := #{arenas => [], total => Totals}},
+           verdicts => []},
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    assert_80_columns(Text),
+    %% The paragraph is wrapped: compare it unwrapped.
+    Flat = lists:flatten(string:replace(Text, "\n  ", " ", all)),
+    ?assertNotEqual(nomatch, string:find(Flat, "heap map: free 15.0 MiB in 123 k chunks (largest "
+                                               "4.0 MiB); malloc_trim could return 6.0 MiB now; "
+                                               "8.0 MiB pinned between live blocks; resident "
+                                               "390.0 MiB")).
+
+format_cluster_test() ->
+    R = (quiet())#{verdicts => [<<"a verdict">>], injected => true},
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format_cluster(
+                                                 [{'a@host', {ok, R}},
+                                                  {'b@host', {error, unreachable}},
+                                                  {'c@host', {error, {inject_failed, x}}}])])),
+    assert_80_columns(Text),
+    Lines = string:split(Text, "\n", all),
+    [A] = [L || L <- Lines, string:prefix(L, "a@host ") =/= nomatch],
+    ?assertMatch({match, _}, re:run(A, "^a@host +1\\.0 GiB +500\\.0 MiB +15\\.0 MiB +10\\.0 MiB "
+                                       "+1\\.0% +injected$")),
+    ?assert(lists:member("b@host                       -         -         -         -      -  "
+                         "unreachable", Lines)),
+    ?assertNotEqual(nomatch, string:find(Text, "c@host: {inject_failed,x}")),
+    ?assertNotEqual(nomatch, string:find(Text, "  - a verdict")).
+
+collect_bad_arguments_test() ->
+    ?assertError(badarg, mallocinfo_report:collect(node())),
+    ?assertError(badarg, mallocinfo_report:collect(["node"])),
+    ?assertError(badarg, mallocinfo_report:collect([node()], #{timeout => 0})),
+    ?assertError(badarg, mallocinfo_report:collect([node()], #{bogus => 1})),
+    ?assertError(badarg, mallocinfo:report(node())).
+
+assert_80_columns(IoData) ->
+    Text = lists:flatten(io_lib:format("~ts", [IoData])),
+    Long = [L || L <- string:split(Text, "\n", all), string:length(L) > 80],
+    ?assertEqual([], Long).
