@@ -149,17 +149,19 @@
                mmap_bytes = 0, mmap_chunks = 0, mmap_offsets = [],
                chunk_count = 0, seg_count = 0}).
 
-%% The pixel writer of one image.
+%% The pixel writer of one image: what changes per pixel run in #px (it
+%% is copied on every update, so it stays small), the rest in #pxc.
 -record(px, {pb,                  % bytes per pixel
-             ps, shift,           % page size
              w,                   % pixels per row
-             bitmap,              % residency, LSB first; none = all resident
-             n_pages,
              x = 0, y = 0,        % the next pixel
              row = <<>>,          % the open row
-             out = [], out_size = 0,
-             png, fd,
-             partial = [], filled = 0}).
+             partial = [], filled = 0,  % the open pixel's [{Class, Bytes, Start}]
+             out = [], out_size = 0,    % finished rows not yet deflated
+             cfg}).
+-record(pxc, {ps, shift,          % page size
+              bitmap,             % residency, LSB first; none = all resident
+              n_pages,
+              png, fd}).
 
 %%% ---------------------------------------------------------------------------
 %%% API
@@ -760,9 +762,9 @@ draw_image(Fd, #scan{hdr = H} = Scan, Classes, #img{} = I, Path) ->
                                #seg{pages = Bm} = Seg -> {Bm, element(2, page_span(Seg, H))};
                                undefined -> {none, 0}
                            end,
-        Px0 = #px{pb = I#img.pb, ps = H#hdr.page_size, shift = H#hdr.shift, w = I#img.w,
-                  bitmap = Bitmap, n_pages = NPages,
-                  png = Png, fd = Out},
+        Px0 = #px{pb = I#img.pb, w = I#img.w,
+                  cfg = #pxc{ps = H#hdr.page_size, shift = H#hdr.shift, bitmap = Bitmap,
+                             n_pages = NPages, png = Png, fd = Out}},
         Px1 = case I#img.kind of
                   segment -> draw_segment(Fd, Scan, Classes, I, Px0);
                   mmap -> draw_mmaps(Fd, Scan#scan.mmap_offsets, Px0)
@@ -900,6 +902,13 @@ add_part(C, T, S, Part) -> [{C, T, S} | Part].
 
 majority([{C, _, S}]) ->
     {C, S};
+majority([{C1, B1, S1}, {C2, B2, S2}]) when C1 =/= C2 ->
+    %% The common case: two neighbours share the pixel; the older (lower
+    %% address) wins a tie.
+    case B2 >= B1 of
+        true -> {C2, S2};
+        false -> {C1, S1}
+    end;
 majority(Part) ->
     Merged = lists:foldl(fun({C, B, S}, Acc) ->
                                  case lists:keyfind(C, 1, Acc) of
@@ -936,21 +945,21 @@ end_row(Row, #px{out = Out, out_size = Size, y = Y} = Px) ->
         false -> Px1
     end.
 
-flush(#px{out = Out, png = Png, fd = Fd} = Px) ->
+flush(#px{out = Out, cfg = #pxc{png = Png, fd = Fd}} = Px) ->
     put_data(Fd, mallocinfo_png:write(Png, lists:reverse(Out))),
     Px#px{out = [], out_size = 0}.
 
 %% The non-resident runs of row Y as [{FirstPixel, Pixels}], in order. A
 %% pixel wider than a page is non-resident when most of its pages are.
-nonresident(_, #px{bitmap = none}) ->
+nonresident(_, #px{cfg = #pxc{bitmap = none}}) ->
     [];
-nonresident(Y, #px{pb = PB, ps = PS, w = W, bitmap = Bm, n_pages = NP}) when PB =< PS ->
+nonresident(Y, #px{pb = PB, w = W, cfg = #pxc{ps = PS, bitmap = Bm, n_pages = NP}}) when PB =< PS ->
     PerPage = PS div PB,
     PagesPerRow = W div PerPage,
     P0 = Y * PagesPerRow,
     [{(P - P0) * PerPage, PerPage} || P <- lists:seq(P0, min(P0 + PagesPerRow, NP) - 1),
                                       bit(Bm, P) =:= 0];
-nonresident(Y, #px{pb = PB, shift = Sh, w = W, bitmap = Bm, n_pages = NP}) ->
+nonresident(Y, #px{pb = PB, w = W, cfg = #pxc{shift = Sh, bitmap = Bm, n_pages = NP}}) ->
     Per = PB bsr Sh,
     [{X, 1} || X <- lists:seq(0, W - 1),
                P0 <- [min((Y * W + X) * Per, NP)],
@@ -993,11 +1002,12 @@ class_colours() ->
      {?C_META, meta, "heap/arena header, fencepost", {90, 90, 90}},
      {?C_OUTSIDE, outside, "not part of the segment", {255, 255, 255}}].
 
-%% Cool and earthy colours for call sites, away from the warm free kinds.
+%% Call sites: twelve colours kept away from the kinds' (no mid blue, red,
+%% orange, pink, green, purple or grey).
 site_colours() ->
-    [{31, 119, 180}, {23, 190, 207}, {57, 59, 121}, {140, 86, 75}, {107, 110, 207},
-     {188, 189, 34}, {99, 121, 57}, {82, 84, 163}, {158, 202, 225}, {140, 109, 49},
-     {49, 130, 189}, {173, 73, 74}].
+    [{23, 190, 207}, {188, 189, 34}, {140, 86, 75}, {40, 45, 110}, {0, 120, 120},
+     {158, 202, 225}, {210, 190, 140}, {99, 121, 57}, {110, 30, 50}, {140, 109, 49},
+     {120, 200, 160}, {200, 160, 220}].
 
 site_other_colour() -> {170, 170, 170}.
 

@@ -146,8 +146,10 @@ chunk_word(Kind, Size, Site) ->
 %% write_big(Path, #{main_bytes, heaps, heap_bytes, seed}): the main arena's
 %% sbrk heap of main_bytes, then `heaps' non-main heaps of heap_bytes in two
 %% arenas. Chunks: live blocks of 32..640 bytes with small free holes
-%% between them, and now and then a free run of 4..64 pages of which half
-%% the pages are not resident; each segment ends with its top chunk.
+%% between them (about one chunk in seven free, fast or tcache), and one
+%% chunk in 2000 a free run of 4..64 pages of which every other page is not
+%% resident; the last segment of an arena ends with its top chunk, the
+%% others with a fencepost. The default is 1 GiB in about 3 million chunks.
 %% Returns #{chunks, bytes, file_bytes}.
 write_big(Path, Opts) ->
     MainBytes = maps:get(main_bytes, Opts, 512 bsl 20),
@@ -213,11 +215,11 @@ big_chunks(Fd, Addr, End, Words, N, NonRes) when Addr >= End ->
     {N, NonRes};
 big_chunks(Fd, Addr, End, Words, N, NonRes) ->
     Left = End - Addr,
-    {Kind, Size0} = case rand:uniform(1000) of
+    {Kind, Size0} = case rand:uniform(2000) of
                         R when R =< 1 -> {free, (4 + rand:uniform(60)) * 4096};
-                        R when R =< 150 -> {free, 16 * (1 + rand:uniform(15))};
-                        R when R =< 200 -> {fast, 16 * (1 + rand:uniform(4))};
-                        R when R =< 230 -> {tcache, 16 * (1 + rand:uniform(8))};
+                        R when R =< 300 -> {free, 16 * (1 + rand:uniform(15))};
+                        R when R =< 400 -> {fast, 16 * (1 + rand:uniform(4))};
+                        R when R =< 460 -> {tcache, 16 * (1 + rand:uniform(8))};
                         _ -> {in_use, 16 * (1 + rand:uniform(39))}
                     end,
     %% Never leave a gap below the 32-byte minimum chunk.
