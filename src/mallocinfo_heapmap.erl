@@ -119,7 +119,9 @@
 -define(C_MMAP, 5).
 -define(C_META, 6).
 -define(C_OUTSIDE, 7).
--define(C_SITE0, 8).
+%% Whole pages inside a free or fastbin chunk: what is not pinned.
+-define(C_FREE_PAGES, 8).
+-define(C_SITE0, 9).
 -define(C_SITE_OTHER, (?C_SITE0 + ?TOP_SITES)).
 -define(N_CLASSES, (?C_SITE_OTHER + 1)).
 
@@ -792,13 +794,13 @@ put_data(Fd, Data) ->
 
 %% Second pass over one segment's CHUNKS records. The first pass checked
 %% them; checking again costs nothing and catches a file changed since.
-draw_segment(Fd, #scan{hdr = #hdr{tracker = Tracker}}, Classes,
+draw_segment(Fd, #scan{hdr = #hdr{tracker = Tracker, page_size = PS, shift = Sh}}, Classes,
              #img{start = Start, base = Base, size = Size, first = First,
                   seg = #seg{offset = Offset, chunks = N}}, Px0) ->
     {ok, _} = file:position(Fd, Offset),
     Px1 = span(?C_OUTSIDE, false, Base - Start, Px0),
     Px2 = span(?C_META, true, First - Base, Px1),
-    {End, Count, Px3} = draw_records(Fd, First, 0, {Tracker, Classes}, Px2),
+    {End, Count, Px3} = draw_records(Fd, First, 0, {Tracker, Classes, PS, Sh}, Px2),
     (End =:= Base + Size andalso Count =:= N) orelse bad(changed_while_reading),
     Px3.
 
@@ -817,12 +819,29 @@ draw_records(Fd, Addr, Count, Ctx, Px) ->
 draw_words(<<W:64/little, Rest/binary>>, Addr, Ctx, Px) ->
     Size = W band ?SIZE_MASK,
     Size > 0 orelse bad(changed_while_reading),
-    draw_words(Rest, Addr + Size, Ctx, span(class(W band 15, W bsr 48, Ctx), true, Size, Px));
+    Px1 = case W band 15 of
+              K when K =:= ?K_FREE; K =:= ?K_FAST -> free_chunk(class(K, 0, Ctx), Addr, Size, Ctx, Px);
+              K -> span(class(K, W bsr 48, Ctx), true, Size, Px)
+          end,
+    draw_words(Rest, Addr + Size, Ctx, Px1);
 draw_words(<<>>, Addr, _, Px) ->
     {Addr, Px}.
 
+%% A free chunk's whole pages past its first 48 bytes are drawn apart from
+%% the rest, which is exactly what pinned_bytes counts.
+free_chunk(Class, Addr, Size, {_, _, PS, Sh}, Px) ->
+    P0 = ((Addr + ?CHUNK_KEEP + PS - 1) bsr Sh) bsl Sh,
+    P1 = ((Addr + Size) bsr Sh) bsl Sh,
+    case P1 > P0 of
+        true ->
+            span(Class, false, Addr + Size - P1,
+                 span(?C_FREE_PAGES, false, P1 - P0, span(Class, true, P0 - Addr, Px)));
+        false ->
+            span(Class, true, Size, Px)
+    end.
+
 class(?K_IN_USE, 0, _) -> ?C_IN_USE;
-class(?K_IN_USE, Site, {true, Classes}) -> element(Site + 1, Classes);
+class(?K_IN_USE, Site, {true, Classes, _, _}) -> element(Site + 1, Classes);
 class(?K_FREE, _, _) -> ?C_FREE;
 class(?K_FAST, _, _) -> ?C_FAST;
 class(?K_TCACHE, _, _) -> ?C_TCACHE;
@@ -994,7 +1013,9 @@ stroke(_) -> 2.
 
 class_colours() ->
     [{?C_IN_USE, in_use, "in use", {70, 110, 170}},
-     {?C_FREE, free, "free (in a bin)", {230, 60, 40}},
+     {?C_FREE, free, "free in a bin: the pinned part (on pages shared with other chunks)",
+      {230, 60, 40}},
+     {?C_FREE_PAGES, free_pages, "free: whole pages (trimmable while resident)", {250, 175, 160}},
      {?C_FAST, fast, "fastbin", {250, 160, 30}},
      {?C_TCACHE, tcache, "tcache", {225, 110, 200}},
      {?C_TOP, top, "top", {60, 175, 80}},
@@ -1042,7 +1063,13 @@ html(#scan{hdr = H, sites = Sites} = Scan, #{arenas := Arenas, total := T}, Imgs
             reading_html(),
             "<h2>Legend</h2>\n", legend_html(Tracker),
             sites_html(Tracker, Sites),
-            [segment_html(I) || I <- Imgs],
+            [[arena_html(A), [segment_html(I) || #img{kind = segment, arena = N} = I <- Imgs,
+                                                  N =:= maps:get(arena, A)]]
+             || A <- Arenas],
+            case [I || #img{kind = mmap} = I <- Imgs] of
+                [] -> [];
+                Mmap -> ["<h2 id=\"mmap\">mmapped blocks</h2>\n", [segment_html(I) || I <- Mmap]]
+            end,
             "<div id=\"cursor\" class=\"cursor\"></div>\n",
             "<script>\n", script(), "</script>\n</body>\n</html>\n"],
     unicode:characters_to_binary(Page).
@@ -1055,6 +1082,10 @@ css() ->
       "th:first-child, td:first-child { text-align: left; }\n"
       "tr.total td { font-weight: bold; border-top: 2px solid #888; }\n"
       "td.label { text-align: left; font-family: monospace; }\n"
+      "th.label { text-align: left; }\n"
+      "td.label span { display: inline-block; max-width: 70em; overflow: hidden;"
+      " text-overflow: ellipsis; vertical-align: bottom; }\n"
+      "div.wide { overflow-x: auto; font-size: 13px; }\n"
       ".sw { display: inline-block; width: 28px; height: 14px; vertical-align: middle;"
       " border: 1px solid #888; margin-right: 6px; }\n"
       ".legend span.item { display: inline-block; margin: 2px 14px 2px 0; }\n"
@@ -1098,6 +1129,16 @@ columns(Tracker) ->
                false -> []
            end.
 
+%% One line of figures above an arena's maps.
+arena_html(#{arena := N} = A) ->
+    io_lib:format("<h2 id=\"arena~b\">Arena ~b~s</h2>\n<p class=\"meta\">system ~s, in use ~s, free ~s"
+                  " in ~b chunks (pinned ~s, trimmable ~s, largest ~s), resident ~s</p>\n",
+                  [N, N, case N of 0 -> " (main)"; _ -> "" end,
+                   human(maps:get(system_bytes, A)), human(maps:get(in_use_bytes, A)),
+                   human(maps:get(free_bytes, A)), maps:get(free_chunks, A),
+                   human(maps:get(pinned_bytes, A)), human(maps:get(trimmable_bytes, A)),
+                   human(maps:get(largest_free, A)), human(maps:get(resident_bytes, A))]).
+
 table_html(Arenas, T, Tracker) ->
     Cols = columns(Tracker),
     Head = ["<tr>", [io_lib:format("<th title=\"~s\">~s</th>", [Tip, Name]) || {Name, _, Tip} <- Cols],
@@ -1111,9 +1152,10 @@ table_html(Arenas, T, Tracker) ->
                     end || {_, K, _} <- Cols],
                    "</tr>\n"]
           end,
-    ["<table>\n", Head,
-     [Row("", integer_to_list(maps:get(arena, A)), A) || A <- Arenas],
-     Row(" class=\"total\"", "total", T), "</table>\n"].
+    ["<div class=\"wide\"><table>\n", Head,
+     [Row("", io_lib:format("<a href=\"#arena~b\">~b</a>", [maps:get(arena, A), maps:get(arena, A)]), A)
+      || A <- Arenas],
+     Row(" class=\"total\"", "total", T), "</table></div>\n"].
 
 value({by_kind, K}, M) -> maps:get(K, maps:get(by_kind, M));
 value(K, M) -> maps:get(K, M).
@@ -1134,12 +1176,12 @@ legend_html(Tracker) ->
                           {?C_IN_USE, true} -> "in use, not in the tracker's table";
                           _ -> Label
                       end} || {C, Key, Label, _} <- class_colours()],
-    [_, _, Faded, Stroke] = variants(?C_FREE, base_colour(?C_FREE)),
+    [_, _, Faded, Stroke] = variants(?C_FREE_PAGES, base_colour(?C_FREE_PAGES)),
     ["<div class=\"legend\">",
      [legend_item(C, ["data-kind=\"", atom_to_list(Key), "\""], Label) || {C, Key, Label} <- Items],
      "<span class=\"item\"><span class=\"sw\" style=\"background: repeating-linear-gradient(135deg, ",
      hex(Stroke), " 0 2px, ", hex(Faded), " 2px 6px)\"></span>",
-     "non-resident page (here: free)</span>",
+     "non-resident page (here: whole free pages, already returned)</span>",
      "</div>\n<p class=\"meta\">Each chunk begins with a darker pixel, so neighbours of the same"
      " kind stay apart; when a pixel covers several chunks it takes the colour of the kind"
      " holding most of its bytes, darker when a chunk of that kind starts in it.",
@@ -1165,13 +1207,14 @@ sites_html(true, Sites) ->
         Top ->
             Rows = [["<tr><td>", legend_item(C, ["data-site=\"", integer_to_list(Id), "\""], ""),
                      "</td><td>", human(B), "</td><td>", integer_to_list(N),
-                     "</td><td class=\"label\">", esc(L), "</td></tr>\n"]
+                     "</td><td class=\"label\"><span title=\"", esc(L), "\">", esc(L),
+                     "</span></td></tr>\n"]
                     || {C, {Id, {B, N, L}}} <- lists:zip(lists:seq(?C_SITE0, ?C_SITE0 + length(Top) - 1),
                                                          Top)],
             Other = ["<tr><td>", legend_item(?C_SITE_OTHER, "data-site=\"other\"", ""),
                      "</td><td></td><td></td><td class=\"label\">every other site</td></tr>\n"],
             ["<h2 id=\"sites\">Call sites of live blocks</h2>\n"
-             "<table>\n<tr><th></th><th>live bytes</th><th>blocks</th><th>site (innermost frames)</th></tr>\n",
+             "<table>\n<tr><th></th><th>live bytes</th><th>blocks</th><th class=\"label\">site (innermost frames)</th></tr>\n",
              Rows, Other, "</table>\n"]
     end.
 

@@ -229,7 +229,7 @@ known_colours_test() ->
               ?assertMatch(#{width := 256, height := 8}, Img),
               C = fun(K, V) -> colour(L, K, V) end,
               %% Every kind has its own colour, and its start shade differs.
-              Kinds = [in_use, free, fast, tcache, top, mmap, meta],
+              Kinds = [in_use, free, free_pages, fast, tcache, top, mmap, meta],
               ?assertEqual(length(Kinds), length(lists:usort([C(K, normal) || K <- Kinds]))),
               [?assertNotEqual(C(K, normal), C(K, start)) || K <- Kinds],
               [?assertNotEqual(C(K, normal), C(K, faded)) || K <- Kinds],
@@ -246,20 +246,33 @@ known_colours_test() ->
               ?assertEqual(C(fast, normal), px(Img, 131, 0)),
               ?assertEqual(C(in_use, start), px(Img, 132, 0)),
               ?assertEqual(C(in_use, normal), px(Img, 255, 0)),
-              %% The big free chunk: pages 1-3, page 3 not resident.
+              %% The big free chunk, pages 1-3: page 1 holds its first 48
+              %% bytes (pinned), pages 2 and 3 are whole free pages; page 3
+              %% is not resident.
               ?assertEqual(C(free, start), px(Img, 0, 1)),
-              ?assertEqual(C(free, normal), px(Img, 200, 2)),
+              ?assertEqual(C(free, normal), px(Img, 255, 1)),
+              ?assertEqual(C(free_pages, normal), px(Img, 0, 2)),
+              ?assertEqual(C(free_pages, normal), px(Img, 200, 2)),
               %% Not resident: faded, with a stroke where (x + y) mod 4 = 0.
-              ?assertEqual(C(free, stroke), px(Img, 1, 3)),
-              ?assertEqual(C(free, faded), px(Img, 2, 3)),
-              ?assertEqual(C(free, faded), px(Img, 3, 3)),
-              ?assertEqual(C(free, stroke), px(Img, 5, 3)),
+              ?assertEqual(C(free_pages, stroke), px(Img, 1, 3)),
+              ?assertEqual(C(free_pages, faded), px(Img, 2, 3)),
+              ?assertEqual(C(free_pages, faded), px(Img, 3, 3)),
+              ?assertEqual(C(free_pages, stroke), px(Img, 5, 3)),
               ?assertEqual(C(tcache, start), px(Img, 0, 4)),
               ?assertEqual(C(tcache, normal), px(Img, 2, 4)),
               ?assertEqual(C(in_use, start), px(Img, 3, 4)),
               ?assertEqual(C(top, start), px(Img, 0, 5)),
               ?assertEqual(C(top, normal), px(Img, 17, 6)),
               ?assertEqual(C(top, faded), px(Img, 2, 7)),
+              %% At 16 bytes a pixel, the free and fastbin pixels are exactly
+              %% the pinned bytes, the whole free pages the rest.
+              Count = fun(Ks) ->
+                              Colours = lists:append([maps:get(atom_to_list(K), L) || K <- Ks]),
+                              length([1 || Y <- lists:seq(0, 7), X <- lists:seq(0, 255),
+                                           lists:member(px(Img, X, Y), Colours)])
+                      end,
+              ?assertEqual(maps:get(pinned_bytes, arena0()), 16 * Count([free, fast])),
+              ?assertEqual(2 * ?PAGE, 16 * Count([free_pages])),
               %% The non-main heap: headers drawn as meta, then the chunks.
               {Heap, _} = image(Out, "arena1-seg0.png"),
               ?assertMatch(#{width := 256, height := 4}, Heap),
@@ -267,8 +280,9 @@ known_colours_test() ->
               ?assertEqual(C(meta, normal), px(Heap, ?HEAP_HDR div 16 - 1, 0)),
               ?assertEqual(C(in_use, start), px(Heap, ?HEAP_HDR div 16, 0)),
               ?assertEqual(C(free, start), px(Heap, 0, 1)),
-              ?assertEqual(C(free, stroke), px(Heap, 2, 2)),
-              ?assertEqual(C(free, faded), px(Heap, 3, 2)),
+              ?assertEqual(C(free, normal), px(Heap, 100, 1)),
+              ?assertEqual(C(free_pages, stroke), px(Heap, 2, 2)),
+              ?assertEqual(C(free_pages, faded), px(Heap, 3, 2)),
               ?assertEqual(C(top, normal), px(Heap, 100, 3)),
               ?assertEqual(C(meta, start), px(Heap, 254, 3)),
               ?assertEqual(C(meta, normal), px(Heap, 255, 3))
@@ -324,7 +338,9 @@ scaled_test() ->
               ?assertEqual(colour(L, in_use, start), Px(0)),
               ?assertEqual(colour(L, in_use, normal), Px(1000)),
               ?assertEqual(colour(L, free, start), Px(1 bsl 20)),
-              ?assertEqual(colour(L, free, normal), Px(2 bsl 20)),
+              ?assertEqual(colour(L, free, normal), Px((1 bsl 20) + 4000)),
+              ?assertEqual(colour(L, free_pages, normal), Px((1 bsl 20) + 4096)),
+              ?assertEqual(colour(L, free_pages, normal), Px(2 bsl 20)),
               Mixed = (1 bsl 20) + (64 bsl 20),
               %% 32 bytes in use + 32 free: a tie, in_use is first (and starts here).
               ?assertEqual(colour(L, in_use, start), Px(Mixed)),
