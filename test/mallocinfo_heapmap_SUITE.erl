@@ -7,13 +7,13 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, init_per_suite/1, end_per_suite/1]).
--export([cli_renders/1, cli_bad_dump/1, cli_missing_dump/1, cli_outdir_is_file/1, cli_usage/1,
-         cli_in_tarball/1, chromium_page_loads/1, chromium_harness_catches_errors/1,
+-export([real_dump/1, cli_renders/1, cli_bad_dump/1, cli_missing_dump/1, cli_outdir_is_file/1,
+         cli_usage/1, cli_in_tarball/1, chromium_page_loads/1, chromium_harness_catches_errors/1,
          chromium_shows_our_pixels/1]).
 
 all() ->
-    [cli_renders, cli_bad_dump, cli_missing_dump, cli_outdir_is_file, cli_usage, cli_in_tarball,
-     chromium_page_loads, chromium_harness_catches_errors, chromium_shows_our_pixels].
+    [real_dump, cli_renders, cli_bad_dump, cli_missing_dump, cli_outdir_is_file, cli_usage,
+     cli_in_tarball, chromium_page_loads, chromium_harness_catches_errors, chromium_shows_our_pixels].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -57,6 +57,53 @@ run(Config, Args) ->
 quote(S) -> "'" ++ lists:flatten(string:replace(lists:flatten(S), "'", "'\\''", all)) ++ "'".
 
 lines(Bin) -> binary:split(Bin, <<"\n">>, [global, trim_all]).
+
+%%% A real dump -----------------------------------------------------------------
+
+%% fragmented.heapdump.gz: written by mallocinfo_heap:dump/1 on a node whose
+%% threads fragmented 16 arenas on purpose, with the tracker preloaded.
+%% Its figures hold together, and its pictures (all at 16 bytes a pixel)
+%% agree with them pixel for pixel.
+real_dump(Config) ->
+    {ok, Gz} = file:read_file(filename:join(?config(data_dir, Config), "fragmented.heapdump.gz")),
+    Dump = filename:join(?config(priv_dir, Config), "fragmented.heapdump"),
+    ok = file:write_file(Dump, zlib:gunzip(Gz)),
+    {ok, #{arenas := Arenas, total := T}} = mallocinfo_heapmap:read_summary(Dump),
+    ?assertMatch(#{arena_count := 16, chunk_count := 56373, mmap_chunks := 9}, T),
+    [begin
+         #{system_bytes := Sys, in_use_bytes := InUse, free_bytes := Free, pinned_bytes := Pinned,
+           trimmable_bytes := Trim, resident_bytes := Res, live_bytes := Live,
+           unrecorded_bytes := Unrec,
+           by_kind := #{in_use := KU, free := KF, fast := KFa, top := KT} = ByKind} = A,
+         ?assertEqual(Sys, InUse + Free),
+         ?assertEqual(Free, KF + KFa + KT),
+         ?assertEqual(KU, Live + Unrec),
+         ?assert(lists:sum(maps:values(ByKind)) =< Sys),
+         ?assert(Pinned =< KF + KFa),
+         ?assert(Trim =< Res andalso Res =< Sys + 4096)
+     end || A <- Arenas],
+    Out = filename:join(?config(priv_dir, Config), "real"),
+    {ok, [_Index | Pngs]} = mallocinfo_heapmap:render(Dump, Out),
+    {ok, Html} = file:read_file(filename:join(Out, "index.html")),
+    {match, Items} = re:run(Html, "data-kind=\"([a-z_]+)\" data-colours=\"([^\"]+)\"",
+                            [global, {capture, [1, 2], list}]),
+    Legend = maps:from_list([{K, string:lexemes(Cs, " ")} || [K, Cs] <- Items]),
+    Hex = fun({R, G, B}) -> lists:flatten(io_lib:format("#~2.16.0b~2.16.0b~2.16.0b", [R, G, B])) end,
+    Kind = fun(K) -> maps:get(K, Legend) end,
+    [begin
+         File = filename:join(Out, io_lib:format("arena~b-seg0.png", [N])),
+         ?assert(lists:member(File, Pngs)),
+         {ok, Img} = mallocinfo_png:decode(element(2, file:read_file(File))),
+         #{width := W, height := H} = Img,
+         Hist = lists:foldl(fun(P, M) -> maps:update_with(Hex(P), fun(C) -> C + 1 end, 1, M) end,
+                            #{}, [mallocinfo_png:pixel(Img, X, Y)
+                                  || Y <- lists:seq(0, H - 1), X <- lists:seq(0, W - 1)]),
+         Count = fun(Ks) -> lists:sum([maps:get(C, Hist, 0) || K <- Ks, C <- Kind(K)]) end,
+         ?assertEqual(Pinned, 16 * Count(["free", "fast"])),
+         ?assertEqual(KF + KFa - Pinned, 16 * Count(["free_pages"])),
+         ?assertEqual(KT, 16 * Count(["top"]))
+     end || #{arena := N, pinned_bytes := Pinned, by_kind := #{free := KF, fast := KFa, top := KT}}
+                <- Arenas].
 
 %%% The command ------------------------------------------------------------------
 
