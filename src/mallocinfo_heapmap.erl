@@ -636,7 +636,8 @@ header_map(#hdr{pid = Pid, time_ms = T, glibc = G, page_size = PS, heap_max = HM
 draw(DumpPath, OutDir, Scan, Summary) ->
     case ensure_dir(OutDir) of
         {ok, Created} ->
-            Tag = integer_to_list(erlang:unique_integer([positive])),
+            %% Unique across nodes rendering into the same directory too.
+            Tag = os:getpid() ++ "-" ++ integer_to_list(erlang:unique_integer([positive])),
             Temp = fun(Name) -> filename:join(OutDir, "." ++ Name ++ "." ++ Tag ++ ".tmp") end,
             Imgs = plan(Scan),
             Names = ["index.html" | [I#img.file || I <- Imgs]],
@@ -1232,10 +1233,8 @@ segment_html(#img{file = File, title = Title, kind = Kind, start = Start, pb = P
                   " (~b&times;~b px).</figcaption>\n"
                   "<img class=\"map\" src=\"~s\" alt=\"~s\" width=\"~b\" height=\"~b\""
                   " data-start=\"~b\" data-px=\"~b\" data-row=\"~b\" data-addr=\"~s\">\n</figure>\n",
-                  [Title, Where, human(PB), rows_label(R), W, Rows, File, Title, W * Zoom, Rows * Zoom,
+                  [Title, Where, human(PB), human(R), W, Rows, File, Title, W * Zoom, Rows * Zoom,
                    Start, PB, R, case Kind of segment -> "1"; mmap -> "0" end]).
-
-rows_label(R) -> human(R).
 
 %% Shows the address under the pointer: start + row * row_bytes + column *
 %% pixel_bytes. Addresses fit in a double (below 2^53).
