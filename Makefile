@@ -45,10 +45,11 @@ bench: build
 	@c_src/bench/heapmap.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
+# priv/mallocinfo-heapmap (the offline renderer escript) travels with it.
 tarball: build
 	@rm -rf _build/tarball && mkdir -p _build/tarball/mallocinfo
 	@cp -rL $(EBIN) _build/tarball/mallocinfo/ebin
-	@mkdir -p _build/tarball/mallocinfo/priv && cp -L priv/*.so _build/tarball/mallocinfo/priv/
+	@mkdir -p _build/tarball/mallocinfo/priv && cp -L priv/*.so priv/mallocinfo-heapmap _build/tarball/mallocinfo/priv/
 	@tar -C _build/tarball -czf $(TARBALL) mallocinfo
 	@echo "tarball: $(TARBALL)"
 

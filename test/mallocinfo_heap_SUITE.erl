@@ -101,6 +101,7 @@ agrees_with_glibc(Config) ->
     ?assert(length([A || #{arena := I, pinned_bytes := P} = A <- Arenas, I > 0, P > 0]) >= 1),
     {ok, #{size := Size}} = file_info(Path),
     ?assertEqual(maps:get(file_bytes, S), Size),
+    same_as_file(Path, S),
     ok = call(Config, mi_frag_nif, release, []).
 
 %% 4 x 20000 blocks of 1000 bytes, every other one freed: about 40 MB of
@@ -154,6 +155,7 @@ tracker_sites_and_caches(Config) ->
     ?assert(MmapBytes >= 3 * 400000),
     ?assert(LiveChunks >= 5000),
     ?assert(Tc + Fast > 0),
+    same_as_file(Path, S),
     ok = call(Config, mi_frag_nif, release, []).
 
 %% 50 dumps while two threads allocate and free without pause: every one
@@ -167,7 +169,8 @@ dumps_under_churn(Config) ->
                       0 -> call(Config, mallocinfo_heap, dump, [Path]);
                       1 -> call(Config, mallocinfo_heap, summary, [])
                   end,
-              {ok, #{total := T, mallinfo := M}} = R,
+              {ok, #{total := T, mallinfo := M} = S} = R,
+              I rem 2 =:= 0 andalso same_as_file(Path, S),
               ?assertEqual(maps:get(arena, M), maps:get(system_bytes, T)),
               ?assertEqual(maps:get(fordblks, M), maps:get(free_bytes, T)),
               ?assert(maps:get(arena_count, T) >= 3)
@@ -227,6 +230,18 @@ bad_arguments(_Config) ->
     ?assertError(badarg, mallocinfo_heap:dump(<<"/tmp/a", 0, "b">>)).
 
 %%% Helpers ------------------------------------------------------------------
+
+%% The summary the dumper computed in its child and the one the offline
+%% reader computes from the file agree on every figure they share.
+same_as_file(Path, #{arenas := Arenas, total := Total}) ->
+    {ok, #{arenas := FileArenas, total := FileTotal}} = mallocinfo_heapmap:read_summary(Path),
+    ?assertEqual(length(Arenas), length(FileArenas)),
+    lists:foreach(fun({A, F}) -> ?assertEqual(F, maps:with(maps:keys(F), A)) end,
+                  lists:zip(Arenas, FileArenas)),
+    Shared = [K || K <- maps:keys(FileTotal), maps:is_key(K, Total)],
+    ?assert(length(Shared) >= 12),
+    ?assertEqual(maps:with(Shared, FileTotal), maps:with(Shared, Total)),
+    true.
 
 file_info(Path) ->
     case file:read_file_info(Path) of

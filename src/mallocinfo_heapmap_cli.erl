@@ -1,0 +1,57 @@
+%% @doc `mallocinfo-heapmap DUMP OUTDIR': the command-line face of
+%% {@link mallocinfo_heapmap:render/2}, built into the `priv/mallocinfo-heapmap'
+%% escript (scripts/mkcli.escript) so a heap dump can be drawn on a laptop
+%% that has only Erlang.
+%%
+%% Prints the files written and a summary; on a bad dump or a file error
+%% prints one line to standard error. Exit status: 0 success, 1 the dump
+%% or the output directory failed, 2 usage.
+-module(mallocinfo_heapmap_cli).
+
+-export([main/1]).
+
+-define(NAME, "mallocinfo-heapmap").
+
+%% @doc escript entry point.
+-spec main([string()]) -> no_return().
+main([Help]) when Help =:= "-h"; Help =:= "--help" ->
+    io:put_chars(usage()),
+    halt(0);
+main([Dump, Out]) ->
+    halt(run(Dump, Out));
+main(_) ->
+    io:put_chars(standard_error, usage()),
+    halt(2).
+
+usage() ->
+    "usage: " ?NAME " DUMP OUTDIR\n"
+    "  Draws a mallocinfo heap dump (mallocinfo_heap:dump/1) as PNG heap maps\n"
+    "  and OUTDIR/index.html, and prints a summary of every arena.\n".
+
+run(Dump, Out) ->
+    case mallocinfo_heapmap:render_report(Dump, Out) of
+        {ok, Files, Summary, Header} ->
+            io:put_chars(mallocinfo_heapmap:format_header(Header)),
+            io:put_chars(mallocinfo_heapmap:format_summary(Summary)),
+            io:format("wrote ~b files:~n", [length(Files)]),
+            [io:format("  ~ts~n", [F]) || F <- Files],
+            0;
+        {error, {bad_dump, Why}} ->
+            complain("~ts: not a usable heap dump: ~ts", [Dump, why(Why)]);
+        {error, Posix} ->
+            %% Say which path failed: the dump if it cannot be read.
+            Path = case file:open(Dump, [read, raw]) of
+                       {ok, Fd} -> file:close(Fd), Out;
+                       {error, _} -> Dump
+                   end,
+            complain("~ts: ~ts", [Path, file:format_error(Posix)])
+    end.
+
+complain(Format, Args) ->
+    io:format(standard_error, ?NAME ": " ++ Format ++ "~n", Args),
+    1.
+
+why(truncated) -> "truncated (the file ends before its END record)";
+why(bad_magic) -> "wrong magic (not a heap dump)";
+why({unsupported_version, V}) -> io_lib:format("format version ~b, this tool reads version 1", [V]);
+why(Why) -> io_lib:format("corrupt (~0p)", [Why]).
