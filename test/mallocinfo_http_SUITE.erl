@@ -181,7 +181,7 @@ start_stop(Config) ->
     ?assertEqual({error, eaddrinuse}, mallocinfo_http:start(#{port => Port})),
     ?assertEqual(ok, mallocinfo_http:stop(Port2)),
     ?assertEqual({error, not_found}, mallocinfo_http:stop(Port2)),
-    ?assertEqual({error, econnrefused},
+    ?assertMatch({error, E} when E =:= econnrefused; E =:= econnreset,
                  gen_tcp:connect({127, 0, 0, 1}, Port2, [], 5000)),
     %% A port something else listens on.
     {ok, L} = gen_tcp:listen(0, [{ip, {127, 0, 0, 1}}]),
@@ -204,7 +204,10 @@ stop_all(Config) ->
                                       {server_root, ?config(priv_dir, Config)},
                                       {document_root, ?config(priv_dir, Config)}]),
     ?assertEqual(ok, mallocinfo_http:stop()),
-    [?assertEqual({error, econnrefused}, gen_tcp:connect({127, 0, 0, 1}, P, [], 5000))
+    %% Refused; or reset, when the kernel had queued the handshake on the
+    %% listening socket in the instant before its owner closed it.
+    [?assertMatch({error, E} when E =:= econnrefused; E =:= econnreset,
+                  gen_tcp:connect({127, 0, 0, 1}, P, [], 5000))
      || P <- [?config(port, Config), P2, P3]],
     [{port, OtherPort}] = httpd:info(Other, [port]),
     {ok, S} = gen_tcp:connect({127, 0, 0, 1}, OtherPort, [], 5000),
