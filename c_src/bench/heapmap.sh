@@ -38,6 +38,7 @@ main([Dir, T, N, S]) ->
     Path = filename:join(Dir, "heap.heapdump"),
     Dumps = [watch(fun() -> mallocinfo_heap:dump(Path) end) || _ <- lists:seq(1, 3)],
     Sums = [watch(fun() -> mallocinfo_heap:summary() end) || _ <- lists:seq(1, 3)],
+    {_, _, IdleGap} = watch(fun() -> timer:sleep(600) end),
     {_, {ok, S0}, _} = hd(Dumps),
     Render = case erlang:function_exported(mallocinfo_heapmap, render, 2)
                  orelse code:ensure_loaded(mallocinfo_heapmap) =:= {module, mallocinfo_heapmap} of
@@ -63,8 +64,8 @@ main([Dir, T, N, S]) ->
                Med([maps:get(walk_ms, R) || {_, {ok, R}, _} <- Dumps]),
                Med([maps:get(fork_us, R) || {_, {ok, R}, _} <- Dumps]),
                lists:max([G || {_, _, G} <- Dumps])]),
-    io:format("summary_ms=~b summary_gap_ms=~b~n",
-              [Med([W || {W, _, _} <- Sums]), lists:max([G || {_, _, G} <- Sums])]),
+    io:format("summary_ms=~b summary_gap_ms=~b idle_gap_ms=~b~n",
+              [Med([W || {W, _, _} <- Sums]), lists:max([G || {_, _, G} <- Sums]), IdleGap]),
     case Render of
         {Ms, NF, B} -> io:format("render_ms=~b render_files=~b render_bytes=~b~n", [Ms, NF, B]);
         _ -> io:format("render=none~n")
@@ -95,7 +96,7 @@ out=$(erl -noshell -pa "$ebin" -pa "$tmp" -run bench main "$tmp" "$threads" "$bl
 wall=$(($(date +%s) - start))
 echo "$out"
 val() { grep -o "$1=[0-9]*" <<<"$out" | head -1 | cut -d= -f2; }
-mib() { awk -v b="$1" 'BEGIN { printf "%.0f MiB", b / 1048576 }'; }
+mib() { awk -v b="$1" 'BEGIN { if (b >= 1048576) printf "%.0f MiB", b / 1048576; else printf "%.0f KiB", b / 1024 }'; }
 
 render_line="- render: not measured (renderer not built)"
 if [[ -n $(val render_ms) ]]; then
@@ -109,7 +110,7 @@ block=$(
 - Date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(. /etc/os-release && echo "$PRETTY_NAME"), glibc $(ldd --version | head -1 | awk '{print $NF}'), OTP $(erl -noshell -eval 'io:format("~s", [erlang:system_info(otp_release)]), halt().'); wall time ${wall}s
 - Heap: $threads threads × $blocks blocks of $size bytes, every other one freed (fragmented on purpose): RSS $(mib "$(val rss)"), glibc system $(mib "$(val system)"), in use $(mib "$(val in_use)"), $(val chunks) chunks
 - \`dump/1\`: $(val dump_ms) ms wall (median of 3), of which the child's walk and write $(val walk_ms) ms; file $(mib "$(val file)") ($(awk -v f="$(val file)" -v c="$(val chunks)" 'BEGIN { printf "%.1f", f / c }') bytes per chunk)
-- Parent held by \`fork()\`: $(val fork_us) µs (median); longest gap seen by a process ticking every 1 ms on a normal scheduler during the dumps: $(val gap_ms) ms
+- Parent held by \`fork()\`: $(val fork_us) µs (median); longest gap seen by a process ticking every 1 ms on a normal scheduler during the dumps: $(val gap_ms) ms (the same process while the node idles: $(val idle_gap_ms) ms)
 - \`summary/0\` (walk, no file): $(val summary_ms) ms; longest scheduler gap $(val summary_gap_ms) ms
 $render_line
 <!-- heapmap:end -->
