@@ -5,7 +5,7 @@
 %% post_hook, which sets REBAR_DEPS_DIR to the profile's lib directory.
 -mode(compile).
 
--define(MODULES, [mallocinfo_heapmap_cli, mallocinfo_heapmap, mallocinfo_png]).
+-define(MODULES, [mallocinfo_heapmap_cli, mallocinfo_heapmap, mallocinfo_png, mallocinfo_units]).
 
 main([]) ->
     Lib = case os:getenv("REBAR_DEPS_DIR") of

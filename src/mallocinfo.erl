@@ -20,7 +20,7 @@
 
 -export([allocator/0, info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0,
          mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
--export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0]).
+-export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0, path_binary/2]).
 %% The report (mallocinfo_report): printed, for this node or a cluster.
 -export([report/0, report/1]).
 
@@ -177,6 +177,8 @@ glibc(Call) ->
         Other -> {error, {wrong_allocator, Other}}
     end.
 
+%% @private A file name as the NIFs take it: a binary in the native
+%% encoding without NUL bytes; badarg with `Args' otherwise.
 path_binary(Path, Args) when is_binary(Path) ->
     check_nul(Path, Args);
 path_binary(Path, Args) when is_list(Path); is_atom(Path) ->

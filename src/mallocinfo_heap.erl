@@ -76,7 +76,7 @@ dump(Path) ->
 %% `{wrong_allocator, Which}' when malloc is not glibc's.
 -spec dump(file:name_all(), opts()) -> {ok, summary()} | {error, dump_error()}.
 dump(Path, Opts) when is_map(Opts) ->
-    Bin = path_binary(Path),
+    Bin = mallocinfo:path_binary(Path, [Path, Opts]),
     case Bin of
         <<>> -> erlang:error(badarg, [Path, Opts]);
         _ -> run(Bin, Opts)
@@ -152,14 +152,3 @@ opt(Key, Opts, Default, Valid) ->
         false -> erlang:error(badarg, [Opts])
     end.
 
-path_binary(Path) when is_binary(Path) ->
-    Path;
-path_binary(Path) when is_list(Path); is_atom(Path) ->
-    try unicode:characters_to_binary(filename:flatten(Path)) of
-        B when is_binary(B) -> B;
-        _ -> erlang:error(badarg, [Path])
-    catch
-        _:_ -> erlang:error(badarg, [Path])
-    end;
-path_binary(Path) ->
-    erlang:error(badarg, [Path]).

@@ -227,7 +227,7 @@ format_summary(#{arenas := Arenas, total := T}) ->
     Head = io_lib:format(Cols, ["arena", "system", "in use", "free", "resident",
                                 "trimmable", "pinned", "largest", "free#"]),
     Line = fun(Name, M) ->
-                   io_lib:format(Cols, [Name | [human(maps:get(K, M))
+                   io_lib:format(Cols, [Name | [mallocinfo_units:bytes(maps:get(K, M))
                                                 || K <- [system_bytes, in_use_bytes, free_bytes,
                                                          resident_bytes, trimmable_bytes,
                                                          pinned_bytes, largest_free]]]
@@ -242,12 +242,12 @@ format_summary(#{arenas := Arenas, total := T}) ->
     Mmap = case T of
                #{mmap_chunks := 0} -> [];
                #{mmap_chunks := MC, mmap_bytes := MB} ->
-                   io_lib:format("mmapped blocks seen by the tracker: ~b, ~s~n", [MC, human(MB)])
+                   io_lib:format("mmapped blocks seen by the tracker: ~b, ~s~n", [MC, mallocinfo_units:bytes(MB)])
            end,
     Live = case T of
                #{live_bytes := LB, live_chunks := LC, unrecorded_bytes := UB} ->
                    io_lib:format("live (tracked) ~s in ~b chunks, in use but not tracked ~s~n",
-                                 [human(LB), LC, human(UB)]);
+                                 [mallocinfo_units:bytes(LB), LC, mallocinfo_units:bytes(UB)]);
                #{} -> []
            end,
     [Head, [Line(integer_to_list(maps:get(arena, A)), A) || {_, A} <- Sorted], More,
@@ -259,7 +259,7 @@ format_summary(#{arenas := Arenas, total := T}) ->
 -spec format_header(header()) -> iodata().
 format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker := Tr}) ->
     io_lib:format("heap of pid ~b dumped ~s, glibc ~s, page ~s~s~n",
-                  [Pid, time_text(T), G, human(PS),
+                  [Pid, time_text(T), G, mallocinfo_units:bytes(PS),
                    case Tr of true -> ", with tracker data"; false -> "" end]).
 
 %% The dump time in UTC. The field is not checked (any value reads), so one
@@ -1118,11 +1118,11 @@ header_html(#scan{hdr = H, seg_count = Segs, mmap_chunks = MC}, T) ->
     io_lib:format("<p class=\"meta\">Dumped ~s &middot; glibc ~s &middot; page ~s &middot; "
                   "non-main heap size ~s &middot; ~b arenas, ~b segments, ~b chunks"
                   "~s &middot; tracker data: ~s</p>\n",
-                  [Time, esc(H#hdr.glibc), human(H#hdr.page_size), human(H#hdr.heap_max),
+                  [Time, esc(H#hdr.glibc), mallocinfo_units:bytes(H#hdr.page_size), mallocinfo_units:bytes(H#hdr.heap_max),
                    maps:get(arena_count, T), Segs, maps:get(chunk_count, T),
                    case MC of
                        0 -> "";
-                       _ -> io_lib:format(", ~b mmapped blocks (~s)", [MC, human(maps:get(mmap_bytes, T))])
+                       _ -> io_lib:format(", ~b mmapped blocks (~s)", [MC, mallocinfo_units:bytes(maps:get(mmap_bytes, T))])
                    end,
                    case H#hdr.tracker of true -> "yes"; false -> "no" end]).
 
@@ -1151,10 +1151,10 @@ arena_html(#{arena := N} = A) ->
     io_lib:format("<h2 id=\"arena~b\">Arena ~b~s</h2>\n<p class=\"meta\">system ~s, in use ~s, free ~s"
                   " in ~b chunks (pinned ~s, trimmable ~s, largest ~s), resident ~s</p>\n",
                   [N, N, case N of 0 -> " (main)"; _ -> "" end,
-                   human(maps:get(system_bytes, A)), human(maps:get(in_use_bytes, A)),
-                   human(maps:get(free_bytes, A)), maps:get(free_chunks, A),
-                   human(maps:get(pinned_bytes, A)), human(maps:get(trimmable_bytes, A)),
-                   human(maps:get(largest_free, A)), human(maps:get(resident_bytes, A))]).
+                   mallocinfo_units:bytes(maps:get(system_bytes, A)), mallocinfo_units:bytes(maps:get(in_use_bytes, A)),
+                   mallocinfo_units:bytes(maps:get(free_bytes, A)), maps:get(free_chunks, A),
+                   mallocinfo_units:bytes(maps:get(pinned_bytes, A)), mallocinfo_units:bytes(maps:get(trimmable_bytes, A)),
+                   mallocinfo_units:bytes(maps:get(largest_free, A)), mallocinfo_units:bytes(maps:get(resident_bytes, A))]).
 
 table_html(Arenas, T, Tracker) ->
     Cols = columns(Tracker),
@@ -1178,7 +1178,7 @@ value({by_kind, K}, M) -> maps:get(K, maps:get(by_kind, M));
 value(K, M) -> maps:get(K, M).
 
 cell(Bytes) ->
-    io_lib:format("<td title=\"~b bytes\">~s</td>", [Bytes, human(Bytes)]).
+    io_lib:format("<td title=\"~b bytes\">~s</td>", [Bytes, mallocinfo_units:bytes(Bytes)]).
 
 reading_html() ->
     <<"<p>Free memory comes in two sorts. <b>Trimmable</b>: resident whole pages"
@@ -1223,7 +1223,7 @@ sites_html(true, Sites) ->
             [];
         Top ->
             Rows = [["<tr><td>", legend_item(C, ["data-site=\"", integer_to_list(Id), "\""], ""),
-                     "</td><td>", human(B), "</td><td>", integer_to_list(N),
+                     "</td><td>", mallocinfo_units:bytes(B), "</td><td>", integer_to_list(N),
                      "</td><td class=\"label\"><span title=\"", esc(L), "\">", esc(L),
                      "</span></td></tr>\n"]
                     || {C, {Id, {B, N, L}}} <- lists:zip(lists:seq(?C_SITE0, ?C_SITE0 + length(Top) - 1),
@@ -1241,15 +1241,15 @@ segment_html(#img{file = File, title = Title, kind = Kind, start = Start, pb = P
     %% pixels across.
     Zoom = max(1, ?MAX_WIDTH div W),
     Where = case Kind of
-                segment -> io_lib:format("0x~.16b&ndash;0x~.16b, ~s", [Base, Base + Size, human(Size)]);
+                segment -> io_lib:format("0x~.16b&ndash;0x~.16b, ~s", [Base, Base + Size, mallocinfo_units:bytes(Size)]);
                 mmap -> io_lib:format("~s, laid end to end in dump order (not at their addresses)",
-                                      [human(Size)])
+                                      [mallocinfo_units:bytes(Size)])
             end,
     io_lib:format("<figure>\n<figcaption><b>~s</b>: ~s. One pixel = ~s, one row = ~s"
                   " (~b&times;~b px).</figcaption>\n"
                   "<img class=\"map\" src=\"~s\" alt=\"~s\" width=\"~b\" height=\"~b\""
                   " data-start=\"~b\" data-px=\"~b\" data-row=\"~b\" data-addr=\"~s\">\n</figure>\n",
-                  [Title, Where, human(PB), human(R), W, Rows, File, Title, W * Zoom, Rows * Zoom,
+                  [Title, Where, mallocinfo_units:bytes(PB), mallocinfo_units:bytes(R), W, Rows, File, Title, W * Zoom, Rows * Zoom,
                    Start, PB, R, case Kind of segment -> "1"; mmap -> "0" end]).
 
 %% Shows the address under the pointer: start + row * row_bytes + column *
@@ -1282,10 +1282,6 @@ esc(Text) ->
                  (C) -> C
               end, unicode:characters_to_list(Text)).
 
-human(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
-human(B) when B >= 1 bsl 20 -> io_lib:format("~.1f MiB", [B / (1 bsl 20)]);
-human(B) when B >= 1 bsl 10 -> io_lib:format("~.1f KiB", [B / (1 bsl 10)]);
-human(B) -> io_lib:format("~b B", [B]).
 
 %%% ---------------------------------------------------------------------------
 %%% Arguments

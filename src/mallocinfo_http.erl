@@ -387,9 +387,8 @@ set_active(tracker, Active) ->
 start_tcmalloc_profiler() ->
     Dir = filename:join(tmp_dir(), io_lib:format("mallocinfo-tcmalloc.~ts.~b",
                                                  [os:getpid(), rand:uniform(1 bsl 62)])),
-    case file:make_dir(Dir) of
+    case make_private_dir(Dir) of
         ok ->
-            ok = file:change_mode(Dir, 8#700),
             case mallocinfo_tcmalloc:profile_start(filename:join(Dir, "heap")) of
                 ok ->
                     persistent_term:put({?MODULE, tcmalloc_dir}, Dir),
@@ -402,6 +401,19 @@ start_tcmalloc_profiler() ->
                 {error, _} = E ->
                     _ = file:del_dir(Dir),
                     E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% The directory, mode 0700 before anything is put in it; nothing left
+%% behind when the mode cannot be set.
+make_private_dir(Dir) ->
+    case file:make_dir(Dir) of
+        ok ->
+            case file:change_mode(Dir, 8#700) of
+                ok -> ok;
+                {error, _} = E -> _ = file:del_dir(Dir), E
             end;
         {error, _} = E ->
             E

@@ -483,20 +483,16 @@ verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
             iolist_to_binary(io_lib:format(
               "mostly binary references: ~b refc binaries hold ~s (~s shared with other "
               "processes) against a ~s heap; a GC or hibernate releases those no longer used",
-              [BinCount, human(BinBytes), human(Shared), human(HeapBytes)]));
+              [BinCount, mallocinfo_units:bytes(BinBytes), mallocinfo_units:bytes(Shared), mallocinfo_units:bytes(HeapBytes)]));
         Complete, Total >= 10000, Unseen * 2 > Total ->
             iolist_to_binary(io_lib:format(
               "mostly garbage: ~b% of the ~s heap is not reachable from what is visible; "
               "erlang:garbage_collect/1 would return most of it",
-              [Unseen * 100 div Total, human(HeapBytes)]));
+              [Unseen * 100 div Total, mallocinfo_units:bytes(HeapBytes)]));
         true ->
             none
     end.
 
-human(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
-human(B) when B >= 1 bsl 20 -> io_lib:format("~.1f MiB", [B / (1 bsl 20)]);
-human(B) when B >= 1 bsl 10 -> io_lib:format("~.1f KiB", [B / (1 bsl 10)]);
-human(B) -> io_lib:format("~b B", [B]).
 
 %%% ---------------------------------------------------------------------------
 %%% top/2
@@ -566,10 +562,10 @@ format(Pid, H, Items) ->
                "~p: heap ~s (~b words), live ~b words (~b if shared parts were copied), "
                "stack ~b words~n  queue ~b, refc binaries ~b = ~s (~s shared)~n"
                "  verdict: ~ts~n",
-               [Pid, human(Total * W), Total, Live, Flat, Stack, QLen, BC, human(BB),
-                human(BS), case V of none -> "none"; _ -> V end]),
+               [Pid, mallocinfo_units:bytes(Total * W), Total, Live, Flat, Stack, QLen, BC, mallocinfo_units:bytes(BB),
+                mallocinfo_units:bytes(BS), case V of none -> "none"; _ -> V end]),
     Sorted = lists:sort(fun(#{words := A}, #{words := B}) -> A >= B end, Items),
     Lines = [io_lib:format("  ~8b words ~10s  ~-15s ~P~n",
-                           [Words, human(Words * W), atom_to_list(Kind), Term, 6])
+                           [Words, mallocinfo_units:bytes(Words * W), atom_to_list(Kind), Term, 6])
              || #{kind := Kind, term := Term, words := Words} <- Sorted],
     [Header, "  words        bytes  kind            term\n" | Lines].

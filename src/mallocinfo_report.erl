@@ -226,24 +226,11 @@ libc_summary() ->
     end.
 
 %% The heap map forks and walks every arena: tens of ms to about a second.
-%% It runs in its own process so a stuck walk costs at most the timeout.
+%% The walk's own timeout kills its child and frees the dirty scheduler
+%% (killing a waiting Erlang process would not); the report reads only the
+%% totals, so no call sites are numbered or symbolized.
 heap_map() ->
-    case code:ensure_loaded(mallocinfo_heap) =:= {module, mallocinfo_heap} andalso
-        erlang:function_exported(mallocinfo_heap, summary, 0) of
-        false ->
-            {error, {missing, mallocinfo_heap, summary}};
-        true ->
-            Walk = fun() -> exit({heap_map, optional(mallocinfo_heap, summary, [])}) end,
-            {Pid, Ref} = spawn_monitor(Walk),
-            receive
-                {'DOWN', Ref, process, Pid, {heap_map, Result}} -> Result;
-                {'DOWN', Ref, process, Pid, Other} -> {error, Other}
-            after ?HEAP_MAP_TIMEOUT ->
-                    exit(Pid, kill),
-                    receive {'DOWN', Ref, process, Pid, _} -> ok end,
-                    {error, timeout}
-            end
-    end.
+    optional(mallocinfo_heap, summary, [#{timeout => ?HEAP_MAP_TIMEOUT, max_sites => 0}]).
 
 ets_top() ->
     W = erlang:system_info(wordsize),
@@ -317,8 +304,8 @@ inject(Node, Timeout) ->
                    error -> throw({inject, {no_object_code, M}})
                end || M <- Missing],
     Tmp = case Call(os, getenv, ["TMPDIR"]) of
-              false -> "/tmp";
-              T -> T
+              T when is_list(T), T =/= "" -> T;
+              _ -> "/tmp"
           end,
     Dir = private_dir(Call, Tmp, 3),
     try

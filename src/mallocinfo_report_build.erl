@@ -545,6 +545,9 @@ libc_glibc(#{mallinfo := #{arena := _} = MI} = Raw) ->
         #{libc_note := Note} -> Base#{note => Note};
         _ -> Base
     end;
+libc_glibc(#{mallinfo := {error, {wrong_allocator, A}} = Error}) ->
+    unavailable(Error, <<"malloc is served by ", (atom_to_binary(A))/binary,
+                         ", not glibc: see section 5">>);
 libc_glibc(#{mallinfo := Error}) ->
     unavailable(Error, <<"mallocinfo_nif could not be loaded or mallinfo2 failed">>);
 libc_glibc(_) ->

@@ -233,11 +233,11 @@ cluster(Config) ->
 has(Bin, Part) ->
     binary:match(Bin, Part) =/= nomatch.
 
-%% mallocinfo_heap:summary/0 that registers its process and never returns.
+%% mallocinfo_heap:summary/1 that registers its process and never returns.
 blocking_heap_map() ->
     Src = ["-module(mallocinfo_heap).",
-           "-export([summary/0]).",
-           "summary() -> register(mi_report_suite_waiting, self()), receive never -> ok end."],
+           "-export([summary/1]).",
+           "summary(_) -> register(mi_report_suite_waiting, self()), receive never -> ok end."],
     [begin
          {ok, Tokens, _} = erl_scan:string(L),
          {ok, Form} = erl_parse:parse_form(Tokens),

@@ -60,6 +60,8 @@ int write_info_file(const std::string& path) {
   } else {
     if (::malloc_info(0, fp) != 0) err = errno;
     if (::fflush(fp) != 0 && err == 0) err = errno;
+    // On disk before it replaces `path`: a crash never leaves an empty file.
+    if (err == 0 && ::fsync(::fileno(fp)) != 0) err = errno;
     if (::fclose(fp) != 0 && err == 0) err = errno;
   }
   if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;

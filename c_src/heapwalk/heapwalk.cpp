@@ -1117,16 +1117,18 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   if (main_arena == 0) return DumpStatus{Failure::unsupported_glibc, 0, "main_arena"};
   if (path.find('\0') != std::string::npos) return os_error(EINVAL, "path");
 
+  // No path: no file at all (the child's writer skips fd -1), only the
+  // summary.
   TempFile file;
-  if (path.empty()) {
-    file.fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-  } else {
+  if (!path.empty()) {
     file.tmp = path + ".tmp.XXXXXX";
     file.fd = ::mkostemp(file.tmp.data(), O_CLOEXEC);
-    if (file.fd < 0) file.tmp.clear();
+    if (file.fd < 0) {
+      file.tmp.clear();
+      return os_error(errno, "open");
+    }
+    if (::fchmod(file.fd, 0644) != 0) return os_error(errno, "fchmod");
   }
-  if (file.fd < 0) return os_error(errno, "open");
-  if (!file.tmp.empty() && ::fchmod(file.fd, 0644) != 0) return os_error(errno, "fchmod");
 
   // malloc_info's XML goes to an unbuffered stream on a memfd made here,
   // so that printing it in the child allocates nothing (see child_main).

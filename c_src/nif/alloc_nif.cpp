@@ -127,14 +127,19 @@ Kind kind_of(const Object& o) {
   return Kind::unknown;
 }
 
-// Which allocator serves malloc now, with a reference to its object. Taken
-// afresh on every call, so nothing stale is ever kept; and a late dlopen,
-// which can add allocator symbols to the global scope but never changes the
-// malloc the process calls, does not change the answer.
-Active detect() {
-  Object o(malloc_object());
-  const Kind k = kind_of(o);
-  return Active{k, std::move(o)};
+// Which allocator serves malloc, with a reference to its object. The
+// answer is fixed when the process starts: a late dlopen can add allocator
+// symbols to the global scope but never changes the malloc the process
+// calls (tested), and objects loaded at start are never unloaded. So it is
+// taken once, on first use (a thread-safe static: a concurrent first call
+// waits for it), and every later call costs nothing.
+const Active& detect() {
+  static const Active active = [] {
+    Object o(malloc_object());
+    const Kind k = kind_of(o);
+    return Active{k, std::move(o)};
+  }();
+  return active;
 }
 
 // ---------------------------------------------------------------------------
@@ -333,7 +338,7 @@ ERL_NIF_TERM allocator(ErlNifEnv*, int, const ERL_NIF_TERM[]) {
 }
 
 ERL_NIF_TERM jemalloc_stats(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::jemalloc) return wrong_allocator(env, a.kind);
   using PrintFn = void (*)(void (*)(void*, const char*), void*, const char*);
   const auto print = a.object.fn<PrintFn>("malloc_stats_print");
@@ -345,7 +350,7 @@ ERL_NIF_TERM jemalloc_stats(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 }
 
 ERL_NIF_TERM jemalloc_summary(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::jemalloc) return wrong_allocator(env, a.kind);
   const Mallctl ctl(a.object);
   // The stats.* values are a snapshot taken when the epoch last advanced:
@@ -369,7 +374,7 @@ ERL_NIF_TERM jemalloc_summary(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 }
 
 ERL_NIF_TERM jemalloc_profile_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::jemalloc) return wrong_allocator(env, a.kind);
   const Mallctl ctl(a.object);
   bool prof = false, active = false, init = false;
@@ -398,7 +403,7 @@ ERL_NIF_TERM jemalloc_profile_active(ErlNifEnv* env, int, const ERL_NIF_TERM arg
     on = false;
   else
     throw BadArg{};
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::jemalloc) return wrong_allocator(env, a.kind);
   const Mallctl ctl(a.object);
   ERL_NIF_TERM error;
@@ -409,7 +414,7 @@ ERL_NIF_TERM jemalloc_profile_active(ErlNifEnv* env, int, const ERL_NIF_TERM arg
 
 ERL_NIF_TERM jemalloc_profile_dump(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const std::string base = get_path(env, argv[0]);
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::jemalloc) return wrong_allocator(env, a.kind);
   const Mallctl ctl(a.object);
   ERL_NIF_TERM error;
@@ -427,7 +432,7 @@ ERL_NIF_TERM jemalloc_profile_dump(ErlNifEnv* env, int, const ERL_NIF_TERM argv[
 }
 
 ERL_NIF_TERM tcmalloc_stats(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::tcmalloc) return wrong_allocator(env, a.kind);
   using GetStatsFn = void (*)(char*, int);
   const auto get_stats = a.object.fn<GetStatsFn>("MallocExtension_GetStats");
@@ -449,7 +454,7 @@ ERL_NIF_TERM tcmalloc_stats(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 
 ERL_NIF_TERM tcmalloc_profile_start(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const std::string prefix = get_path(env, argv[0]);
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::tcmalloc) return wrong_allocator(env, a.kind);
   const HeapProfiler hp(a.object);
   if (!hp.loaded()) return error_tuple(env, atoms.profiler_not_loaded);
@@ -460,7 +465,7 @@ ERL_NIF_TERM tcmalloc_profile_start(ErlNifEnv* env, int, const ERL_NIF_TERM argv
 }
 
 ERL_NIF_TERM tcmalloc_profile_dump(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::tcmalloc) return wrong_allocator(env, a.kind);
   const HeapProfiler hp(a.object);
   if (!hp.loaded()) return error_tuple(env, atoms.profiler_not_loaded);
@@ -478,7 +483,7 @@ ERL_NIF_TERM tcmalloc_profile_dump(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 }
 
 ERL_NIF_TERM tcmalloc_profile_stop(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::tcmalloc) return wrong_allocator(env, a.kind);
   const HeapProfiler hp(a.object);
   if (!hp.loaded()) return error_tuple(env, atoms.profiler_not_loaded);
@@ -489,7 +494,7 @@ ERL_NIF_TERM tcmalloc_profile_stop(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 }
 
 ERL_NIF_TERM tcmalloc_profile_running(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  const Active a = detect();
+  const Active& a = detect();
   if (a.kind != Kind::tcmalloc) return wrong_allocator(env, a.kind);
   const HeapProfiler hp(a.object);
   if (!hp.loaded()) return error_tuple(env, atoms.profiler_not_loaded);

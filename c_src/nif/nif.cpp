@@ -53,10 +53,10 @@ ErlNifFunc nif_funcs[] = {
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).
     {"heap_dump", 4, guarded<n::heap_dump>, kIo},
-    // Allocator detection: dlsym/dladdr/dlopen(RTLD_NOLOAD) take the dynamic
-    // loader's lock, which another thread's dlopen holds while it reads
-    // files and runs constructors: it can wait, so dirty I/O. Every call
-    // below detects too.
+    // Allocator detection: the first call (of this or any call below) runs
+    // dlsym/dladdr/dlopen(RTLD_NOLOAD), which take the dynamic loader's lock
+    // that another thread's dlopen holds while it reads files and runs
+    // constructors: it can wait, so dirty I/O. Later calls read the answer.
     {"allocator", 0, guarded<n::allocator>, kIo},
     // malloc_stats_print locks and merges every arena and formats hundreds
     // of KB of JSON.
@@ -78,8 +78,9 @@ ErlNifFunc nif_funcs[] = {
     {"tcmalloc_profile_start", 1, guarded<n::tcmalloc_profile_start>, kIo},
     {"tcmalloc_profile_stop", 0, guarded<n::tcmalloc_profile_stop>, kIo},
     {"tcmalloc_profile_running", 0, guarded<n::tcmalloc_profile_running>, kIo},
-    // GetHeapProfile formats every allocation bucket under that lock.
-    {"tcmalloc_profile_dump", 0, guarded<n::tcmalloc_profile_dump>, kCpu},
+    // GetHeapProfile formats every allocation bucket under that same lock,
+    // which an automatic dump may hold while it writes a file.
+    {"tcmalloc_profile_dump", 0, guarded<n::tcmalloc_profile_dump>, kIo},
     // Constant strings: regular scheduler.
     {"version", 0, guarded<n::version>, 0},
     {"libc_version", 0, guarded<n::libc_version>, 0},
