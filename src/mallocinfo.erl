@@ -36,14 +36,15 @@
 -define(INT_MAX, 16#7fffffff).
 -define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
 
-%% @doc Which allocator serves `malloc' in this process, now: `glibc',
+%% @doc Which allocator serves `malloc' in this process: `glibc',
 %% `jemalloc', `tcmalloc' (gperftools), `mimalloc', or `unknown' (another
 %% one). It is the shared object whose `malloc' the process calls, looking
 %% through mallocinfo's own interposer to the allocator it forwards to, and
 %% recognised by its own exports (`mallctl'; `MallocExtension_GetStats' or
 %% `tc_version'; `mi_version'). A jemalloc that a library `dlopen'ed later,
-%% or carries privately, does not serve `malloc' and does not count. Nothing
-%% is cached: every call looks again.
+%% or carries privately, does not serve `malloc' and does not count. The
+%% answer is settled when the process starts, so the first call finds it
+%% and later calls read it.
 -spec allocator() -> allocator().
 allocator() ->
     mallocinfo_nif:allocator().
