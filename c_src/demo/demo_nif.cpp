@@ -97,8 +97,10 @@ namespace {
 constexpr uint64_t kMaxBlocks = 16ull << 20;
 constexpr uint64_t kMaxSize = 1ull << 20;
 
-// cache_insert(Count, Size) -> ok | {error, enomem}
-ERL_NIF_TERM cache_insert(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) noexcept {
+// Count blocks of Size bytes from `alloc`, kept on `list`: {error, enomem}
+// at the first that fails (those made so far stay on the list).
+ERL_NIF_TERM keep_blocks(ErlNifEnv* env, const ERL_NIF_TERM argv[], void* (*alloc)(size_t),
+                         List& list) {
   uint64_t count, size;
   if (!get_size(env, argv[0], 0, kMaxBlocks, &count) ||
       !get_size(env, argv[1], sizeof(Node), kMaxSize, &size))
@@ -106,14 +108,19 @@ ERL_NIF_TERM cache_insert(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) noexce
   bool ok = true;
   pthread_mutex_lock(&lists_mutex);
   for (uint64_t i = 0; ok && i < count; ++i) {
-    void* p = demo_cache_insert(size);
+    void* p = alloc(size);
     if (p == nullptr)
       ok = false;
     else
-      cache.push(p, size);
+      list.push(p, size);
   }
   pthread_mutex_unlock(&lists_mutex);
   return ok ? atoms.ok : error_tuple(env, atoms.enomem);
+}
+
+// cache_insert(Count, Size) -> ok | {error, enomem}
+ERL_NIF_TERM cache_insert(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) noexcept {
+  return keep_blocks(env, argv, demo_cache_insert, cache);
 }
 
 constexpr uint64_t kMaxThreads = 64;
@@ -224,21 +231,7 @@ ERL_NIF_TERM fragment(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) noexcept {
 
 // enif_keep(Count, Size) -> ok | {error, enomem}
 ERL_NIF_TERM enif_keep(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) noexcept {
-  uint64_t count, size;
-  if (!get_size(env, argv[0], 0, kMaxBlocks, &count) ||
-      !get_size(env, argv[1], sizeof(Node), kMaxSize, &size))
-    return enif_make_badarg(env);
-  bool ok = true;
-  pthread_mutex_lock(&lists_mutex);
-  for (uint64_t i = 0; ok && i < count; ++i) {
-    void* p = enif_alloc(size);
-    if (p == nullptr)
-      ok = false;
-    else
-      enif.push(p, size);
-  }
-  pthread_mutex_unlock(&lists_mutex);
-  return ok ? atoms.ok : error_tuple(env, atoms.enomem);
+  return keep_blocks(env, argv, enif_alloc, enif);
 }
 
 void free_list(List& l, void (*release)(void*)) {
