@@ -159,7 +159,7 @@ limits_conf(#{max_clients := Clients, max_header_size := Header, keep_alive_time
     [%% inets stops reading a request line at this many URI bytes (414),
      %% headers at max_header_size (413), before the end of either: its
      %% parser keeps them as lists, 16 bytes a character, so without a
-     %% limit a 1 MB query took 280 MB and 22 s.
+     %% limit a 1 MB query took 17 s and 340 MB of peak RSS.
      {max_uri_size, ?MAX_URI_SIZE},
      {max_header_size, Header},
      %% Only GET is served: a request body is never needed, and a larger
