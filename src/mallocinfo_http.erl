@@ -12,28 +12,54 @@
 %% '''
 %%
 %% The server binds to 127.0.0.1 unless an address is given explicitly, and
-%% answers GET only (other methods: 405 with `Allow: GET'). A parameter it
-%% does not know, or a value it does not take, is a 400 with a one-line
-%% reason; a request the node cannot serve in its present state (profiling
-%% not enabled, no tracker, another allocator than glibc for the XML) is a
-%% 409 that says what to do; a failure is a 500. Every response is
+%% answers GET only (other methods: 405 with `Allow: GET', over HTTP/1.0
+%% as over 1.1). A parameter it does not know, or a value it does not take,
+%% is a 400 with a one-line reason; a request the node cannot serve in its
+%% present state (profiling not enabled, no tracker, another allocator than
+%% glibc for the XML) is a 409 that says what to do; a failure is a 500.
+%% Every response, inets' own error replies included, is
 %% `Cache-Control: no-store': statistics are read when asked for.
 %%
-%% This module is also the httpd callback module (`do/1'); it keeps no
-%% state of its own: the servers are inets' httpd instances, found again
-%% through inets by their callback module.
+%% Requests are bounded before they cost anything: URI, headers and body
+%% sizes, connections at once, requests per connection, the time a request
+%% head may take and the rate a client must keep (see start/1).
+%%
+%% This module is also the httpd callback module (`do/1') and its
+%% `customize' module (the default response headers); it keeps no state of
+%% its own: the servers are inets' httpd instances, found again through
+%% inets by their callback module.
 -module(mallocinfo_http).
+
+-behaviour(httpd_custom_api).
 
 -include_lib("inets/include/httpd.hrl").
 
 -export([start/0, start/1, stop/0, stop/1]).
 -export([do/1]).
+-export([response_default_headers/0, response_header/1, request_header/1]).
 
 -export_type([opts/0]).
 
--type opts() :: #{port => inet:port_number(), ip => inet:ip_address()}.
+-type opts() :: #{port => inet:port_number(),
+                  ip => inet:ip_address(),
+                  max_clients => pos_integer(),
+                  max_header_size => pos_integer(),
+                  keep_alive_timeout => 1..86400,
+                  max_requests_per_connection => pos_integer(),
+                  minimum_bytes_per_second => pos_integer() | false}.
 
 -define(LOOPBACK, {127, 0, 0, 1}).
+%% The limits an operator may change, and their defaults (README, "HTTP
+%% endpoint", says why each).
+-define(LIMITS, #{max_clients => 32,
+                  max_header_size => 8192,
+                  keep_alive_timeout => 10,
+                  max_requests_per_connection => 100,
+                  minimum_bytes_per_second => 100}).
+%% Fixed: the longest URI served is /heap_profile?trigger_dump=true, and no
+%% request needs a body.
+-define(MAX_URI_SIZE, 1024).
+-define(MAX_BODY_SIZE, 1024).
 -define(TEXT, "text/plain; charset=utf-8").
 -define(MALLOC_CONF_HINT,
         "Restart the node with MALLOC_CONF=\"prof:true,prof_active:false\" in its environment "
@@ -50,30 +76,53 @@ start() ->
 %% tuple binds an IPv6 socket). Binding to anything but a loopback address
 %% exposes every endpoint, heap profiles included, to whoever can reach it:
 %% it is never done unless asked for. Several servers may run on different
-%% ports. Errors: `{error, eaddrinuse | eaddrnotavail | eacces | ...}' for
-%% the socket, `{error, {missing_application, inets}}' when inets is
-%% neither in the release nor in the OTP installation the node runs from.
-%% Options that are not a port number or an IP address tuple raise
-%% `badarg'.
+%% ports.
+%%
+%% Limits, each a positive integer: `max_clients' (32) connections at
+%% once, the next one is answered 503; `max_header_size' (8192) bytes of
+%% request headers, more is a 413; `keep_alive_timeout' (10, at most
+%% 86400) seconds a connection may take to send a whole request head, and
+%% may stay idle between requests; `max_requests_per_connection' (100),
+%% then the server closes it (1: no keep-alive); `minimum_bytes_per_second'
+%% (100, or `false' for no minimum): a connection that sent fewer than 3
+%% times that in its first 3 seconds, or fewer than that in any second
+%% after, is closed (idle keep-alive connections included). The URI is
+%% limited to 1024 bytes (414) and a request body to 1024 (413).
+%%
+%% Errors: `{error, eaddrinuse | eaddrnotavail | eacces | ...}' for the
+%% socket, `{error, {missing_application, inets}}' when inets is neither in
+%% the release nor in the OTP installation the node runs from. An unknown
+%% option, or a value outside the types above, raises `badarg'.
 -spec start(opts()) -> {ok, #{port := inet:port_number(), ip := inet:ip_address()}}
                      | {error, term()}.
 start(Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- [port, ip] of
+    case maps:keys(Opts) -- [port, ip | maps:keys(?LIMITS)] of
         [] -> ok;
         _ -> erlang:error(badarg, [Opts])
     end,
     Port = maps:get(port, Opts, 0),
     Ip = maps:get(ip, Opts, ?LOOPBACK),
+    Limits = maps:merge(?LIMITS, maps:with(maps:keys(?LIMITS), Opts)),
     is_integer(Port) andalso Port >= 0 andalso Port =< 65535 andalso inet:is_ip_address(Ip)
+        andalso lists:all(fun valid_limit/1, maps:to_list(Limits))
         orelse erlang:error(badarg, [Opts]),
     case ensure_inets() of
-        ok -> start_httpd(Port, Ip);
+        ok -> start_httpd(Port, Ip, Limits);
         {error, _} = E -> E
     end;
 start(Opts) ->
     erlang:error(badarg, [Opts]).
 
-start_httpd(Port, Ip) ->
+valid_limit({minimum_bytes_per_second, false}) ->
+    true;
+%% inets arms a timer of this many seconds times 1000, which must fit in
+%% erlang:send_after/3's 32 bits of milliseconds.
+valid_limit({keep_alive_timeout, S}) ->
+    is_integer(S) andalso S >= 1 andalso S =< 86400;
+valid_limit({_, N}) ->
+    is_integer(N) andalso N >= 1.
+
+start_httpd(Port, Ip, Limits) ->
     %% httpd wants both roots to be existing directories; nothing is ever
     %% served from them (this module answers every request).
     Root = filename:dirname(mallocinfo_nif:so_path()),
@@ -84,9 +133,10 @@ start_httpd(Port, Ip) ->
             {server_root, Root},
             {document_root, Root},
             {modules, [?MODULE]},
-            %% Only GET is served: a request body is never needed, and a
-            %% large one is refused (413) before it is read.
-            {max_body_size, 4096}],
+            %% inets' own replies (413, 414, 503, ...) get their default
+            %% headers from response_default_headers/0.
+            {customize, ?MODULE}
+            | limits_conf(Limits)],
     case inets:start(httpd, Conf) of
         {ok, Pid} ->
             [{port, Actual}] = httpd:info(Pid, [port]),
@@ -102,6 +152,30 @@ start_httpd(Port, Ip) ->
                 Posix -> {error, Posix}
             end
     end.
+
+%% The limits as inets' httpd options.
+limits_conf(#{max_clients := Clients, max_header_size := Header, keep_alive_timeout := Timeout,
+              max_requests_per_connection := Requests, minimum_bytes_per_second := Rate}) ->
+    [%% inets stops reading a request line at this many URI bytes (414),
+     %% headers at max_header_size (413), before the end of either: its
+     %% parser keeps them as lists, 16 bytes a character, so without a
+     %% limit a 1 MB query took 17 s and 340 MB of peak RSS.
+     {max_uri_size, ?MAX_URI_SIZE},
+     {max_header_size, Header},
+     %% Only GET is served: a request body is never needed, and a larger
+     %% one is refused (413) before it is read.
+     {max_body_size, ?MAX_BODY_SIZE},
+     {max_clients, Clients},
+     %% The deadline for a request head, from the connection's start or
+     %% the previous response; data that trickles in does not move it.
+     {keep_alive_timeout, Timeout},
+     {minimum_bytes_per_second, Rate}
+     | case Requests of
+           1 -> [{keep_alive, false}];
+           %% inets counts the first request apart: its
+           %% max_keep_alive_request N serves N + 1 requests.
+           _ -> [{keep_alive, true}, {max_keep_alive_request, Requests - 1}]
+       end].
 
 listen_error({listen, Posix}) when is_atom(Posix) ->
     Posix;
@@ -176,7 +250,7 @@ load_inets([Dir | Rest]) ->
 %% @private Every request arrives here (httpd's `mod' interface). Never
 %% raises: a failure while answering is logged and answered with a 500.
 -spec do(#mod{}) -> {proceed, list()}.
-do(#mod{method = Method, request_uri = Uri}) ->
+do(#mod{method = Method, request_uri = Uri} = Mod) ->
     {Code, Headers, Body0} =
         try
             route(Method, Uri)
@@ -192,9 +266,47 @@ do(#mod{method = Method, request_uri = Uri}) ->
                "HEAD" -> <<>>;
                _ -> iolist_to_binary(Body0)
            end,
-    Head = [{code, Code}, {content_length, integer_to_list(byte_size(Body))},
-            {cache_control, "no-store"} | Headers],
-    {proceed, [{response, {response, Head, Body}}]}.
+    send(Mod, Code, Headers, Body),
+    {proceed, [{response, {already_sent, Code, byte_size(Body)}}]}.
+
+%% The response is written here rather than handed back to httpd as
+%% `{response, Head, Body}': httpd_response rewrites the status of a reply
+%% to an HTTP/1.0 request (every 4xx above 404 and 5xx above 503 becomes
+%% 403), so a 405 or a 409 reached HTTP/1.0 clients as 403 Forbidden. A
+%% write that fails closes the socket (httpd_socket:deliver/3), and httpd
+%% then ends the connection.
+send(#mod{socket_type = Type, socket = Socket, http_version = Version, connection = KeepAlive},
+     Code, Headers, Body) ->
+    Fields = [{"Date", httpd_util:rfc1123_date()},
+              {"Content-Length", integer_to_list(byte_size(Body))},
+              {"Cache-Control", "no-store"}
+              | Headers]
+        ++ [{"Connection", "close"} || KeepAlive =/= true],
+    Head = [Version, $\s, integer_to_list(Code), $\s, httpd_util:reason_phrase(Code), "\r\n",
+            [[Name, ": ", Value, "\r\n"] || {Name, Value} <- Fields],
+            "\r\n"],
+    _ = httpd_socket:deliver(Type, Socket, [Head, Body]),
+    ok.
+
+%% @private httpd's `customize' callback: headers every reply gets unless
+%% it sets them itself, inets' own error replies (400, 408, 413, 414, 501,
+%% 503, ...) included.
+-spec response_default_headers() -> [{string(), string()}].
+response_default_headers() ->
+    [{"cache-control", "no-store"}].
+
+%% @private httpd's `customize' callback: response headers are kept as they
+%% are. (Without it inets calls the missing function for every header and
+%% catches the undef.)
+-spec response_header({string(), string()}) -> {true, {string(), string()}}.
+response_header(Header) ->
+    {true, Header}.
+
+%% @private httpd's `customize' callback: request headers are kept as they
+%% are.
+-spec request_header({string(), string()}) -> {true, {string(), string()}}.
+request_header(Header) ->
+    {true, Header}.
 
 route(Method, Uri) ->
     case uri_string:parse(Uri) of
@@ -208,7 +320,7 @@ route(Method, Uri) ->
                         error -> text(400, "malformed query string\n")
                     end;
                 {_, _} ->
-                    {405, [{"allow", "GET"}, {content_type, ?TEXT}],
+                    {405, [{"Allow", "GET"}, {"Content-Type", ?TEXT}],
                      "method not allowed: this endpoint answers GET only\n"}
             end;
         _ ->
@@ -251,12 +363,12 @@ memory_json([]) ->
     case mallocinfo:allocator() of
         jemalloc ->
             case mallocinfo_jemalloc:stats() of
-                {ok, Json} -> {200, [{content_type, "application/json"}], Json};
+                {ok, Json} -> {200, [{"Content-Type", "application/json"}], Json};
                 {error, Reason} -> failure("jemalloc malloc_stats_print", Reason)
             end;
         Allocator ->
             Doc = memory_document(Allocator),
-            {200, [{content_type, "application/json"}], [mallocinfo_json:encode(Doc), $\n]}
+            {200, [{"Content-Type", "application/json"}], [mallocinfo_json:encode(Doc), $\n]}
     end;
 memory_json(Params) ->
     no_params(Params).
@@ -286,7 +398,7 @@ mallocinfo_xml([]) ->
     case mallocinfo:allocator() of
         glibc ->
             case mallocinfo:info() of
-                {ok, Xml} -> {200, [{content_type, "application/xml"}], Xml};
+                {ok, Xml} -> {200, [{"Content-Type", "application/xml"}], Xml};
                 {error, Reason} -> failure("malloc_info", Reason)
             end;
         Other ->
@@ -297,7 +409,7 @@ mallocinfo_xml(Params) ->
     no_params(Params).
 
 metrics([]) ->
-    {200, [{content_type, "text/plain; version=0.0.4; charset=utf-8"}], mallocinfo_prom:metrics()};
+    {200, [{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}], mallocinfo_prom:metrics()};
 metrics(Params) ->
     no_params(Params).
 
@@ -330,8 +442,8 @@ heap_profile([{"trigger_dump", "true"}]) ->
     case dump(Profiler) of
         {ok, Profile} ->
             Name = io_lib:format("heap_profile.~ts.~ts.heap", [os:getpid(), Profiler]),
-            {200, [{content_type, "application/octet-stream"},
-                   {"content-disposition", lists:flatten(["attachment; filename=\"", Name, "\""])}],
+            {200, [{"Content-Type", "application/octet-stream"},
+                   {"Content-Disposition", ["attachment; filename=\"", Name, "\""]}],
              Profile};
         {error, Reason} ->
             refusal(Profiler, Reason)
@@ -531,7 +643,7 @@ failure(What, Reason) ->
     text(500, [What, " failed: ", reason_text(Reason), "\n"]).
 
 text(Code, Body) ->
-    {Code, [{content_type, ?TEXT}], Body}.
+    {Code, [{"Content-Type", ?TEXT}], Body}.
 
 reason_text(Reason) ->
     iolist_to_binary(io_lib:format("~0tp", [Reason])).

@@ -3,6 +3,13 @@
 %% profiling) and tcmalloc preloaded. Profiles are checked with a reader of
 %% their formats (mi_heap_profile) and with the real tools: jeprof and
 %% google-pprof must name the allocating function of a test NIF.
+%%
+%% The limits and the methods are driven over raw gen_tcp sockets on
+%% loopback, to send what httpc never would (half a request line, a
+%% trickle, HTTP/1.0) and to see exactly when the server answers or closes.
+%% Nothing waits for a time to pass and then asserts: every test waits for
+%% an event (a response, a close) that can only come from the limit under
+%% test, with the other limits set out of its way.
 -module(mallocinfo_http_SUITE).
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
@@ -10,7 +17,9 @@
 -export([all/0, groups/0, init_per_suite/1, end_per_suite/1, init_per_group/2,
          end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
 -export([start_stop/1, stop_all/1, loopback_only/1, glibc_endpoints/1, bad_requests/1,
-         methods/1, tracker_endpoints/1, tracker_profile/1, tracker_active/1,
+         methods/1, uri_limit/1, header_limit/1, body_limit/1, max_clients/1,
+         requests_per_connection/1, keep_alive_timeout/1, minimum_rate/1, inets_errors/1,
+         tracker_endpoints/1, tracker_profile/1, tracker_active/1,
          jemalloc_endpoints/1, jemalloc_profile/1, concurrent_dumps/1,
          jemalloc_profiling_disabled/1, tcmalloc_endpoints/1]).
 
@@ -19,13 +28,18 @@
 -define(TCMALLOC, "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4").
 -define(PROF_CONF, "prof:true,prof_active:false,lg_prof_sample:0").
 -define(ENDPOINTS, ["/", "/memory.json", "/mallocinfo.xml", "/heap_profile", "/metrics"]).
+%% How long a raw-socket test waits for the response or close it expects:
+%% only a failure ever waits this long.
+-define(WAIT, 60000).
 
 all() ->
     [{group, glibc}, {group, tracker}, {group, jemalloc}, {group, jemalloc_no_prof},
      {group, tcmalloc}].
 
 groups() ->
-    [{glibc, [], [start_stop, stop_all, loopback_only, glibc_endpoints, bad_requests, methods]},
+    [{glibc, [], [start_stop, stop_all, loopback_only, glibc_endpoints, bad_requests, methods,
+                  uri_limit, header_limit, body_limit, max_clients, requests_per_connection,
+                  keep_alive_timeout, minimum_rate, inets_errors]},
      {tracker, [], [tracker_endpoints, tracker_profile, tracker_active]},
      {jemalloc, [], [jemalloc_endpoints, jemalloc_profile, concurrent_dumps]},
      {jemalloc_no_prof, [], [jemalloc_profiling_disabled]},
@@ -66,13 +80,18 @@ init_per_group(Group, Config) ->
     {ok, Peer, _Node} = peer:start(#{connection => standard_io, env => Env,
                                      args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)]}),
     {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
-    {ok, #{port := Port}} = peer:call(Peer, mallocinfo_http, start, [#{}]),
+    {ok, #{port := Port}} = peer:call(Peer, mallocinfo_http, start, [group_http_opts(Group)]),
     [{peer, Peer}, {port, Port}, {tmp, Tmp} | Config].
 
 group_env(tracker) -> mallocinfo_trace:preload_env();
 group_env(jemalloc) -> [{"LD_PRELOAD", ?JEMALLOC}, {"MALLOC_CONF", ?PROF_CONF}];
 group_env(jemalloc_no_prof) -> [{"LD_PRELOAD", ?JEMALLOC}];
 group_env(tcmalloc) -> [{"LD_PRELOAD", ?TCMALLOC}].
+
+%% concurrent_dumps sends 50 requests at once: more than the default 32
+%% connections.
+group_http_opts(jemalloc) -> #{max_clients => 64};
+group_http_opts(_) -> #{}.
 
 end_per_group(glibc, _Config) ->
     ok;
@@ -106,6 +125,71 @@ request(Method, Request) ->
     {ok, {{_, Code, _}, Headers, Body}} =
         httpc:request(Method, Request, [{timeout, 120000}], [{body_format, binary}], ?HTTPC),
     {Code, Headers, Body}.
+
+%% Raw HTTP over gen_tcp on loopback.
+connect(Config) ->
+    connect(Config, []).
+
+connect(Config, Opts) ->
+    {ok, S} = gen_tcp:connect({127, 0, 0, 1}, ?config(port, Config),
+                              [binary, {active, false}, {packet, raw} | Opts], 5000),
+    S.
+
+%% A request as text; Host for HTTP/1.1, Content-Length when there is a body.
+request(Method, Path, Version, Headers, Body) ->
+    Host = [{"Host", "127.0.0.1"} || Version =:= "HTTP/1.1"],
+    Length = [{"Content-Length", integer_to_list(iolist_size(Body))} || Body =/= ""],
+    [Method, $\s, Path, $\s, Version, "\r\n",
+     [[Name, ": ", Value, "\r\n"] || {Name, Value} <- Host ++ Headers ++ Length], "\r\n", Body].
+
+%% One request on a connection of its own: the response.
+raw(Config, Request) ->
+    S = connect(Config),
+    Response = exchange(S, Request),
+    ok = gen_tcp:close(S),
+    Response.
+
+exchange(S, Request) ->
+    ok = gen_tcp:send(S, Request),
+    case response(S) of
+        closed -> ct:fail({closed_without_response, iolist_to_binary(Request)});
+        Response -> Response
+    end.
+
+%% The next response on S, `{Code, Headers, Body}' with lower-case header
+%% names, or `closed' when the server closes the connection instead.
+response(S) ->
+    ok = inet:setopts(S, [{packet, http_bin}]),
+    case gen_tcp:recv(S, 0, ?WAIT) of
+        {ok, {http_response, _, Code, _}} ->
+            Headers = response_headers(S, []),
+            ok = inet:setopts(S, [{packet, raw}]),
+            Body = case list_to_integer(proplists:get_value("content-length", Headers, "0")) of
+                       0 -> <<>>;
+                       Length -> {ok, B} = gen_tcp:recv(S, Length, ?WAIT), B
+                   end,
+            {Code, Headers, Body};
+        {error, closed} ->
+            closed;
+        Other ->
+            ct:fail({no_response, Other})
+    end.
+
+response_headers(S, Acc) ->
+    case gen_tcp:recv(S, 0, ?WAIT) of
+        {ok, {http_header, _, Field, _, Value}} ->
+            Name = string:lowercase(case Field of
+                                        F when is_atom(F) -> atom_to_list(F);
+                                        F -> binary_to_list(F)
+                                    end),
+            response_headers(S, [{Name, binary_to_list(Value)} | Acc]);
+        {ok, http_eoh} ->
+            lists:reverse(Acc)
+    end.
+
+%% Exactly one Cache-Control, no-store.
+no_store(Headers) ->
+    ?assertEqual(["no-store"], [V || {"cache-control", V} <- Headers], Headers).
 
 %% A 200 with the given content type and no caching.
 ok_body(Config, Path, Type) ->
@@ -191,8 +275,24 @@ start_stop(Config) ->
     %% The first server still answers.
     {200, _, _} = get(Config, "/"),
     Bad = [#{port => -1}, #{port => 65536}, #{port => "80"}, #{ip => "127.0.0.1"},
-           #{ip => {127, 0, 0}}, #{ip => {256, 0, 0, 1}}, #{bogus => 1}, [{port, 0}], port],
+           #{ip => {127, 0, 0}}, #{ip => {256, 0, 0, 1}}, #{bogus => 1}, [{port, 0}], port,
+           #{max_clients => 0}, #{max_clients => -1}, #{max_clients => 1.0},
+           #{max_header_size => "8k"}, #{max_header_size => 0},
+           #{keep_alive_timeout => 0}, #{keep_alive_timeout => 86401},
+           #{keep_alive_timeout => 1.5}, #{keep_alive_timeout => infinity},
+           #{max_requests_per_connection => 0}, #{max_requests_per_connection => infinity},
+           #{minimum_bytes_per_second => 0}, #{minimum_bytes_per_second => true},
+           #{max_uri_size => 4096}, #{max_body_size => 1}],
     [?assertError(badarg, mallocinfo_http:start(B)) || B <- Bad],
+    %% Every limit at its smallest and largest accepted value.
+    {ok, #{port := P3}} = mallocinfo_http:start(#{max_clients => 1, max_header_size => 1,
+                                                  keep_alive_timeout => 86400,
+                                                  max_requests_per_connection => 1,
+                                                  minimum_bytes_per_second => false}),
+    ok = mallocinfo_http:stop(P3),
+    {ok, #{port := P4}} = mallocinfo_http:start(#{keep_alive_timeout => 1,
+                                                  minimum_bytes_per_second => 1}),
+    ok = mallocinfo_http:stop(P4),
     [?assertError(badarg, mallocinfo_http:stop(B)) || B <- [0, -1, 65536, "80"]].
 
 stop_all(Config) ->
@@ -280,24 +380,231 @@ bad_requests(Config) ->
     contains(status(Config, "/heap_profile?activ=true", 400), <<"\"activ\"">>),
     [status(Config, P, 404) || P <- ["/nope", "/heap_profile/", "/metrics.txt", "/memory.json/x"]].
 
+%% Every method but GET, over HTTP/1.0 as over HTTP/1.1: 405 with
+%% `Allow: GET' and no body for HEAD. (inets rewrote a 405 to an HTTP/1.0
+%% request into 403 Forbidden.) Methods inets does not take are refused by
+%% inets before any module sees them: 501, still with no-store. TRACE is
+%% one of those over HTTP/1.0, which has no TRACE.
 methods(Config) ->
+    WithBody = ["POST", "PUT", "PATCH"],
     lists:foreach(
-      fun(Path) ->
-              Url = url(Config, Path),
+      fun({Path, Version}) ->
+              Allowed = ["POST", "PUT", "PATCH", "DELETE", "HEAD"]
+                  ++ ["TRACE" || Version =:= "HTTP/1.1"],
               [begin
-                   {Code, Headers, Body} = request(M, R),
-                   ?assertEqual({405, "GET"}, {Code, header("allow", Headers)}, {M, Path, Body})
-               end || {M, R} <- [{post, {Url, [], "text/plain", "x"}},
-                                  {put, {Url, [], "text/plain", "x"}},
-                                  {patch, {Url, [], "text/plain", "x"}},
-                                  {delete, {Url, []}}, {head, {Url, []}}, {trace, {Url, []}}]],
-              %% httpd itself refuses methods it does not know before any
-              %% module sees the request.
-              {501, _, _} = request(options, {Url, []})
-      end, ?ENDPOINTS),
+                   Body = case lists:member(M, WithBody) of
+                              true -> "x";
+                              false -> ""
+                          end,
+                   {Code, Headers, Got} = raw(Config, request(M, Path, Version, [], Body)),
+                   ?assertEqual({405, "GET"}, {Code, header("allow", Headers)},
+                                {M, Path, Version, Got}),
+                   no_store(Headers),
+                   case M of
+                       "HEAD" -> ?assertEqual(<<>>, Got);
+                       _ -> contains(Got, <<"GET only">>)
+                   end
+               end || M <- Allowed],
+              Refused = ["OPTIONS", "CONNECT", "FOO"] ++ ["TRACE" || Version =:= "HTTP/1.0"],
+              [begin
+                   {Code, Headers, _} = raw(Config, request(M, Path, Version, [], "")),
+                   ?assertEqual(501, Code, {M, Path, Version}),
+                   no_store(Headers)
+               end || M <- Refused],
+              %% And GET is served over both.
+              {200, _, _} = raw(Config, request("GET", "/", Version, [], ""))
+      end, [{P, V} || P <- ?ENDPOINTS, V <- ["HTTP/1.0", "HTTP/1.1"]]),
     %% The profile is not triggered by another method either.
     {405, _, _} = request(post, {url(Config, "/heap_profile?trigger_dump=true"), [],
                                  "text/plain", ""}).
+
+%% The request line is cut at 1024 bytes of URI: one more and the answer
+%% is 414 without waiting for the line to end, so a 1 MB query costs the
+%% server 1 KB, not the 280 MB and 22 s it took inets without a limit.
+uri_limit(Config) ->
+    %% At the limit: parsed and routed (no such endpoint).
+    AtLimit = "/" ++ lists:duplicate(1023, $a),
+    {404, H1, _} = raw(Config, request("GET", AtLimit, "HTTP/1.1", [], "")),
+    no_store(H1),
+    %% One byte over, and nothing after it: answered at once.
+    S = connect(Config),
+    ok = gen_tcp:send(S, ["GET /", lists:duplicate(1024, $a)]),
+    {414, H2, _} = response(S),
+    no_store(H2),
+    ?assertEqual(closed, response(S)),
+    %% A 1 MB query sent as fast as the socket takes it, with a small send
+    %% buffer so that the kernel holds little of it: the server answers
+    %% (as above) and closes, which fails the client's sends long before
+    %% the megabyte is out. (The 414 is not read here: the reset that
+    %% follows the close may discard it in the client's socket.)
+    Q = connect(Config, [{sndbuf, 16384}]),
+    ok = gen_tcp:send(Q, "GET /?"),
+    Sent = send_until_closed(Q, 1 bsl 20, 0),
+    ct:pal("1 MB query: the server closed after the client had sent ~b bytes", [Sent]),
+    ?assert(Sent < 1 bsl 20),
+    _ = gen_tcp:close(Q).
+
+%% Up to 1 MiB in 8 KiB pieces; the bytes sent before the socket failed.
+send_until_closed(_S, Left, Sent) when Left =< 0 ->
+    Sent;
+send_until_closed(S, Left, Sent) ->
+    case gen_tcp:send(S, binary:copy(<<"a">>, 8192)) of
+        ok -> send_until_closed(S, Left - 8192, Sent + 8192);
+        {error, _} -> Sent
+    end.
+
+%% Headers are cut at max_header_size (8192 by default): 413 before the
+%% head ends. Over HTTP/1.0 inets sends its own 413 as 403 (it maps every
+%% 4xx above 404 to 403 for HTTP/1.0, and this reply is not ours to write).
+%% A server started with a larger limit takes the larger headers.
+header_limit(Config) ->
+    Big = fun(N) -> [{"X-Big", lists:duplicate(N, $a)}] end,
+    {200, _, _} = raw(Config, request("GET", "/", "HTTP/1.1", Big(4000), "")),
+    [begin
+         S = connect(Config),
+         ok = gen_tcp:send(S, ["GET / ", Version, "\r\nHost: x\r\nX-Big: ",
+                               lists:duplicate(8200, $a)]),
+         {Code, Headers, _} = response(S),
+         ?assertEqual(Expected, Code, Version),
+         no_store(Headers),
+         ?assertEqual(closed, response(S))
+     end || {Version, Expected} <- [{"HTTP/1.1", 413}, {"HTTP/1.0", 403}]],
+    {ok, #{port := Port}} = mallocinfo_http:start(#{max_header_size => 16384}),
+    {200, _, _} = raw([{port, Port}], request("GET", "/", "HTTP/1.1", Big(12000), "")),
+    {413, _, _} = raw([{port, Port}], request("GET", "/", "HTTP/1.1", Big(17000), "")).
+
+%% No endpoint takes a body: one over 1024 bytes is refused (413) on its
+%% Content-Length alone, before it is sent; a small one is read and the
+%% method refused.
+body_limit(Config) ->
+    S = connect(Config),
+    ok = gen_tcp:send(S, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1025\r\n\r\n"),
+    {413, H1, _} = response(S),
+    no_store(H1),
+    ?assertEqual(closed, response(S)),
+    {405, _, _} = raw(Config, request("POST", "/", "HTTP/1.1", [],
+                                      lists:duplicate(1024, $x))).
+
+%% max_clients connections at once: the next one is answered 503 (with
+%% no-store) while those already open are still served; when one closes,
+%% a new connection is served again.
+max_clients(_Config) ->
+    {ok, #{port := Port}} = mallocinfo_http:start(#{max_clients => 2,
+                                                    keep_alive_timeout => 3600,
+                                                    minimum_bytes_per_second => false}),
+    C = [{port, Port}],
+    %% Two connections, each holding its slot (a served request proves
+    %% its handler exists).
+    [A, B] = [connect(C) || _ <- [1, 2]],
+    [{200, _, _} = exchange(S, request("GET", "/", "HTTP/1.1", [], "")) || S <- [A, B]],
+    Third = connect(C),
+    {503, H, _} = exchange(Third, request("GET", "/", "HTTP/1.1", [], "")),
+    no_store(H),
+    ?assertEqual(closed, response(Third)),
+    [{200, _, _} = exchange(S, request("GET", "/", "HTTP/1.1", [], "")) || S <- [A, B]],
+    %% A slot frees when its connection's handler has gone, which follows
+    %% the close by a moment: retry until served.
+    ok = gen_tcp:close(A),
+    ?assertEqual(200, served_again(C, 500)),
+    ok = gen_tcp:close(B).
+
+served_again(C, 0) ->
+    element(1, raw(C, request("GET", "/", "HTTP/1.1", [], "")));
+served_again(C, Tries) ->
+    case raw(C, request("GET", "/", "HTTP/1.1", [], "")) of
+        {503, _, _} -> timer:sleep(10), served_again(C, Tries - 1);
+        {Code, _, _} -> Code
+    end.
+
+%% max_requests_per_connection requests on one connection, then the server
+%% closes it: 100 by default (inets' own max_keep_alive_request N would
+%% serve N + 1); 1 means no keep-alive, said with `Connection: close'.
+requests_per_connection(_Config) ->
+    lists:foreach(
+      fun({Opts, N}) ->
+              {ok, #{port := Port}} =
+                  mallocinfo_http:start(Opts#{minimum_bytes_per_second => false}),
+              S = connect([{port, Port}]),
+              %% Without keep-alive every response says it closes; with
+              %% it, none does (inets decides after the response).
+              Connection = case N of
+                               1 -> "close";
+                               _ -> undefined
+                           end,
+              [begin
+                   {404, H, _} = exchange(S, request("GET", "/x", "HTTP/1.1", [], "")),
+                   ?assertEqual(Connection, header("connection", H), I)
+               end || I <- lists:seq(1, N)],
+              ?assertEqual(closed, response(S)),
+              ok = mallocinfo_http:stop(Port)
+      end, [{#{}, 100}, {#{max_requests_per_connection => 3}, 3},
+            {#{max_requests_per_connection => 1}, 1}]).
+
+%% keep_alive_timeout: an idle connection is closed after it, and a
+%% request head must be complete within it: one that trickles in (a byte
+%% every 100 ms, a header that would take minutes to end) is answered 408
+%% at the deadline, which data does not move.
+keep_alive_timeout(_Config) ->
+    {ok, #{port := Port}} = mallocinfo_http:start(#{keep_alive_timeout => 1,
+                                                    minimum_bytes_per_second => false}),
+    C = [{port, Port}],
+    Idle = connect(C),
+    {200, _, _} = exchange(Idle, request("GET", "/", "HTTP/1.1", [], "")),
+    ?assertEqual(closed, response(Idle)),
+    Partial = connect(C),
+    ok = gen_tcp:send(Partial, "GET / HTTP/1.1\r\nHost: x\r\n"),
+    {408, H1, _} = response(Partial),
+    no_store(H1),
+    ?assertEqual(closed, response(Partial)),
+    Slow = connect(C),
+    ok = gen_tcp:send(Slow, "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "),
+    Trickle = spawn_link(fun() -> trickle(Slow, 100) end),
+    {408, H2, _} = response(Slow),
+    no_store(H2),
+    unlink(Trickle),
+    exit(Trickle, kill),
+    ok = gen_tcp:close(Slow).
+
+%% minimum_bytes_per_second: a client sending slower than that is
+%% disconnected (silently: inets closes without a reply), here with
+%% keep_alive_timeout an hour away so that only the rate can end it. A
+%% client at full speed on the same server is served.
+minimum_rate(_Config) ->
+    {ok, #{port := Port}} = mallocinfo_http:start(#{minimum_bytes_per_second => 1000,
+                                                    keep_alive_timeout => 3600}),
+    C = [{port, Port}],
+    {200, _, _} = raw(C, request("GET", "/", "HTTP/1.1", [], "")),
+    Slow = connect(C),
+    ok = gen_tcp:send(Slow, "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "),
+    %% 10 bytes a second, for an hour if need be.
+    Trickle = spawn_link(fun() -> trickle(Slow, 100) end),
+    ?assertEqual(closed, response(Slow)),
+    unlink(Trickle),
+    exit(Trickle, kill),
+    ok = gen_tcp:close(Slow).
+
+%% A byte every Ms until the socket fails.
+trickle(S, Ms) ->
+    timer:sleep(Ms),
+    case gen_tcp:send(S, "a") of
+        ok -> trickle(S, Ms);
+        {error, _} -> ok
+    end.
+
+%% inets' own replies to requests it refuses before any module sees them
+%% carry no-store too (the customize callback's default headers).
+inets_errors(Config) ->
+    lists:foreach(
+      fun({Request, Code}) ->
+              {Got, Headers, _} = raw(Config, Request),
+              ?assertEqual(Code, Got, Request),
+              no_store(Headers)
+      end,
+      [{"GET / HTTP/1.1\r\n\r\n", 400},               % no Host
+       {"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 400},    % a version it does not speak
+       {"GET /\r\n\r\n", 505},                        % HTTP/0.9
+       {"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 501},
+       {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501}]).
 
 %%% The tracker, on a peer --------------------------------------------------------
 
