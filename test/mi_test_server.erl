@@ -35,8 +35,12 @@ spawn_idle(N) ->
     [spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, N)],
     ok.
 
-handle_call({block, Ms}, _From, State) ->
-    timer:sleep(Ms),
+%% Busy in a callback until the test says so: tells Test it is blocked,
+%% then waits for `release' (anything else, a system message included,
+%% stays queued meanwhile).
+handle_call({block, Test}, _From, State) ->
+    Test ! {blocked, self()},
+    receive release -> ok end,
     {reply, ok, State};
 handle_call(get, _From, State) ->
     {reply, State, State}.
