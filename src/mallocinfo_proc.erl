@@ -20,7 +20,9 @@
 %%     with `process_info/2' only, and their state is left out.</li>
 %% <li>Copies are bounded: at most `max_terms' terms, none larger than
 %%     `max_words' (bigger ones are summarised), nothing at all when the
-%%     heap exceeds `max_heap_words' or the queue `max_terms'.</li>
+%%     heap exceeds `max_heap_words' or the queue `max_terms'; `heap/2' and
+%%     `print/2' then say what was not measured, why, and which option
+%%     would measure it.</li>
 %% <li>Remote pids are inspected on their node with `erpc'; this module is
 %%     loaded there from this node's object code if missing.</li>
 %% </ul>
@@ -31,13 +33,18 @@
 %% remote node (through erpc); not for direct use.
 -export([in_process/3, remote/3, report_local/2]).
 %% Pure, exported for tests.
--export([verdict/1]).
+-export([verdict/1, binaries/1]).
 
--export_type([opts/0, item/0]).
+-export_type([opts/0, item/0, gap/0]).
 
 %% A pid on another node that cannot be reached, or where this module
 %% cannot be loaded.
 -type remote_error() :: {erpc, term()} | {load_failed, node(), term()}.
+
+-type gap() :: #{what := kind() | messages | terms | sharing | [kind()],
+                 reason := heap_too_large | queue_too_long | off_heap_queue | sys_timeout
+                         | max_terms | size_budget | shared_too_much,
+                 detail := binary(), option := opts()}.
 
 -type opts() :: #{max_terms => pos_integer(), max_words => pos_integer(),
                   max_heap_words => pos_integer(), size_budget => non_neg_integer(),
@@ -103,15 +110,24 @@ inspect(Pid, Opts) ->
 heap(Pid) ->
     heap(Pid, #{}).
 
-%% @doc `Pid''s heap in figures (words unless named `_bytes'):
-%% `heap_size', `total_heap_size', `stack_size', `live_words' (the sum of
-%% what {@link inspect/2} found), `flat_words' (the same without sharing),
-%% `unseen_words' (`total_heap_size' minus `live_words' and the stack:
-%% garbage, or terms no API exposes), `message_queue_len', `binaries'
-%% (`#{count, bytes, shared_bytes}': refc binaries referenced, and the bytes
-%% of those also referenced elsewhere), `garbage_collection' (the process's
-%% settings), `fullsweep_after', `items' (how many terms were inspected) and
-%% `verdict' (a sentence, or `none').
+%% @doc `Pid''s heap in figures (words unless named `_bytes'): `name' (as
+%% in {@link top/2}), `heap_size', `total_heap_size', `stack_size',
+%% `live_words' (the sum of what {@link inspect/2} found), `flat_words' (the
+%% same without sharing), `unseen_words' (`total_heap_size' minus
+%% `live_words' and the stack: garbage, or terms no API exposes) - each of
+%% these three `not_measured' when a limit kept every term from being
+%% measured (a heap above `max_heap_words'), never a misleading 0;
+%% `complete' (the state was measured and no limit left anything out),
+%% `not_measured' (what limits left out: a list of `#{what, reason, detail,
+%% option}', `option' being the options that would measure it, empty when
+%% none would; reasons `heap_too_large' (`max_heap_words'),
+%% `queue_too_long' (`max_terms'), `off_heap_queue', `sys_timeout'
+%% (`timeout'), `max_terms', `size_budget' (sharing not computed) and
+%% `shared_too_much' (not walked flat)), `message_queue_len', `binaries'
+%% (`#{count, bytes, shared_bytes}', see {@link binaries/1}),
+%% `garbage_collection' (the process's settings), `fullsweep_after',
+%% `items' (how many terms were inspected) and `verdict' (a sentence, or
+%% `none').
 -spec heap(pid(), opts()) -> {ok, map()} | {error, noproc | remote_error()}.
 heap(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
@@ -125,10 +141,20 @@ heap(Pid, Opts) ->
 %% @doc The `N' processes of this node with the largest `By', largest
 %% first. `By': `memory' (bytes, `process_info/2'), `heap_waste' (words the
 %% process's heaps have allocated but not filled: young and old heap block
-%% minus their use), `binary' (bytes of refc binaries referenced),
-%% `message_queue_len', `reductions'. One `process_info/2' call per process
-%% and a bounded selection (no sort of every process); names and initial
-%% calls are looked up for the winners only.
+%% minus their use), `binary' (bytes of the distinct refc binaries the
+%% process references, each counted once however many references it holds,
+%% as {@link heap/2} counts them; a binary several processes reference
+%% counts fully in each, so the values do not add up to
+%% `erlang:memory(binary)'), `message_queue_len', `reductions'. One
+%% `process_info/2' call per process and a bounded selection (no sort of
+%% every process). Names are looked up for the winners only: the
+%% registered name, else for a process started through proc_lib
+%% (`gen_server', `gen_statem', `supervisor', `proc_lib:spawn') the
+%% function it was started with (`{Mod, init, 1}' for a `gen_server'),
+%% else the initial call. On OTP 25 a proc_lib process whose heap is above
+%% 1,000,000 words (the default `max_heap_words') and that is not idle in
+%% a `gen_server' or `gen_statem' loop keeps `{proc_lib, init_p, 5}':
+%% reading its start function would copy its whole dictionary.
 -spec top(non_neg_integer(), memory | heap_waste | binary | message_queue_len | reductions) ->
           [#{pid := pid(), name := term(), value := non_neg_integer(), by := atom()}].
 top(N, By) when is_integer(N), N >= 0,
@@ -137,7 +163,8 @@ top(N, By) when is_integer(N), N >= 0,
     Best = lists:foldl(fun(P, Acc) -> keep_best(N, value(P, By), P, Acc) end,
                        {0, gb_trees:empty()}, erlang:processes()),
     {_, Tree} = Best,
-    [#{pid => P, name => name(P), value => V, by => By}
+    #{max_heap_words := MaxHeap, timeout := Timeout} = ?DEFAULTS,
+    [#{pid => P, name => name(P, MaxHeap, Timeout), value => V, by => By}
      || {{V, _}, P} <- lists:reverse(gb_trees:to_list(Tree))];
 top(N, By) ->
     erlang:error(badarg, [N, By]).
@@ -147,9 +174,10 @@ top(N, By) ->
 print(Pid) ->
     print(Pid, #{}).
 
-%% @doc A report an engineer reads at a glance: the heap figures and
-%% verdict, then the biggest terms first, each shown `~P'-truncated with its
-%% size in words and bytes.
+%% @doc A report an engineer reads at a glance: the pid and name, the heap
+%% figures, what was not measured (why, and the call with the option that
+%% would measure it), the verdict, then the biggest terms first, each shown
+%% `~P'-truncated with its size in words and bytes.
 -spec print(pid(), opts()) -> ok | {error, noproc}.
 print(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
@@ -217,7 +245,7 @@ remote(What, Pid, O) ->
 %% heap/2 and print/2 each shape (on the pid's own node).
 report_local(Pid, O) ->
     case collect(Pid, O) of
-        {ok, Items, Info} -> {ok, heap_map(Items, Info), Items};
+        {ok, Items, Info} -> {ok, heap_map(Pid, Items, Info, O), Items};
         {error, _} = E -> E
     end.
 
@@ -235,46 +263,54 @@ collect(Pid, O) ->
             {ok, lists:sublist(Items, maps:get(max_terms, O) + 1), Info}
     end.
 
-%% OTP processes idle in their loop: everything measured inside them.
-%% Others: process_info/2 copies, bounded by the limits.
+%% OTP processes idle in their loop: everything measured inside them,
+%% unless the heap is too big to walk (the state is then not measured, and
+%% says so). Others: process_info/2 copies, bounded by the limits.
 items(Pid, #{total_heap_size := Heap} = Info, O) ->
-    case Heap =< maps:get(max_heap_words, O) andalso sys_idle(Pid, Info) of
-        true -> inside(Pid, Info, O);
-        false -> outside(Pid, Info, O)
+    case sys_idle(Pid, Info) of
+        true when Heap =< map_get(max_heap_words, O) ->
+            inside(Pid, Info, O);
+        true ->
+            outside(Pid, Info, O) ++ [omitted(state, {heap_too_large, Heap})];
+        false ->
+            outside(Pid, Info, O)
     end.
 
-%% Runs in_process/3 inside the target through sys:replace_state/3. The
-%% function throws once it has sent its answer, so sys leaves the state as
-%% it was and replies with a small error instead of a copy of the whole
-%% state. Answers go to an alias, dropped once we stop listening; a system
-%% message handled after the deadline skips the work.
 inside(Pid, Info, O) ->
-    Timeout = maps:get(timeout, O),
+    case in_target(Pid, fun(State, Reply) -> measure_inside(State, O, Reply) end,
+                   maps:get(timeout, O)) of
+        {ok, Items} -> Items;
+        timeout -> outside(Pid, Info, O) ++ [omitted(state, sys_timeout)]
+    end.
+
+%% Runs Fun(State, Reply) inside Pid (an idle sys-compliant process, see
+%% sys_idle/2) through sys:replace_state/3; Fun calls Reply(Result) once.
+%% The wrapper throws once Fun is done, so sys leaves the state as it was
+%% and replies with a small error instead of a copy of the whole state.
+%% Results go to an alias, dropped once we stop listening; a system message
+%% handled after the deadline skips Fun altogether.
+in_target(Pid, Fun, Timeout) ->
     Alias = alias(),
     Deadline = erlang:monotonic_time(millisecond) + Timeout,
-    Fun = fun(State) ->
-                  case erlang:monotonic_time(millisecond) =< Deadline of
-                      true -> measure_inside(Alias, State, O);
-                      false -> ok
-                  end,
-                  throw(mallocinfo_done)
-          end,
-    Outcome = try sys:replace_state(Pid, Fun, Timeout) of
-                  _ -> answered
-              catch
-                  _:_ -> answered
+    Reply = fun(Result) -> Alias ! {Alias, Result} end,
+    Wrapped = fun(State) ->
+                      case erlang:monotonic_time(millisecond) =< Deadline of
+                          true -> Fun(State, Reply);
+                          false -> ok
+                      end,
+                      throw(mallocinfo_done)
               end,
-    Items = receive {Alias, Measured} -> Measured after 0 -> none end,
+    try sys:replace_state(Pid, Wrapped, Timeout)
+    catch _:_ -> ok
+    end,
+    Result = receive {Alias, R} -> {ok, R} after 0 -> timeout end,
     unalias(Alias),
     receive {Alias, _} -> ok after 0 -> ok end,
-    case {Outcome, Items} of
-        {answered, none} -> outside(Pid, Info, O) ++ [omitted(state, sys_timeout)];
-        {answered, _} -> Items
-    end.
+    Result.
 
-measure_inside(Alias, State, O) ->
+measure_inside(State, O, Reply) ->
     {total_heap_size, Before} = process_info(self(), total_heap_size),
-    Alias ! {Alias, in_process(State, O, Alias)},
+    Reply(in_process(State, O, undefined)),
     %% Measuring allocates on this process's heap (erts_debug:size/1 builds
     %% maps): if the heap grew, collect, rather than leave the target bigger
     %% than we found it. Bounded by max_heap_words.
@@ -434,47 +470,142 @@ sys_idle(_, _) ->
 %%% ---------------------------------------------------------------------------
 %%% heap/1
 
-heap_map(Items, Info) ->
+heap_map(Pid, Items, Info, O) ->
     #{heap_size := HeapSize, total_heap_size := Total, stack_size := Stack,
       message_queue_len := QLen, garbage_collection := GC, binary := Bins} = Info,
-    Live = lists:sum([W || #{words := W} <- Items]),
-    Flat = lists:sum([W || #{flat_words := W} <- Items]),
-    %% A binary referenced twice by this process is one binary; it is shared
-    %% when something else references it too.
-    Unique = maps:values(lists:foldl(fun({Id, Size, Refs}, Acc) ->
-                                             maps:update_with(Id, fun({S, R, N}) -> {S, R, N + 1} end,
-                                                              {Size, Refs, 1}, Acc)
-                                     end, #{}, Bins)),
-    BinBytes = lists:sum([S || {S, _, _} <- Unique]),
-    Shared = lists:sum([S || {S, Refs, N} <- Unique, Refs > N]),
+    Seen = [I || #{kind := K} = I <- Items, K =/= omitted],
+    Omitted = [I || #{kind := omitted} = I <- Items],
+    %% Nothing was walked at all (a heap above max_heap_words, a queue too
+    %% long to copy): a sum of zero would read as an empty heap.
+    {Live, Flat, Unseen} =
+        case Seen =:= [] andalso Omitted =/= [] of
+            true ->
+                {not_measured, not_measured, not_measured};
+            false ->
+                L = lists:sum([W || #{words := W} <- Seen]),
+                {L, lists:sum([W || #{flat_words := W} <- Seen]), max(0, Total - L - Stack)}
+        end,
     %% Everything live was seen: the state was measured and no limit left
     %% anything out. Only then can the rest of the heap be called garbage.
-    Complete = lists:any(fun(#{kind := K}) -> K =:= state end, Items)
-        andalso not lists:any(fun(#{kind := omitted}) -> true;
-                                 (#{term := {?TRUNCATED, {more_than, _}, _}}) -> true;
-                                 (_) -> false
-                              end, Items),
-    M = #{heap_size => HeapSize, total_heap_size => Total, stack_size => Stack,
-          live_words => Live, flat_words => Flat,
-          unseen_words => max(0, Total - Live - Stack),
+    Complete = lists:any(fun(#{kind := K}) -> K =:= state end, Seen)
+        andalso Omitted =:= [] andalso not lists:any(fun blown_up/1, Seen),
+    M = #{name => name(Pid, maps:get(max_heap_words, O), maps:get(timeout, O)),
+          heap_size => HeapSize, total_heap_size => Total, stack_size => Stack,
+          live_words => Live, flat_words => Flat, unseen_words => Unseen,
           complete => Complete,
+          not_measured => gaps(Seen, Omitted, O),
           message_queue_len => QLen,
-          binaries => #{count => length(Unique), bytes => BinBytes, shared_bytes => Shared},
+          binaries => binaries(Bins),
           garbage_collection => GC,
           fullsweep_after => proplists:get_value(fullsweep_after, GC),
-          items => length([I || #{kind := K} = I <- Items, K =/= omitted])},
+          items => length(Seen)},
     M#{verdict => verdict(M)}.
 
-%% @doc The one-line verdict of {@link heap/2}, from its figures: `none', or
-%% a sentence about a heap that is mostly garbage, mostly refc binary
-%% references, or a long message queue.
+%% A term whose sharing, blown up flat, exceeded the bound: not walked.
+blown_up(#{term := {?TRUNCATED, {more_than, _}, _}}) -> true;
+blown_up(_) -> false.
+
+%% @doc Refc binaries as `heap/2' and `top/2' count them, from
+%% `process_info(Pid, binary)': `count' distinct binaries, `bytes' their
+%% sizes, `shared_bytes' the sizes of those something else references too.
+%% The list has one entry per reference the process holds: a binary
+%% received in 1000 messages, or 1000 sub-binaries of one binary received
+%% apart, are 1000 entries, each with the whole binary's size and the same
+%% id. Each binary counts once: its reference count says how many
+%% references exist in all, so it is shared when that exceeds this
+%% process's own.
+-spec binaries([{non_neg_integer(), non_neg_integer(), non_neg_integer()}]) ->
+          #{count := non_neg_integer(), bytes := non_neg_integer(),
+            shared_bytes := non_neg_integer()}.
+binaries(Entries) ->
+    ById = lists:foldl(fun({Id, Size, Refc}, Acc) ->
+                               case Acc of
+                                   #{Id := {S, R, N}} -> Acc#{Id := {S, R, N + 1}};
+                                   #{} -> Acc#{Id => {Size, Refc, 1}}
+                               end
+                       end, #{}, Entries),
+    Unique = maps:values(ById),
+    #{count => map_size(ById),
+      bytes => lists:sum([S || {S, _, _} <- Unique]),
+      shared_bytes => lists:sum([S || {S, Refc, N} <- Unique, Refc > N])}.
+
+%% What a limit kept from being measured: which kind of term, why (an atom
+%% and a sentence) and the options that would measure it (empty when none
+%% would).
+gaps(Seen, Omitted, O) ->
+    Gap = fun(What, Reason, Format, Args, Option) ->
+                  #{what => What, reason => Reason,
+                    detail => iolist_to_binary(io_lib:format(Format, Args)), option => Option}
+          end,
+    Max = fun(K) -> maps:get(K, O) end,
+    Limits =
+        [case Why of
+             {heap_too_large, H} ->
+                 Gap(What, heap_too_large, "the heap (~b words) is above max_heap_words (~b)",
+                     [H, Max(max_heap_words)], #{max_heap_words => round_up(H)});
+             {queue_too_long, Q} ->
+                 %% All of the queue and what was already seen, so that the
+                 %% max_terms cut keeps every message.
+                 Gap(What, queue_too_long, "the queue (~b messages) is longer than max_terms (~b)",
+                     [Q, Max(max_terms)], #{max_terms => Q + length(Seen)});
+             {off_heap_queue, Q} ->
+                 Gap(What, off_heap_queue, "the ~b messages are in an off_heap queue, whose size "
+                     "cannot be checked before copying", [Q], #{});
+             sys_timeout ->
+                 Gap(What, sys_timeout, "the process did not answer a system message within "
+                     "timeout (~b ms)", [Max(timeout)], #{timeout => max(1000, 10 * Max(timeout))});
+             {max_terms, N} ->
+                 Gap(What, max_terms, "there are more than max_terms (~b) terms", [N],
+                     #{max_terms => 10 * N})
+         end || #{term := {What, Why}} <- Omitted],
+    Blown = [{K, B} || #{kind := K, term := {?TRUNCATED, {more_than, B}, _}} <- Seen],
+    Shared = case Blown of
+                 [] -> [];
+                 _ -> [Gap(lists:usort([K || {K, _} <- Blown]), shared_too_much,
+                           "~ts with shared subterms would take more than ~b words flat, and "
+                           "nothing walks them flat",
+                           [count(length(Blown), "term"), lists:min([B || {_, B} <- Blown])], #{})]
+             end,
+    Budget = [F || #{sharing := not_computed, flat_words := F} = I <- Seen, not blown_up(I)],
+    Sharing = case Budget of
+                  [] -> [];
+                  _ ->
+                      Inside = lists:sum([F || #{sharing := S, flat_words := F} = I <- Seen,
+                                               S =/= copied, not blown_up(I)]),
+                      [Gap(sharing, size_budget,
+                           "the sharing of ~ts (~b flat words) is beyond size_budget (~b): "
+                           "the flat size is given", [count(length(Budget), "term"),
+                                                      lists:sum(Budget), Max(size_budget)],
+                           #{size_budget => round_up(Inside)})]
+              end,
+    Limits ++ Shared ++ Sharing.
+
+count(1, Noun) -> ["1 ", Noun];
+count(N, Noun) -> [integer_to_list(N), " ", Noun, "s"].
+
+%% A limit above N with headroom: N rounded up past its leading digit
+%% (2,345,678 -> 3,000,000), since the heap or queue may grow before the
+%% next call.
+round_up(N) when N < 10 -> 10;
+round_up(N) ->
+    Step = pow10(length(integer_to_list(N)) - 1),
+    (N div Step + 1) * Step.
+
+pow10(0) -> 1;
+pow10(E) -> 10 * pow10(E - 1).
+
+%% @doc The one-line verdict of {@link heap/2}, from its figures: a sentence
+%% about a heap that is mostly garbage, mostly refc binary references, or a
+%% long message queue; when nothing was measured, what was not and the
+%% option that would measure it; otherwise `none'.
 -spec verdict(map()) -> binary() | none.
 verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
           message_queue_len := QLen, complete := Complete,
-          binaries := #{bytes := BinBytes, count := BinCount, shared_bytes := Shared}}) ->
+          binaries := #{bytes := BinBytes, count := BinCount, shared_bytes := Shared}} = M) ->
     WordBytes = erlang:system_info(wordsize),
     HeapBytes = Total * WordBytes,
-    Unseen = max(0, Total - Live - Stack),
+    Garbage = Complete andalso Total >= 10000 andalso Live =/= not_measured
+        andalso max(0, Total - Live - Stack) * 2 > Total,
     if
         QLen >= 10000 ->
             iolist_to_binary(io_lib:format(
@@ -483,16 +614,49 @@ verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
             iolist_to_binary(io_lib:format(
               "mostly binary references: ~b refc binaries hold ~s (~s shared with other "
               "processes) against a ~s heap; a GC or hibernate releases those no longer used",
-              [BinCount, mallocinfo_units:bytes(BinBytes), mallocinfo_units:bytes(Shared), mallocinfo_units:bytes(HeapBytes)]));
-        Complete, Total >= 10000, Unseen * 2 > Total ->
+              [BinCount, mallocinfo_units:bytes(BinBytes), mallocinfo_units:bytes(Shared),
+               mallocinfo_units:bytes(HeapBytes)]));
+        Garbage ->
+            Unseen = Total - Live - Stack,
             iolist_to_binary(io_lib:format(
               "mostly garbage: ~b% of the ~s heap is not reachable from what is visible; "
               "erlang:garbage_collect/1 would return most of it",
               [Unseen * 100 div Total, mallocinfo_units:bytes(HeapBytes)]));
+        Live =:= not_measured ->
+            Option = fun(Opt) -> io_lib:format("the option ~0p", [Opt]) end,
+            Gaps = group_gaps(maps:get(not_measured, M, [])),
+            iolist_to_binary(["not measured: "
+                              | lists:join("; ", [gap_text(G, Option) || G <- Gaps])]);
         true ->
             none
     end.
 
+%% Gaps with the same reason, sentence and option as one, their kinds
+%% together: `dictionary and state: the heap ... is above ...'.
+group_gaps(Gaps) ->
+    Grouped = lists:foldl(fun(#{what := W, reason := R, detail := D, option := Opt}, Acc) ->
+                                  maps:update_with({R, D, Opt}, fun(Ws) -> [W | Ws] end, [W], Acc)
+                          end, #{}, Gaps),
+    [{lists:usort(lists:flatten(Ws)), R, D, Opt}
+     || {{R, D, Opt}, Ws} <- lists:sort(maps:to_list(Grouped))].
+
+%% "What: why, Call(Option) would measure it" (or that nothing would).
+gap_text({Whats, Reason, Detail, Opt}, Call) ->
+    Remedy = case map_size(Opt) of
+                 0 -> "no option measures it";
+                 _ -> [Call(Opt), " ", remedy(Reason)]
+             end,
+    [kinds_text(Whats), ": ", Detail, "; ", Remedy].
+
+remedy(max_terms) -> "would show more";
+remedy(size_budget) -> "would measure it (the process pauses about 5 us per word)";
+remedy(sys_timeout) -> "may measure it, if the process answers in time";
+remedy(_) -> "would measure it".
+
+kinds_text([One]) -> atom_to_list(One);
+kinds_text(Kinds) ->
+    Names = [atom_to_list(K) || K <- Kinds],
+    [lists:join(", ", lists:droplast(Names)), " and ", lists:last(Names)].
 
 %%% ---------------------------------------------------------------------------
 %%% top/2
@@ -502,7 +666,9 @@ value(P, message_queue_len) -> info(P, message_queue_len);
 value(P, reductions) -> info(P, reductions);
 value(P, binary) ->
     case process_info(P, binary) of
-        {binary, Bins} -> lists:sum([S || {_, S, _} <- Bins]);
+        %% Most processes reference none: no map to build for them.
+        {binary, []} -> 0;
+        {binary, Entries} -> maps:get(bytes, binaries(Entries));
         undefined -> undefined
     end;
 value(P, heap_waste) ->
@@ -535,37 +701,98 @@ keep_best(_N, V, P, {Size, Tree} = Acc) ->
         false -> Acc
     end.
 
-%% The registered name, else the initial call (through proc_lib's record
-%% of it when the heap is small enough to copy the dictionary), else
-%% undefined for a process that has exited since it was ranked.
-name(P) ->
-    case process_info(P, [registered_name, initial_call, total_heap_size]) of
-        [{registered_name, Name}, _, _] when is_atom(Name) -> Name;
-        [_, {initial_call, {proc_lib, init_p, 5} = IC}, {total_heap_size, H}] when H =< 100000 ->
-            case proc_lib:translate_initial_call(P) of
-                {proc_lib, init_p, 5} -> IC;
-                MFA -> MFA
-            end;
-        [_, {initial_call, IC}, _] -> IC;
-        undefined -> undefined
+%% What a person would call the process: its registered name; else, for a
+%% process started through proc_lib (gen_server, gen_statem, supervisor,
+%% proc_lib:spawn...), whose initial call is always proc_lib:init_p, the
+%% function it was started with, as proc_lib:translate_initial_call/1
+%% gives it (a gen_server's is {Mod, init, 1}); else its initial call;
+%% undefined for a process that has exited.
+name(P, MaxHeap, Timeout) ->
+    case process_info(P, [registered_name, initial_call, total_heap_size, current_function]) of
+        [{registered_name, Name} | _] when is_atom(Name) ->
+            Name;
+        [_, {initial_call, {proc_lib, init_p, _} = IC}, {total_heap_size, H},
+         {current_function, CF}] ->
+            started_with(P, IC, H, CF, MaxHeap, Timeout);
+        [_, {initial_call, IC} | _] ->
+            IC;
+        undefined ->
+            undefined
     end.
+
+%% proc_lib keeps the start function as '$initial_call' in the process
+%% dictionary, and OTP 25 can read another process's dictionary only by
+%% copying all of it (proc_lib:translate_initial_call/1 does): done only
+%% for a heap within max_heap_words, which bounds that copy as it bounds
+%% every other. A bigger process idle in a gen_server or gen_statem loop
+%% reads the one key itself (a system message, as for heap/2); any other
+%% keeps its raw initial call. A VM that reads one key of another
+%% process's dictionary (process_info/2 with {dictionary, Key}, OTP 26.2)
+%% needs none of this.
+started_with(P, IC, Heap, CF, MaxHeap, Timeout) ->
+    try process_info(P, {dictionary, '$initial_call'}) of
+        {{dictionary, '$initial_call'}, V} -> mfa_or(V, IC);
+        undefined -> IC
+    catch
+        error:badarg when Heap =< MaxHeap ->
+            mfa_or(proc_lib:translate_initial_call(P), IC);
+        error:badarg ->
+            case sys_idle(P, #{current_function => CF}) of
+                true ->
+                    case in_target(P, fun(_State, Reply) -> Reply(get('$initial_call')) end,
+                                   Timeout) of
+                        {ok, V} -> mfa_or(V, IC);
+                        timeout -> IC
+                    end;
+                false ->
+                    IC
+            end
+    end.
+
+mfa_or({M, F, A} = MFA, _) when is_atom(M), is_atom(F), is_integer(A) -> MFA;
+mfa_or(_, IC) -> IC.
 
 %%% ---------------------------------------------------------------------------
 %%% print/1
 
 format(Pid, H, Items) ->
     W = erlang:system_info(wordsize),
-    #{total_heap_size := Total, live_words := Live, flat_words := Flat,
-      stack_size := Stack, message_queue_len := QLen,
+    #{name := Name, total_heap_size := Total, live_words := Live, flat_words := Flat,
+      stack_size := Stack, message_queue_len := QLen, not_measured := Gaps,
       binaries := #{count := BC, bytes := BB, shared_bytes := BS}, verdict := V} = H,
+    LiveText = case Live of
+                   not_measured ->
+                       "live words not measured";
+                   _ ->
+                       io_lib:format("live ~b words (~b if shared parts were copied)", [Live, Flat])
+               end,
     Header = io_lib:format(
-               "~p: heap ~s (~b words), live ~b words (~b if shared parts were copied), "
-               "stack ~b words~n  queue ~b, refc binaries ~b = ~s (~s shared)~n"
-               "  verdict: ~ts~n",
-               [Pid, mallocinfo_units:bytes(Total * W), Total, Live, Flat, Stack, QLen, BC, mallocinfo_units:bytes(BB),
-                mallocinfo_units:bytes(BS), case V of none -> "none"; _ -> V end]),
-    Sorted = lists:sort(fun(#{words := A}, #{words := B}) -> A >= B end, Items),
+               "~p~ts: heap ~s (~b words), ~ts, stack ~b words~n"
+               "  queue ~b, refc binaries ~b = ~s (~s shared)~n",
+               [Pid, name_text(Name), mallocinfo_units:bytes(Total * W), Total, LiveText, Stack,
+                QLen, BC, mallocinfo_units:bytes(BB), mallocinfo_units:bytes(BS)]),
+    Call = fun(Opt) -> io_lib:format("mallocinfo_proc:print(~p, ~0p)", [Pid, Opt]) end,
+    NotMeasured = [io_lib:format("  not measured: ~ts~n", [gap_text(G, Call)])
+                   || G <- group_gaps(Gaps)],
+    Verdict = case {Live, V} of
+                  {not_measured, <<"not measured", _/binary>>} ->
+                      "cannot tell, nothing was measured (see above)";
+                  {_, none} ->
+                      "none";
+                  _ ->
+                      V
+              end,
+    Sorted = lists:sort(fun(#{words := A}, #{words := B}) -> A >= B end,
+                        [I || #{kind := K} = I <- Items, K =/= omitted]),
     Lines = [io_lib:format("  ~8b words ~10s  ~-15s ~P~n",
                            [Words, mallocinfo_units:bytes(Words * W), atom_to_list(Kind), Term, 6])
              || #{kind := Kind, term := Term, words := Words} <- Sorted],
-    [Header, "  words        bytes  kind            term\n" | Lines].
+    Table = case Lines of
+                [] -> [];
+                _ -> ["  words        bytes  kind            term\n" | Lines]
+            end,
+    [Header, NotMeasured, io_lib:format("  verdict: ~ts~n", [Verdict]) | Table].
+
+name_text(undefined) -> "";
+name_text(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
+name_text({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]).

@@ -8,13 +8,16 @@
          blocked_in_long_call/1, shared_subterms/1, refc_binaries/1, self_pid/1,
          limits/1, bad_arguments/1, top_ranks/1, print_report/1, remote_pid/1,
          exponential_sharing/1, no_stray_messages/1, binary_held_twice/1,
-         unreachable_node/1, top_million/1]).
+         unreachable_node/1, top_million/1, top_binary_one_binary_many_refs/1,
+         top_binary_sub_binaries/1, top_binary_distinct/1, names/1, report_names/1,
+         heap_above_limit/1, queue_above_limit/1]).
 
 all() ->
     [gen_server_state_and_dictionary, plain_process_messages, dead_pid, blocked_in_long_call,
      shared_subterms, refc_binaries, self_pid, limits, bad_arguments, top_ranks, print_report,
      remote_pid, exponential_sharing, no_stray_messages, binary_held_twice, unreachable_node,
-     top_million].
+     top_million, top_binary_one_binary_many_refs, top_binary_sub_binaries, top_binary_distinct,
+     names, report_names, heap_above_limit, queue_above_limit].
 
 init_per_testcase(_, Config) ->
     Config.
@@ -65,17 +68,25 @@ dead_pid(_Config) ->
     ?assertEqual({error, noproc}, mallocinfo_proc:print(Pid)).
 
 %% A gen_server busy in a callback gets no system message: no state, the
-%% rest in bounded time, and the server is none the worse.
+%% rest without waiting for the callback, and the server is none the worse.
 blocked_in_long_call(_Config) ->
     {ok, Pid} = mi_test_server:start({big, lists:seq(1, 1000)}, [{k, v}]),
-    spawn(fun() -> gen_server:call(Pid, {block, 3000}, infinity) end),
-    timer:sleep(100),
-    {T, Heap} = timer:tc(mallocinfo_proc, inspect_heap, [Pid]),
-    ct:pal("blocked: ~p us, ~p", [T, Heap]),
-    ?assert(T < 500000),
+    Test = self(),
+    spawn(fun() -> Test ! {released, gen_server:call(Pid, {block, Test}, infinity)} end),
+    receive {blocked, Pid} -> ok end,
+    Heap = mallocinfo_proc:inspect_heap(Pid),
+    ct:pal("blocked: ~p", [Heap]),
+    %% Only this process releases the server: inspect_heap/1 returned while
+    %% it was still in its callback, so it did not wait for it; and nothing
+    %% was queued for it, so no system message was sent.
+    ?assertEqual({current_function, {mi_test_server, handle_call, 3}},
+                 process_info(Pid, current_function)),
+    ?assertEqual({message_queue_len, 0}, process_info(Pid, message_queue_len)),
     ?assert(lists:member({{k, v}, erts_debug:size({k, v})}, Heap)),
     ?assertNot(lists:keymember({big, lists:seq(1, 1000)}, 1, Heap)),
-    ?assertMatch({big, _}, gen_server:call(Pid, get, 10000)),
+    Pid ! release,
+    receive {released, ok} -> ok end,
+    ?assertMatch({big, _}, gen_server:call(Pid, get)),
     exit(Pid, kill).
 
 shared_subterms(_Config) ->
@@ -102,12 +113,8 @@ shared_subterms(_Config) ->
 
 refc_binaries(_Config) ->
     Bin = binary:copy(<<7>>, 4 * 1024 * 1024),
-    Holder = fun() -> receive {hold, B} -> receive stop -> byte_size(B) end end end,
-    P1 = spawn(Holder),
-    P2 = spawn(Holder),
-    P1 ! {hold, Bin},
-    P2 ! {hold, Bin},
-    timer:sleep(50),
+    P1 = holder([Bin]),
+    P2 = holder([Bin]),
     {ok, #{binaries := #{count := C, bytes := B, shared_bytes := S}, verdict := V}} =
         mallocinfo_proc:heap(P1),
     ct:pal("binaries ~p ~p ~p: ~ts", [C, B, S, V]),
@@ -157,10 +164,17 @@ bad_arguments(_Config) ->
     ?assertError(badarg, mallocinfo_proc:top(5, size)).
 
 top_ranks(_Config) ->
-    Big = spawn(fun() -> L = lists:seq(1, 500000), receive stop -> length(L) end end),
+    Test = self(),
+    Big = spawn(fun() ->
+                        L = lists:seq(1, 500000),
+                        Test ! {built, self()},
+                        receive stop -> length(L) end
+                end),
+    receive {built, Big} -> ok end,
     Busy = spawn(fun() -> receive stop -> ok end end),
+    %% Signals from one process to another stay in order: the process_info/2
+    %% calls of top/2 see all 5000 messages queued.
     [Busy ! x || _ <- lists:seq(1, 5000)],
-    timer:sleep(100),
     [#{pid := Big, value := Mem, name := Name} | _] = Rows = mallocinfo_proc:top(5, memory),
     ct:pal("top memory: ~p", [Rows]),
     ?assert(Mem > 4000000),
@@ -215,15 +229,27 @@ remote_pid(_Config) ->
     end.
 
 %% {T, T} nested 30 levels: 61 words on the heap, 2^31 flat. Nothing may
-%% walk or copy it flat: the answer is quick, bounded and says so.
+%% walk or copy it flat: the work is bounded by the node bound of item/4
+%% (max_words, or twice the heap), and the answer says so. A flat walk
+%% would cost billions of reductions; the bound is asserted on them (they
+%% count calls, not time) for two values of max_words.
 exponential_sharing(_Config) ->
     {ok, Pid} = mi_test_server:start({doubled, 30}, []),
-    {T, {ok, Items}} = timer:tc(mallocinfo_proc, inspect, [Pid, #{}]),
-    ct:pal("exponential: ~p us ~p", [T, kinds(Items, state)]),
-    ?assert(T < 1000000),
-    [#{term := {'$mallocinfo_truncated', {more_than, _}, _}, sharing := not_computed}] =
-        kinds(Items, state),
-    {ok, #{complete := false, verdict := none}} = mallocinfo_proc:heap(Pid),
+    Reds = fun(P) -> {reductions, R} = process_info(P, reductions), R end,
+    lists:foreach(
+      fun(MaxWords) ->
+              {Target0, Caller0} = {Reds(Pid), Reds(self())},
+              {ok, Items} = mallocinfo_proc:inspect(Pid, #{max_words => MaxWords}),
+              {Target, Caller} = {Reds(Pid) - Target0, Reds(self()) - Caller0},
+              ct:pal("exponential, max_words ~b: ~b reductions in the target, ~b here: ~p",
+                     [MaxWords, Target, Caller, kinds(Items, state)]),
+              ?assert(Target < 10 * MaxWords),
+              ?assert(Caller < 10 * MaxWords),
+              [#{term := {'$mallocinfo_truncated', {more_than, MaxWords}, _},
+                 sharing := not_computed}] = kinds(Items, state)
+      end, [100000, 10000]),
+    {ok, #{complete := false, verdict := none, not_measured := Gaps}} = mallocinfo_proc:heap(Pid),
+    ?assertMatch([#{what := [state], reason := shared_too_much, option := #{}}], Gaps),
     %% The server lives on, idle (asking it for its state would copy 2^31).
     ?assertEqual({current_function, {gen_server, loop, 7}},
                  process_info(Pid, current_function)),
@@ -235,9 +261,11 @@ no_stray_messages(_Config) ->
     {ok, Pid} = mi_test_server:start({kept, lists:seq(1, 10)}, []),
     flush(),
     [{ok, _} = mallocinfo_proc:inspect(Pid, #{timeout => T}) || T <- [0, 0, 1, 100]],
-    timer:sleep(200),
-    ?assertEqual({messages, []}, process_info(self(), messages)),
+    %% The call is queued behind every system message sent above, and the
+    %% server answers in order: whatever those would send has arrived once
+    %% the call returns.
     ?assertEqual({kept, lists:seq(1, 10)}, gen_server:call(Pid, get)),
+    ?assertEqual({messages, []}, process_info(self(), messages)),
     exit(Pid, kill).
 
 flush() -> receive _ -> flush() after 0 -> ok end.
@@ -297,3 +325,197 @@ ensure_distributed() ->
         _ ->
             ok
     end.
+
+%% A process that has received each of Terms in a message of its own and
+%% keeps them all, once it has them all.
+holder(Terms) ->
+    Test = self(),
+    %% Only the count goes into the closure: Terms themselves would be
+    %% copied into the new process, one more reference each.
+    N = length(Terms),
+    Pid = spawn(fun() ->
+                        Held = [receive {hold, T} -> T end || _ <- lists:seq(1, N)],
+                        Test ! {holding, self()},
+                        receive stop -> length(Held) end
+                end),
+    [Pid ! {hold, T} || T <- Terms],
+    receive {holding, Pid} -> Pid end.
+
+%% Every process's value in top(all, By).
+top_values(By) ->
+    All = mallocinfo_proc:top(erlang:system_info(process_count) + 100, By),
+    maps:from_list([{P, V} || #{pid := P, value := V} <- All]).
+
+-define(MiB, (1024 * 1024)).
+
+%% One 10 MiB binary received 1000 times by each of five processes: 1000
+%% references each (process_info/2 lists every one), one binary. Each
+%% process's figure is 10 MiB, not 10 GiB, and all of it is shared.
+top_binary_one_binary_many_refs(_Config) ->
+    Big = binary:copy(<<7>>, 10 * ?MiB),
+    Holders = [holder(lists:duplicate(1000, Big)) || _ <- lists:seq(1, 5)],
+    [?assertMatch({binary, L} when length(L) =:= 1000, process_info(H, binary))
+     || H <- Holders],
+    Values = top_values(binary),
+    [?assertEqual(10 * ?MiB, maps:get(H, Values)) || H <- Holders],
+    [?assertMatch({ok, #{binaries := #{count := 1, bytes := 10 * ?MiB,
+                                       shared_bytes := 10 * ?MiB}}},
+                  mallocinfo_proc:heap(H)) || H <- Holders],
+    [H ! stop || H <- Holders].
+
+%% 1000 sub-binaries of one 10 MiB binary, each received apart: each copy
+%% references the whole binary. 10 MiB, once.
+top_binary_sub_binaries(_Config) ->
+    Big = binary:copy(<<7>>, 10 * ?MiB),
+    H = holder([binary:part(Big, I * 100, 100) || I <- lists:seq(1, 1000)]),
+    {binary, Entries} = process_info(H, binary),
+    ?assertEqual(1000, length(Entries)),
+    ?assertEqual(10 * ?MiB, maps:get(H, top_values(binary))),
+    ?assertMatch({ok, #{binaries := #{count := 1, bytes := 10 * ?MiB}}},
+                 mallocinfo_proc:heap(H)),
+    H ! stop.
+
+%% 100 distinct binaries, made by the process itself (nothing else
+%% references them): their exact sum, none shared.
+top_binary_distinct(_Config) ->
+    Test = self(),
+    H = spawn(fun() ->
+                      Bins = [binary:copy(<<I>>, 100000 + I) || I <- lists:seq(1, 100)],
+                      Test ! {holding, self()},
+                      receive stop -> length(Bins) end
+              end),
+    receive {holding, H} -> ok end,
+    Sum = 100 * 100000 + 5050,
+    ?assertEqual(Sum, maps:get(H, top_values(binary))),
+    ?assertMatch({ok, #{binaries := #{count := 100, bytes := Sum, shared_bytes := 0}}},
+                 mallocinfo_proc:heap(H)),
+    H ! stop.
+
+%% Names: the registered name first; for processes started through
+%% proc_lib the function they were started with, whatever the heap size;
+%% else the initial call. The same in top/2, heap/1 and print/1.
+names(_Config) ->
+    {ok, Reg} = mi_test_server:start(mi_named_server, {s, 1}, []),
+    Small = started(mi_test_server:start({s, 2}, [])),
+    %% Heaps above the 100,000 words that once stopped the lookup, and
+    %% above max_heap_words (1,000,000): that one is asked from inside.
+    Mid = started(mi_test_server:start({seq, 200000}, [])),
+    Huge = started(mi_test_server:start({seq, 1000000}, [])),
+    {total_heap_size, MidHeap} = process_info(Mid, total_heap_size),
+    {total_heap_size, HugeHeap} = process_info(Huge, total_heap_size),
+    ?assert(MidHeap > 100000 andalso MidHeap =< 1000000),
+    ?assert(HugeHeap > 1000000),
+    Plain = spawn(fun() -> receive stop -> ok end end),
+    Mfa = spawn(timer, sleep, [infinity]),
+    Test = self(),
+    Spawned = proc_lib:spawn(fun() -> Test ! {up, self()}, receive stop -> ok end end),
+    receive {up, Spawned} -> ok end,
+    ?assertMatch({initial_call, {proc_lib, init_p, 3}}, process_info(Spawned, initial_call)),
+    {dictionary, SpawnedDict} = process_info(Spawned, dictionary),
+    {?MODULE, _, 0} = SpawnedMfa = proplists:get_value('$initial_call', SpawnedDict),
+    Server = {mi_test_server, init, 1},
+    Expected = [{Reg, mi_named_server}, {Small, Server}, {Mid, Server}, {Huge, Server},
+                {Plain, {erlang, apply, 2}}, {Mfa, {timer, sleep, 1}}, {Spawned, SpawnedMfa}],
+    All = mallocinfo_proc:top(erlang:system_info(process_count) + 100, memory),
+    Names = maps:from_list([{P, N} || #{pid := P, name := N} <- All]),
+    [?assertEqual({P, Name}, {P, maps:get(P, Names)}) || {P, Name} <- Expected],
+    [?assertMatch({P, {ok, #{name := Name}}}, {P, mallocinfo_proc:heap(P)})
+     || {P, Name} <- Expected],
+    [?assertNotEqual(nomatch, string:find(print_out(P, #{}), Text))
+     || {P, Text} <- [{Reg, " (mi_named_server): heap "},
+                      {Mid, " (mi_test_server:init/1): heap "},
+                      {Huge, " (mi_test_server:init/1): heap "},
+                      {Plain, " (erlang:apply/2): heap "}]],
+    %% The servers are idle and none the worse (the huge one was asked).
+    [?assertEqual({current_function, {gen_server, loop, 7}}, process_info(P, current_function))
+     || P <- [Reg, Small, Mid, Huge]],
+    ?assertEqual({message_queue_len, 0}, process_info(Huge, message_queue_len)),
+    [exit(P, kill) || {P, _} <- Expected].
+
+started({ok, Pid}) -> Pid.
+
+print_out(Pid, Opts) ->
+    ct:capture_start(),
+    ok = mallocinfo_proc:print(Pid, Opts),
+    ct:capture_stop(),
+    lists:flatten(ct:capture_get()).
+
+%% The report's largest processes and its process verdict name the
+%% gen_server by its callback module, not proc_lib:init_p/5.
+report_names(_Config) ->
+    Pid = started(mi_test_server:start({seq, 2000000}, [])),
+    R = mallocinfo_report:collect(),
+    #{erts := #{processes := [#{pid := Largest, name := Name} | _]}, verdicts := Verdicts} = R,
+    ?assertEqual({Pid, {mi_test_server, init, 1}}, {Largest, Name}),
+    Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format(R)])),
+    ct:pal("~ts", [Text]),
+    Named = pid_to_list(Pid) ++ " (mi_test_server:init/1)",
+    ?assertNotEqual(nomatch, string:find(Text, "largest processes: " ++ Named)),
+    ?assertMatch([_], [V || V <- Verdicts,
+                            string:find(V, "process " ++ Named ++ " holds ") =/= nomatch]),
+    exit(Pid, kill).
+
+%% A heap above max_heap_words is not walked: heap/1 and print/1 say it
+%% was not measured, why, and the option that would measure it (never
+%% "live 0 words" or "verdict: none"); that option does.
+heap_above_limit(_Config) ->
+    Pid = started(mi_test_server:start(lists:seq(1, 10000), [{k, v}])),
+    Opts = #{max_heap_words => 1000},
+    {ok, H} = mallocinfo_proc:heap(Pid, Opts),
+    ct:pal("~p", [H]),
+    #{total_heap_size := Heap, live_words := not_measured, flat_words := not_measured,
+      unseen_words := not_measured, items := 0, complete := false,
+      name := {mi_test_server, init, 1},
+      not_measured := [#{what := dictionary, reason := heap_too_large,
+                         option := #{max_heap_words := Suggested} = Option},
+                       #{what := state, reason := heap_too_large, option := Option}],
+      verdict := Verdict} = H,
+    ?assert(Suggested > Heap),
+    Why = io_lib:format("the heap (~b words) is above max_heap_words (1000)", [Heap]),
+    ?assertEqual(iolist_to_binary(["not measured: dictionary and state: ", Why,
+                                   "; the option ", io_lib:format("~0p", [Option]),
+                                   " would measure it"]), Verdict),
+    Out = print_out(Pid, Opts),
+    ct:pal("~ts", [Out]),
+    ?assertEqual(nomatch, string:find(Out, "live 0 words")),
+    ?assertEqual(nomatch, string:find(Out, "verdict: none")),
+    ?assertNotEqual(nomatch, string:find(Out, "live words not measured")),
+    ?assertNotEqual(nomatch, string:find(Out, lists:flatten(
+        ["not measured: dictionary and state: ", Why, "; ",
+         io_lib:format("mallocinfo_proc:print(~p, ~0p) would measure it", [Pid, Option])]))),
+    ?assertNotEqual(nomatch, string:find(Out, "verdict: cannot tell, nothing was measured")),
+    %% The option named measures it.
+    {ok, Measured} = mallocinfo_proc:heap(Pid, Option),
+    #{live_words := Live, items := Items, not_measured := Gaps} = Measured,
+    ?assert(Live >= 20000),
+    ?assert(Items >= 4),
+    ?assertEqual([], [G || #{reason := heap_too_large} = G <- Gaps]),
+    %% A plain process: its dictionary is the part not measured.
+    Test = self(),
+    Plain = spawn(fun() ->
+                          put(k, lists:seq(1, 10000)),
+                          Test ! {put, self()},
+                          receive stop -> ok end
+                  end),
+    receive {put, Plain} -> ok end,
+    {ok, #{live_words := not_measured,
+           not_measured := [#{what := dictionary, reason := heap_too_large}]}} =
+        mallocinfo_proc:heap(Plain, Opts),
+    Plain ! stop,
+    exit(Pid, kill).
+
+%% A queue longer than max_terms is counted, not copied, and says which
+%% max_terms would copy it.
+queue_above_limit(_Config) ->
+    Q = spawn(fun() -> receive stop -> ok end end),
+    [Q ! {msg, N} || N <- lists:seq(1, 200)],
+    {ok, #{live_words := not_measured,
+           not_measured := [#{what := messages, reason := queue_too_long,
+                              detail := <<"the queue (200 messages) is longer than "
+                                          "max_terms (100)">>,
+                              option := #{max_terms := 200} = Option}]}} =
+        mallocinfo_proc:heap(Q, #{max_terms => 100}),
+    {ok, Items} = mallocinfo_proc:inspect(Q, Option),
+    ?assertEqual(200, length(kinds(Items, message))),
+    ?assertMatch({ok, #{live_words := 600, not_measured := []}}, mallocinfo_proc:heap(Q, Option)),
+    Q ! stop.

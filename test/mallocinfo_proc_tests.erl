@@ -40,3 +40,39 @@ small_binaries_are_not_a_verdict_test() ->
 queue_test() ->
     V = mallocinfo_proc:verdict((base())#{message_queue_len => 250000}),
     ?assertMatch(<<"message queue of 250000 messages", _/binary>>, V).
+
+%% Nothing measured: no "none", but what was not measured, why, and the
+%% option that would measure it.
+not_measured_test() ->
+    Why = <<"the heap (2000000 words) is above max_heap_words (1000000)">>,
+    Gap = fun(What) -> #{what => What, reason => heap_too_large, detail => Why,
+                         option => #{max_heap_words => 3000000}}
+          end,
+    M = (base())#{total_heap_size => 2000000, live_words => not_measured, complete => false,
+                  not_measured => [Gap(dictionary), Gap(state)]},
+    ?assertEqual(<<"not measured: dictionary and state: the heap (2000000 words) is above "
+                   "max_heap_words (1000000); the option #{max_heap_words => 3000000} would "
+                   "measure it">>, mallocinfo_proc:verdict(M)),
+    OffHeap = #{what => messages, reason => off_heap_queue,
+                detail => <<"the 5 messages are in an off_heap queue">>, option => #{}},
+    ?assertMatch(<<"not measured: messages: the 5 messages are in an off_heap queue; "
+                   "no option measures it">>,
+                 mallocinfo_proc:verdict(M#{not_measured => [OffHeap]})),
+    %% A rule that needs no walk still speaks.
+    ?assertMatch(<<"message queue of 20000 messages", _/binary>>,
+                 mallocinfo_proc:verdict(M#{message_queue_len => 20000})).
+
+%% process_info(P, binary) has one entry per reference: the same id many
+%% times is one binary.
+binaries_test() ->
+    TenMiB = 10 * 1024 * 1024,
+    Same = lists:duplicate(1000, {1, TenMiB, 5000}),
+    ?assertEqual(#{count => 1, bytes => TenMiB, shared_bytes => TenMiB},
+                 mallocinfo_proc:binaries(Same)),
+    %% Referenced only by these 1000: not shared.
+    ?assertEqual(#{count => 1, bytes => TenMiB, shared_bytes => 0},
+                 mallocinfo_proc:binaries(lists:duplicate(1000, {1, TenMiB, 1000}))),
+    Mixed = [{2, 100, 1}, {3, 200, 2}, {3, 200, 2}, {4, 300, 3}] ++ Same,
+    ?assertEqual(#{count => 4, bytes => 100 + 200 + 300 + TenMiB, shared_bytes => 300 + TenMiB},
+                 mallocinfo_proc:binaries(Mixed)),
+    ?assertEqual(#{count => 0, bytes => 0, shared_bytes => 0}, mallocinfo_proc:binaries([])).

@@ -2,10 +2,14 @@
 %% (mallocinfo_proc_SUITE).
 -module(mi_test_server).
 -behaviour(gen_server).
--export([start/2, init/1, handle_call/3, handle_cast/2, spawn_idle/1]).
+-export([start/2, start/3, init/1, handle_call/3, handle_cast/2, spawn_idle/1]).
 
 start(State, Dict) ->
     gen_server:start(?MODULE, {State, Dict}, []).
+
+%% Registered as Name.
+start(Name, State, Dict) ->
+    gen_server:start({local, Name}, ?MODULE, {State, Dict}, []).
 
 init({State, Dict}) ->
     [put(K, V) || {K, V} <- Dict],
@@ -20,6 +24,9 @@ make({doubled, Levels}) ->
     lists:foldl(fun(_, T) -> {T, T} end, leaf, lists:seq(1, Levels));
 make({twice, Bin}) ->
     {Bin, Bin};
+%% A big state built here, so that the test process does not grow as big.
+make({seq, N}) ->
+    lists:seq(1, N);
 make(State) ->
     State.
 
@@ -28,8 +35,12 @@ spawn_idle(N) ->
     [spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, N)],
     ok.
 
-handle_call({block, Ms}, _From, State) ->
-    timer:sleep(Ms),
+%% Busy in a callback until the test says so: tells Test it is blocked,
+%% then waits for `release' (anything else, a system message included,
+%% stays queued meanwhile).
+handle_call({block, Test}, _From, State) ->
+    Test ! {blocked, self()},
+    receive release -> ok end,
     {reply, ok, State};
 handle_call(get, _From, State) ->
     {reply, State, State}.
