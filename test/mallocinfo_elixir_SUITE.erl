@@ -27,7 +27,8 @@
 
 -export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([mix_dependency_builds/1, release_ships_priv/1, release_starts_preloaded/1,
-         rpc_names_the_leak/1, info_writes_xml/1, remote_iex_session/1, release_stops_cleanly/1,
+         rpc_names_the_leak/1, info_writes_xml/1, optional_applications/1, remote_iex_session/1,
+         release_stops_cleanly/1,
          tarball_in_plain_release/1, docs_show_the_tested_lines/1]).
 
 -define(APP, "mi_elixir_app").
@@ -48,7 +49,8 @@ all() -> [{group, elixir}, docs_show_the_tested_lines].
 groups() ->
     [{elixir, [sequence],
       [mix_dependency_builds, release_ships_priv, release_starts_preloaded, rpc_names_the_leak,
-       info_writes_xml, remote_iex_session, release_stops_cleanly, tarball_in_plain_release]}].
+       info_writes_xml, optional_applications, remote_iex_session, release_stops_cleanly,
+       tarball_in_plain_release]}].
 
 init_per_suite(Config) ->
     Mix = executable("mix"),
@@ -173,6 +175,19 @@ info_writes_xml(Config) ->
                  rpc_term(Config, ?APP,
                           "try do :mallocinfo.info(42) rescue ArgumentError -> :badarg end")).
 
+%% xmerl, inets and tools, which a Mix release lacks unless asked for
+%% (`releases: [app: [applications: [xmerl: :load, ...]]]'): heaps/0 parses,
+%% the HTTP endpoint serves, the report has instrument's figures.
+optional_applications(Config) ->
+    ?assertEqual(ok, rpc_term(Config, ?APP, ":mallocinfo.heaps() |> elem(0)")),
+    ?assertEqual(200,
+                 rpc_term(Config, ?APP,
+                          "{:ok, %{port: p}} = :mallocinfo_http.start(); "
+                          "{:ok, {{_, status, _}, _, _}} = "
+                          ":httpc.request(~c\"http://127.0.0.1:#{p}/memory.json\"); "
+                          ":ok = :mallocinfo_http.stop(p); status")),
+    ?assertEqual(ok, rpc_term(Config, ?APP, ":instrument.carriers() |> elem(0)")).
+
 %% What an operator types into `bin/<app> remote'.
 remote_iex_session(Config) ->
     Node = ?config(node, Config),
@@ -239,7 +254,9 @@ docs_show_the_tested_lines(Config) ->
     ?assertNotEqual(nomatch, binary:match(Doc, Line)),
     {ok, MixExs} = file:read_file(filename:join([Data, ?APP, "mix.exs"])),
     {match, [Dep]} = re:run(MixExs, "\\{:mallocinfo, [^}]*\\}", [{capture, first, binary}]),
-    ?assertNotEqual(nomatch, binary:match(Doc, Dep)).
+    ?assertNotEqual(nomatch, binary:match(Doc, Dep)),
+    {match, [Apps]} = re:run(MixExs, "applications: \\[xmerl[^]]*\\]", [{capture, first, binary}]),
+    ?assertNotEqual(nomatch, binary:match(Doc, Apps)).
 
 %%% Mix and the releases ------------------------------------------------------
 

@@ -8,7 +8,11 @@ defmodule MiElixirApp.MixProject do
       app: :mi_elixir_app,
       version: "0.1.0",
       elixir: "~> 1.14",
-      deps: [{:mallocinfo, path: "../mallocinfo", manager: :rebar3}]
+      deps: [{:mallocinfo, path: "../mallocinfo", manager: :rebar3}],
+      # OTP applications mallocinfo uses when they are there: xmerl for
+      # heaps/0, inets for mallocinfo_http, tools for the report's
+      # instrument figures. In the release, loaded, not started.
+      releases: [mi_elixir_app: [applications: [xmerl: :load, inets: :load, tools: :load]]]
     ]
   end
 
