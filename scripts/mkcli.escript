@@ -26,28 +26,30 @@ main([]) ->
     ok = file:change_mode(Tmp, 8#755),
     ok = file:rename(Tmp, Out).
 
-%% The application's output directory, as the running build chose it:
+%% The application's ebin, as the running build chose it:
 %% - `rebar3 bare compile' (what Mix runs for a `manager: :rebar3'
 %%   dependency) writes to $REBAR_BARE_COMPILER_OUTPUT_DIR/ebin, e.g. the
-%%   Mix project's _build/dev/lib/mallocinfo/ebin, far from this directory;
-%% - an app in _checkouts is written under $REBAR_CHECKOUTS_OUT_DIR;
-%% - otherwise (the top-level app, an umbrella app, a rebar3 dependency)
-%%   under $REBAR_DEPS_DIR, the profile's lib directory.
+%%   Mix project's _build/prod/lib/mallocinfo/ebin, far from this directory;
+%% - otherwise rebar3 writes to <lib>/mallocinfo/ebin (lib_dir/0).
 ebin() ->
-    case {env("REBAR_BARE_COMPILER_OUTPUT_DIR"), env("REBAR_CHECKOUTS_DIR"), env("REBAR_DEPS_DIR")} of
-        {Bare, _, _} when Bare =/= false ->
-            filename:join(Bare, "ebin");
-        {false, Checkouts, _} when Checkouts =/= false ->
-            case same_dir(filename:join(Checkouts, "mallocinfo"), ".") of
-                true -> filename:join([env("REBAR_CHECKOUTS_OUT_DIR"), "mallocinfo", "ebin"]);
-                false -> lib_ebin(env("REBAR_DEPS_DIR"))
-            end;
-        {false, false, Lib} ->
-            lib_ebin(Lib)
+    case env("REBAR_BARE_COMPILER_OUTPUT_DIR") of
+        false -> filename:join([lib_dir(), "mallocinfo", "ebin"]);
+        Out -> filename:join(Out, "ebin")
     end.
 
-lib_ebin(false) -> "_build/default/lib/mallocinfo/ebin";
-lib_ebin(Lib) -> filename:join([Lib, "mallocinfo", "ebin"]).
+%% An app in _checkouts is written under $REBAR_CHECKOUTS_OUT_DIR; the
+%% top-level app, an umbrella app or a rebar3 dependency under
+%% $REBAR_DEPS_DIR, the profile's lib directory.
+lib_dir() ->
+    InCheckouts = case env("REBAR_CHECKOUTS_DIR") of
+                      false -> false;
+                      Checkouts -> same_dir(filename:join(Checkouts, "mallocinfo"), ".")
+                  end,
+    case {InCheckouts, env("REBAR_CHECKOUTS_OUT_DIR"), env("REBAR_DEPS_DIR")} of
+        {true, CheckoutsOut, _} when CheckoutsOut =/= false -> CheckoutsOut;
+        {_, _, Deps} when Deps =/= false -> Deps;
+        _ -> "_build/default/lib"
+    end.
 
 env(Name) ->
     case os:getenv(Name) of

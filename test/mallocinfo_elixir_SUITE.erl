@@ -29,7 +29,7 @@
 -export([mix_dependency_builds/1, release_ships_priv/1, release_starts_preloaded/1,
          rpc_names_the_leak/1, info_writes_xml/1, optional_applications/1, remote_iex_session/1,
          release_stops_cleanly/1,
-         tarball_in_plain_release/1, docs_show_the_tested_lines/1]).
+         tarball_in_plain_release/1, rebar3_checkout_builds/1, docs_show_the_tested_lines/1]).
 
 -define(APP, "mi_elixir_app").
 -define(PLAIN, "mi_elixir_plain").
@@ -50,7 +50,7 @@ groups() ->
     [{elixir, [sequence],
       [mix_dependency_builds, release_ships_priv, release_starts_preloaded, rpc_names_the_leak,
        info_writes_xml, optional_applications, remote_iex_session, release_stops_cleanly,
-       tarball_in_plain_release]}].
+       tarball_in_plain_release, rebar3_checkout_builds]}].
 
 init_per_suite(Config) ->
     Mix = executable("mix"),
@@ -244,6 +244,25 @@ tarball_in_plain_release(Config) ->
     ?assertMatch({match, _}, re:run(Report, "^== mallocinfo report: " ++ Node ++ "@", [multiline])),
     leave_console(Console),
     stop_release(Config, ?PLAIN, Pid).
+
+%% The same sources in an Erlang project's _checkouts/: rebar3 writes the
+%% beams under _build/default/checkouts/, and the heap map escript is made
+%% from them. (The native code is already built: make has nothing to do.)
+rebar3_checkout_builds(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Sources = filename:join(Priv, "mallocinfo"),
+    Cli = filename:join([Sources, "priv", "mallocinfo-heapmap"]),
+    ok = file:delete(Cli),
+    copy_project(Config, "mi_rebar3_app"),
+    App = app_dir(Config, "mi_rebar3_app"),
+    ok = file:make_dir(filename:join(App, "_checkouts")),
+    ok = file:make_symlink(Sources, filename:join([App, "_checkouts", "mallocinfo"])),
+    run(?config(rebar3, Config), ["compile"], env(Config), App),
+    Build = filename:join([App, "_build", "default"]),
+    ?assert(filelib:is_regular(filename:join([Build, "checkouts", "mallocinfo", "ebin", "mallocinfo.beam"]))),
+    ?assertNot(filelib:is_dir(filename:join([Build, "lib", "mallocinfo"]))),
+    Usage = run(executable("escript"), [Cli, "--help"], [], Priv),
+    ?assertMatch(<<"usage: mallocinfo-heapmap DUMP OUTDIR", _/binary>>, Usage).
 
 %% The lines doc/elixir.md gives are the ones this suite runs.
 docs_show_the_tested_lines(Config) ->
