@@ -77,7 +77,16 @@ uintptr_t g_target[kNames];
 // inside each.
 uintptr_t g_skip[4];
 
-mi_attach_status g_status{};
+// What attach_status() reports. Written under g_attach_lock, read without
+// it (status is a cheap query that must not wait for an attach walking
+// every object): each field is one atomic word, so a reader racing an
+// attach may mix fields of before and after, never tear one.
+struct Published {
+  std::atomic<uint32_t> attached{0}, ever{0};
+  std::atomic<uint64_t> attached_at_unix_ns{0}, attached_at_ns{0}, objects{0}, slots{0},
+      slots_foreign{0}, data_pointers{0}, attach_ns{0};
+};
+Published g_status;
 
 uintptr_t word_at(uintptr_t address) {
   return __atomic_load_n(reinterpret_cast<uintptr_t*>(address), __ATOMIC_ACQUIRE);
@@ -241,23 +250,6 @@ Walk walk(Pass pass) {
   return w;
 }
 
-// Slots holding a hook right now, over every loaded object.
-void count_slot(void* ctx, const RelocSlot& s) {
-  if (word_at(s.address) == g_hook[s.name_index]) ++*static_cast<size_t*>(ctx);
-}
-
-int count_object(dl_phdr_info* info, size_t, void* ctx) {
-  const LoadedObject obj = mi::track::loaded_object(*info);
-  if (!skipped(obj)) mi::track::find_reloc_slots(obj, kName, kNames, count_slot, ctx);
-  return 0;
-}
-
-size_t count_hooked() {
-  size_t n = 0;
-  ::dl_iterate_phdr(count_object, &n);
-  return n;
-}
-
 // --- dlopen redirection -----------------------------------------------------
 
 void* hook_dlopen(const char* file, int flags) {
@@ -270,9 +262,10 @@ void* hook_dlopen(const char* file, int flags) {
     ::pthread_mutex_lock(&g_attach_lock);
     if (g_attached.load(std::memory_order_relaxed)) {
       const Walk w = walk(Pass::kPatch);
-      g_status.objects += w.objects;
-      g_status.data_pointers += w.data;
-      g_status.slots_foreign = w.foreign;
+      g_status.objects.fetch_add(w.objects, std::memory_order_relaxed);
+      g_status.slots.fetch_add(w.patched, std::memory_order_relaxed);
+      g_status.data_pointers.fetch_add(w.data, std::memory_order_relaxed);
+      g_status.slots_foreign.store(w.foreign, std::memory_order_relaxed);
     }
     ::pthread_mutex_unlock(&g_attach_lock);
     errno = saved;
@@ -410,14 +403,16 @@ void do_attach(const mi_attach_config& cfg, mi_attach_result* out) {
     std::memcpy(out->object, w.object, sizeof out->object);
     return;
   }
-  g_status.attached = 1;
-  g_status.ever = 1;
-  g_status.attached_at_unix_ns = clock_ns(CLOCK_REALTIME);
-  g_status.attached_at_ns = mi::track::coarse_monotonic_ns();
-  g_status.objects = w.objects;
-  g_status.slots_foreign = w.foreign;
-  g_status.data_pointers = w.data;
-  g_status.attach_ns = clock_ns(CLOCK_MONOTONIC) - t0;
+  constexpr auto rl = std::memory_order_relaxed;
+  g_status.attached_at_unix_ns.store(clock_ns(CLOCK_REALTIME), rl);
+  g_status.attached_at_ns.store(mi::track::coarse_monotonic_ns(), rl);
+  g_status.objects.store(w.objects, rl);
+  g_status.slots.store(w.patched, rl);
+  g_status.slots_foreign.store(w.foreign, rl);
+  g_status.data_pointers.store(w.data, rl);
+  g_status.attach_ns.store(clock_ns(CLOCK_MONOTONIC) - t0, rl);
+  g_status.ever.store(1, rl);
+  g_status.attached.store(1, std::memory_order_release);
   ::pthread_mutex_unlock(&g_attach_lock);
   out->rc = MI_ATTACH_OK;
 }
@@ -440,17 +435,28 @@ int abi_detach() {
     return -1;
   }
   g_attached.store(false, std::memory_order_release);
-  walk(Pass::kRestore);
-  g_status.attached = 0;
+  const Walk w = walk(Pass::kRestore);
+  // Slots that could not be restored (mprotect refused) keep the hook,
+  // which forwards: they stay counted.
+  const uint64_t had = g_status.slots.load(std::memory_order_relaxed);
+  g_status.slots.store(had > w.patched ? had - w.patched : 0, std::memory_order_relaxed);
+  g_status.attached.store(0, std::memory_order_release);
   ::pthread_mutex_unlock(&g_attach_lock);
   return 0;
 }
 
 void abi_attach_status(mi_attach_status* out, size_t out_size) {
-  ::pthread_mutex_lock(&g_attach_lock);
-  mi_attach_status s = g_status;
-  s.slots = count_hooked();
-  ::pthread_mutex_unlock(&g_attach_lock);
+  constexpr auto rl = std::memory_order_relaxed;
+  mi_attach_status s{};
+  s.attached = g_status.attached.load(std::memory_order_acquire);
+  s.ever = g_status.ever.load(rl);
+  s.attached_at_unix_ns = g_status.attached_at_unix_ns.load(rl);
+  s.attached_at_ns = g_status.attached_at_ns.load(rl);
+  s.objects = g_status.objects.load(rl);
+  s.slots = g_status.slots.load(rl);
+  s.slots_foreign = g_status.slots_foreign.load(rl);
+  s.data_pointers = g_status.data_pointers.load(rl);
+  s.attach_ns = g_status.attach_ns.load(rl);
   std::memcpy(out, &s, out_size < sizeof s ? out_size : sizeof s);
 }
 
