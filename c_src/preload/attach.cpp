@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "../common/mi_abi.h"
@@ -119,7 +120,14 @@ Action classify(const LoadedObject& obj, const RelocSlot& s, uintptr_t value) {
 // both valid functions with the same contract: no lock or stop-the-world
 // is needed. RELRO pages are made writable around the store; nothing else
 // writes them after load, so restoring PROT_READ is exact.
+// Tests only: MALLOCINFO_ATTACH_FAIL_AFTER=N makes the N+1-th store of an
+// attach fail with EACCES, so that the restore of a failed attach is
+// tested on real slots. Read at each attach; -1: off.
+long g_fail_after = -1;
+
 int store_slot(const LoadedObject& obj, uintptr_t address, uintptr_t value, size_t page) {
+  if (g_fail_after == 0) return EACCES;
+  if (g_fail_after > 0) --g_fail_after;
   const SlotAccess access = mi::track::slot_access(obj, address, page);
   if (access == SlotAccess::kReadOnly) return EACCES;
   void* const pg = reinterpret_cast<void*>(address & ~(page - 1));
@@ -385,11 +393,14 @@ void do_attach(const mi_attach_config& cfg, mi_attach_result* out) {
     return;
   }
   g_nrecords = 0;
+  const char* fail_after = ::secure_getenv("MALLOCINFO_ATTACH_FAIL_AFTER");
+  g_fail_after = fail_after != nullptr ? std::strtol(fail_after, nullptr, 10) : -1;
   // Set before patching: a dlopen reached through a slot patched a moment
   // ago must patch what it loaded (it waits for this lock).
   g_attached.store(true, std::memory_order_release);
   const Walk w = walk(Pass::kPatch);
   if (w.err != 0 || w.unsupported != nullptr) {
+    g_fail_after = -1;
     walk(Pass::kRestore);
     g_attached.store(false, std::memory_order_release);
     ::pthread_mutex_unlock(&g_attach_lock);
@@ -403,6 +414,7 @@ void do_attach(const mi_attach_config& cfg, mi_attach_result* out) {
     std::memcpy(out->object, w.object, sizeof out->object);
     return;
   }
+  g_fail_after = -1;
   constexpr auto rl = std::memory_order_relaxed;
   g_status.attached_at_unix_ns.store(clock_ns(CLOCK_REALTIME), rl);
   g_status.attached_at_ns.store(mi::track::coarse_monotonic_ns(), rl);

@@ -9,6 +9,7 @@
 // Makefile's test-attach target): blocks must go back to jemalloc.
 #define CATCH_CONFIG_MAIN
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <unistd.h>
 
@@ -280,6 +281,37 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
   lazy_free(f);
   REQUIRE(abi->detach() == 0);
   CHECK(reinterpret_cast<uintptr_t>(now_malloc_ref()) == real_malloc);
+}
+
+TEST_CASE("attach: a failed attach leaves every slot as it was", "[attach]") {
+  const Preload& pl = preload();
+  REQUIRE(pl.abi != nullptr);
+  const char* const names[] = {"malloc", "free", "calloc", "realloc", "dlopen"};
+  const char* const libs[] = {"libattach_lazy", "libattach_now", "attach_tests"};
+  auto all_slots = [&] {
+    std::vector<uintptr_t> v;
+    for (const char* lib : libs)
+      for (const char* name : names)
+        for (const Slot& s : slots_of(lib, name)) v.push_back(s.value);
+    return v;
+  };
+  const std::vector<uintptr_t> before = all_slots();
+  REQUIRE(before.size() >= 6);
+  // The third store fails: two slots were already written when it does.
+  ::setenv("MALLOCINFO_ATTACH_FAIL_AFTER", "2", 1);
+  const mi_attach_result r = attach(pl.abi);
+  ::unsetenv("MALLOCINFO_ATTACH_FAIL_AFTER");
+  CHECK(r.rc == MI_ATTACH_ERRNO);
+  CHECK(r.err == EACCES);
+  CHECK(all_slots() == before);
+  CHECK(attach_status(pl.abi).attached == 0);
+  CHECK(attach_status(pl.abi).slots == 0);
+  CHECK(pl.abi->detach() == -1);
+  // And the process can still attach.
+  REQUIRE(attach(pl.abi).rc == MI_ATTACH_OK);
+  CHECK(all_slots() != before);
+  REQUIRE(pl.abi->detach() == 0);
+  CHECK(all_slots() == before);
 }
 
 TEST_CASE("attach: blocks go back to a preloaded jemalloc", "[jemalloc]") {
