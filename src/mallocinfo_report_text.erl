@@ -197,6 +197,7 @@ section_native(#{native := {unavailable, _, _} = U}) ->
 section_native(#{native := N}) ->
     #{sites := Sites, olds := Olds} = N,
     [rule_line("4. Native callers (tracker)"),
+     attached_line(N),
      para(io_lib:format("mode ~ts: ~ts live in ~ts blocks, ~b dropped",
                         [maps:get(mode, N), bytes(maps:get(live_bytes, N, 0)),
                          count(maps:get(live_entries, N, 0)), maps:get(dropped, N, 0)])),
@@ -208,6 +209,19 @@ section_native(#{native := N}) ->
      "oldest live blocks (size, age, allocated from):\n",
      [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+%% A tracker brought in by mallocinfo_trace:attach/0 has not seen what was
+%% allocated before: the report says since when it looks.
+attached_line(#{attached_at := At} = N) when is_integer(At) ->
+    When = calendar:system_time_to_rfc3339(At, [{unit, millisecond}, {offset, "Z"}]),
+    Detached = case maps:get(attached, N, true) of
+                   true -> "";
+                   false -> " (detached since: nothing newer is seen)"
+               end,
+    para(io_lib:format("attached at ~ts; blocks allocated before that are not seen~ts",
+                       [When, Detached]));
+attached_line(_) ->
+    [].
 
 %% "symbol (object)" in at most Width columns: the symbol gives way first.
 frame_text(undefined, _) ->
