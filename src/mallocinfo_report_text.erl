@@ -19,7 +19,10 @@ format(R) ->
 format_cluster(Results) ->
     Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
     Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
-                || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout],
+                || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout]
+               ++ [para(io_lib:format("~ts: attach: ~0tp", [N, Why]))
+                   || {N, {ok, #{attach := {error, Why}}}} <- Results,
+                      Why =/= already_attached, Why =/= preloaded],
     Verdicts = [[io_lib:format("~ts:~n", [N]),
                  [io_lib:format("  - ~ts~n", [wrap(V, 76, "    ")])
                   || V <- maps:get(verdicts, R, [])]]
@@ -352,9 +355,16 @@ cluster_row(Node, {ok, R}) ->
                      io_lib:format("~.1f%", [float(P)]);
                  _ -> "-"
              end,
-    Status = case maps:get(injected, R, false) of
+    Loaded = case maps:get(injected, R, false) of
                  true -> "injected";
                  false -> "ok"
+             end,
+    Status = case maps:get(attach, R, none) of
+                 none -> Loaded;
+                 ok -> Loaded ++ ", attached now";
+                 {error, already_attached} -> Loaded ++ ", attached";
+                 {error, preloaded} -> Loaded ++ ", preloaded";
+                 {error, _} -> Loaded ++ ", attach failed"
              end,
     io_lib:format(?ROW, [truncate(atom_to_list(Node), 20), short_bytes(rss(R)), short_bytes(Erts),
                          short_bytes(Free), short_bytes(Native), Unacct, Status]);

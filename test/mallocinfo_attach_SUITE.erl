@@ -9,11 +9,12 @@
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2,
          end_per_testcase/2]).
 -export([before_and_after/1, detach_keeps_records/1, cycles_under_load/1,
-         failed_attach_restores/1, preloaded_refuses/1, bad_arguments/1]).
+         failed_attach_restores/1, preloaded_refuses/1, bad_arguments/1,
+         report_attaches_nodes/1]).
 
 all() ->
     [before_and_after, detach_keeps_records, cycles_under_load, failed_attach_restores,
-     preloaded_refuses, bad_arguments].
+     preloaded_refuses, bad_arguments, report_attaches_nodes].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -36,13 +37,18 @@ end_per_suite(_Config) ->
 
 init_per_testcase(failed_attach_restores, Config) ->
     start_peer(Config, [{"MALLOCINFO_ATTACH_FAIL_AFTER", "3"}]);
+init_per_testcase(report_attaches_nodes, Config) ->
+    Config;
 init_per_testcase(preloaded_refuses, Config) ->
     start_peer(Config, mallocinfo_trace:preload_env());
 init_per_testcase(_, Config) ->
     start_peer(Config, []).
 
 end_per_testcase(_, Config) ->
-    peer:stop(?config(peer, Config)).
+    case ?config(peer, Config) of
+        undefined -> ok;
+        Peer -> peer:stop(Peer)
+    end.
 
 start_peer(Config, Env) ->
     Ebin = filename:dirname(code:which(mallocinfo)),
@@ -191,6 +197,42 @@ bad_arguments(Config) ->
     [?assertMatch({'EXIT', {badarg, _}}, (catch call(Config, mallocinfo_trace, attach, A)))
      || A <- Bad],
     ?assertMatch(#{attached := false}, call(Config, mallocinfo_trace, status, [])).
+
+%% mallocinfo:report(Nodes, #{attach => true}) over distribution: a node
+%% that is not tracking attaches and its row says so; a preloaded node is
+%% left as it is; asking again finds the first one attached. (This CT node
+%% itself is never attached: other suites expect it without a tracker.)
+report_attaches_nodes(Config) ->
+    case node() of
+        nonode@nohost ->
+            {ok, _} = net_kernel:start([list_to_atom("mi_ct_attach_" ++ os:getpid()), shortnames]);
+        _ ->
+            ok
+    end,
+    Ebin = filename:dirname(code:which(mallocinfo)),
+    {ok, PA, A} = peer:start(#{name => peer:random_name(), args => ["-pa", Ebin],
+                               env => [{"LD_PRELOAD", false}]}),
+    {ok, PP, P} = peer:start(#{name => peer:random_name(), args => ["-pa", Ebin],
+                               env => mallocinfo_trace:preload_env()}),
+    try
+        [{A, {ok, RA}}, {P, {ok, RP}}] = mallocinfo_report:collect([A, P], #{attach => true}),
+        ?assertMatch(#{attach := ok, injected := false}, RA),
+        ?assertMatch(#{attach := {error, preloaded}}, RP),
+        ?assertMatch(#{attached := true}, erpc:call(A, mallocinfo_trace, status, [])),
+        Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format_cluster(
+                                                     [{A, {ok, RA}}, {P, {ok, RP}}])])),
+        ct:pal("~ts", [Text]),
+        ?assertNotEqual(nomatch, string:find(Text, "ok, attached now")),
+        ?assertNotEqual(nomatch, string:find(Text, "ok, preloaded")),
+        [{A, {ok, RA2}}] = mallocinfo_report:collect([A], #{attach => true}),
+        ?assertMatch(#{attach := {error, already_attached},
+                       native := #{attached := true, attached_at := _}}, RA2),
+        ?assertError(badarg, mallocinfo_report:collect([A], #{attach => yes}))
+    after
+        peer:stop(PA),
+        peer:stop(PP)
+    end,
+    Config.
 
 rss_kib(Config) ->
     {ok, Status} = call(Config, file, read_file, ["/proc/self/status"]),
