@@ -127,6 +127,11 @@ bool stack_names(const mi_preload_abi* abi, uint32_t id, const char* fn) {
   return false;
 }
 
+// The interposer's ABI reaches the attach block (an older build does not).
+bool has_attach(const mi_preload_abi* abi) {
+  return abi->struct_size >= offsetof(mi_preload_abi, attach_status) + sizeof(void*);
+}
+
 mi_attach_result attach(const mi_preload_abi* abi) {
   mi_attach_config cfg{MI_MODE_FULL, 32, 1u << 16, 1u << 12, 512 * 1024};
   mi_attach_result r{};
@@ -153,7 +158,7 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
   const Preload& pl = preload();
   REQUIRE(pl.abi != nullptr);
   const mi_preload_abi* abi = pl.abi;
-  REQUIRE(abi->struct_size >= offsetof(mi_preload_abi, attach_status) + sizeof(void*));
+  REQUIRE(has_attach(abi));
 
   const uintptr_t real_malloc = reinterpret_cast<uintptr_t>(::dlsym(RTLD_DEFAULT, "malloc"));
   const uintptr_t hook_malloc = reinterpret_cast<uintptr_t>(::dlsym(pl.handle, "malloc"));
@@ -286,6 +291,7 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
 TEST_CASE("attach: a failed attach leaves every slot as it was", "[attach]") {
   const Preload& pl = preload();
   REQUIRE(pl.abi != nullptr);
+  REQUIRE(has_attach(pl.abi));
   const char* const names[] = {"malloc", "free", "calloc", "realloc", "dlopen"};
   const char* const libs[] = {"libattach_lazy", "libattach_now", "attach_tests"};
   auto all_slots = [&] {
@@ -327,6 +333,7 @@ TEST_CASE("attach: blocks go back to a preloaded jemalloc", "[jemalloc]") {
   };
   const Preload& pl = preload();
   REQUIRE(pl.abi != nullptr);
+  REQUIRE(has_attach(pl.abi));
   REQUIRE(attach(pl.abi).rc == MI_ATTACH_OK);
   CHECK(reinterpret_cast<uintptr_t>(now_malloc_ref()) ==
         reinterpret_cast<uintptr_t>(::dlsym(pl.handle, "malloc")));
