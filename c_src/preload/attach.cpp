@@ -69,6 +69,18 @@ size_t g_nrecords = 0;
 pthread_mutex_t g_attach_lock = PTHREAD_MUTEX_INITIALIZER;
 std::atomic<bool> g_attached{false};
 
+// A fork while another thread holds g_attach_lock (attaching, or patching
+// after a dlopen) would leave it locked forever in the child, whose first
+// dlopen through a patched slot would then hang. The child gets a fresh
+// lock instead (registered once, at the first attach). Its slots are each
+// either patched or original, both valid; a walk cut short by the fork
+// only leaves some slots unpatched.
+void child_after_fork() {
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  std::memcpy(&g_attach_lock, &fresh, sizeof fresh);
+}
+std::atomic<bool> g_atfork_registered{false};
+
 // Resolved before g_attach_lock (dlsym/dladdr take the loader lock), then
 // read under it. g_hook: this library's functions; g_target: what the
 // process binds each name to (glibc, or jemalloc/tcmalloc when preloaded).
@@ -365,6 +377,7 @@ void do_attach(const mi_attach_config& cfg, mi_attach_result* out) {
     out->rc = MI_ATTACH_PRELOADED;
     return;
   }
+  if (!g_atfork_registered.exchange(true)) ::pthread_atfork(nullptr, nullptr, child_after_fork);
   ::pthread_mutex_lock(&g_attach_lock);
   if (g_attached.load(std::memory_order_relaxed)) {
     ::pthread_mutex_unlock(&g_attach_lock);
