@@ -10,11 +10,11 @@
          end_per_testcase/2]).
 -export([before_and_after/1, detach_keeps_records/1, cycles_under_load/1,
          failed_attach_restores/1, preloaded_refuses/1, bad_arguments/1,
-         report_attaches_nodes/1]).
+         report_attaches_nodes/1, downstream_after_attach/1]).
 
 all() ->
     [before_and_after, detach_keeps_records, cycles_under_load, failed_attach_restores,
-     preloaded_refuses, bad_arguments, report_attaches_nodes].
+     preloaded_refuses, bad_arguments, report_attaches_nodes, downstream_after_attach].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -233,6 +233,26 @@ report_attaches_nodes(Config) ->
         peer:stop(PP)
     end,
     Config.
+
+%% After attach, what reads the tracker elsewhere sees it: Prometheus
+%% metrics, the HTTP endpoint's /heap_profile status text, stats/0.
+downstream_after_attach(Config) ->
+    ?assertEqual({error, not_preloaded}, call(Config, mallocinfo_trace, stats, [])),
+    ok = call(Config, mallocinfo_trace, attach, []),
+    {module, mi_attach_a} = call(Config, code, ensure_loaded, [mi_attach_a]),
+    ok = call(Config, mi_attach_a, leak, [100, 64]),
+    ?assertMatch(#{live_entries := L, calls := #{malloc := M}} when L >= 100 andalso M >= 100,
+                 call(Config, mallocinfo_trace, stats, [])),
+    Metrics = iolist_to_binary(call(Config, mallocinfo_prom, metrics, [])),
+    ?assertNotEqual(nomatch, binary:match(Metrics, <<"mallocinfo_tracker_live_blocks ">>)),
+    {ok, #{port := Port}} = call(Config, mallocinfo_http, start, []),
+    Url = "http://127.0.0.1:" ++ integer_to_list(Port) ++ "/heap_profile",
+    ok = call(Config, application, ensure_started, [inets]),
+    {ok, {{_, 200, _}, _, Body}} = call(Config, httpc, request, [Url]),
+    ct:pal("~ts", [Body]),
+    ?assertNotEqual(nomatch, string:find(Body, "tracker: attached at ")),
+    ok = call(Config, mi_attach_a, release, []),
+    ok = call(Config, mallocinfo_trace, detach, []).
 
 rss_kib(Config) ->
     {ok, Status} = call(Config, file, read_file, ["/proc/self/status"]),
