@@ -30,7 +30,7 @@ test: build fmt-check tarball test-c eunit ct
 
 test-c: deps
 	@$(MAKE) -s -C c_src -j$(shell nproc) test-bins
-	@$(MAKE) -s -C c_src test test-san test-preload
+	@$(MAKE) -s -C c_src test test-san test-preload test-attach
 
 eunit: build
 	@$(REBAR) eunit

@@ -22,7 +22,7 @@
          mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
 -export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0, path_binary/2]).
 %% The report (mallocinfo_report): printed, for this node or a cluster.
--export([report/0, report/1]).
+-export([report/0, report/1, report/2]).
 
 -export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
@@ -319,3 +319,14 @@ report(Nodes) when is_list(Nodes) ->
     io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes)));
 report(Nodes) ->
     erlang:error(badarg, [Nodes]).
+
+%% @doc {@link report/1} with options: `attach => true' first attaches the
+%% tracker ({@link mallocinfo_trace:attach/0}) on every node that is not
+%% tracking, and each row says so (`attached now', `attached',
+%% `preloaded', `attach failed' with the reason below the table);
+%% `timeout' (ms). See {@link mallocinfo_report:collect/2}.
+-spec report([node()], #{attach => boolean(), timeout => pos_integer()}) -> ok.
+report(Nodes, Opts) when is_list(Nodes), is_map(Opts) ->
+    io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes, Opts)));
+report(Nodes, Opts) ->
+    erlang:error(badarg, [Nodes, Opts]).

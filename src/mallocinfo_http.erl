@@ -479,7 +479,7 @@ set_active(tcmalloc, false) ->
     end;
 set_active(tracker, Active) ->
     case {mallocinfo_trace:status(), Active} of
-        {#{preloaded := false}, _} -> {error, not_preloaded};
+        {#{preloaded := false, attached_at := undefined}, _} -> {error, not_preloaded};
         {#{recording := false}, _} -> {error, not_recording};
         {#{mode := M}, true} when M =:= full; M =:= sample -> ok;
         {#{}, true} -> mallocinfo_trace:set_mode(resume_mode());
@@ -577,8 +577,17 @@ refusal(tcmalloc, profiler_not_loaded) ->
 refusal(Profiler, Reason) ->
     failure(atom_to_list(Profiler) ++ " heap profile", Reason).
 
+%% "preloaded", or when mallocinfo_trace:attach/0 brought the tracker in,
+%% since when (blocks from before are not seen).
+tracker_origin(#{preloaded := true}) ->
+    "preloaded";
+tracker_origin(#{attached_at := At}) ->
+    ["attached at ", calendar:system_time_to_rfc3339(At, [{unit, millisecond}, {offset, "Z"}]),
+     " (blocks allocated before are not seen)"].
+
 tracker_hint() ->
-    ["Restart the node with LD_PRELOAD=", filename:absname(mallocinfo_trace:preload_path()),
+    ["Run mallocinfo_trace:attach() on the node (no restart; README \"Attach without restart\"), "
+     "or restart it with LD_PRELOAD=", filename:absname(mallocinfo_trace:preload_path()),
      " (mallocinfo_trace:preload_env/0), or with LD_PRELOAD=libjemalloc.so.2 and "
      "MALLOC_CONF=\"prof:true,prof_active:false\"."].
 
@@ -617,14 +626,14 @@ status_text(tcmalloc) ->
 status_text(tracker) ->
     Allocator = atom_to_list(mallocinfo:allocator()),
     case mallocinfo_trace:status() of
-        #{preloaded := false} ->
+        #{preloaded := false, attached_at := undefined} ->
             ["allocator: ", Allocator, "\ntracker: not preloaded\n\n"
              "No heap profile: the allocator keeps no allocation stacks.\n", tracker_hint(), "\n"];
         #{recording := false} ->
             ["allocator: ", Allocator, "\ntracker: preloaded, not recording in this executable "
              "(MALLOCINFO_TRACE_EXE)\n"];
-        #{mode := Mode, live_entries := Live, live_bytes := Bytes, dropped := Dropped} ->
-            ["allocator: ", Allocator, "\ntracker: preloaded, recording\n",
+        #{mode := Mode, live_entries := Live, live_bytes := Bytes, dropped := Dropped} = S ->
+            ["allocator: ", Allocator, "\ntracker: ", tracker_origin(S), ", recording\n",
              "tracker.mode: ", atom_to_list(Mode), "\n",
              "tracker.active: ", atom_to_list(Mode =:= full orelse Mode =:= sample), "\n",
              "tracker.live_blocks: ", integer_to_list(Live), "\n",

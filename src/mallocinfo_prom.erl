@@ -56,6 +56,8 @@ collect() ->
             end,
     Tracker = case mallocinfo_trace:status() of
                   #{preloaded := true} = Status -> #{tracker => Status};
+                  %% Attached at run time (mallocinfo_trace:attach/0).
+                  #{attached_at := At} = Status when is_integer(At) -> #{tracker => Status};
                   #{} -> #{}
               end,
     Jemalloc = case Allocator of
@@ -132,7 +134,8 @@ arenas(#{heaps := #{heaps := Heaps}}) ->
 arenas(#{}) ->
     [].
 
-tracker(#{tracker := #{preloaded := true} = T}) ->
+tracker(#{tracker := #{preloaded := Pre} = T}) when Pre;
+                                                   is_integer(map_get(attached_at, T)) ->
     Mode = maps:get(mode, T, off),
     Opt = fun(Key, Name, Type, Help) ->
                   case T of

@@ -78,16 +78,23 @@ collect(Nodes) ->
 %% A node that cannot be reached gives `{error, unreachable}', one that
 %% does not answer in time `{error, timeout}', any other failure
 %% `{error, Reason}'; none of them fails the call. `Opts': `timeout' (ms
-%% for the whole collection, default 30000).
--spec collect([node()], #{timeout => pos_integer()}) -> [node_result()].
+%% for the whole collection, default 30000); `attach' (default `false'):
+%% when `true', {@link mallocinfo_trace:attach/0} is called on each node
+%% before its report, and the report's `attach' key holds the answer (`ok',
+%% or `{error, preloaded | already_attached | ...}': a node already
+%% tracking stays as it is). A node given mallocinfo over distribution
+%% cannot attach (the interposer is not sent): it says
+%% `{error, {load_failed, _}}'.
+-spec collect([node()], #{timeout => pos_integer(), attach => boolean()}) -> [node_result()].
 collect(Nodes, Opts) when is_list(Nodes), is_map(Opts) ->
-    case lists:all(fun is_atom/1, Nodes) andalso maps:keys(Opts) -- [timeout] =:= [] of
+    case lists:all(fun is_atom/1, Nodes) andalso maps:keys(Opts) -- [timeout, attach] =:= [] of
         true -> ok;
         false -> erlang:error(badarg, [Nodes, Opts])
     end,
     Timeout = maps:get(timeout, Opts, ?DEFAULT_TIMEOUT),
-    case is_integer(Timeout) andalso Timeout > 0 of
-        true -> cluster(Nodes, Timeout);
+    Attach = maps:get(attach, Opts, false),
+    case is_integer(Timeout) andalso Timeout > 0 andalso is_boolean(Attach) of
+        true -> cluster(Nodes, Timeout, Attach);
         false -> erlang:error(badarg, [Nodes, Opts])
     end;
 collect(Nodes, Opts) ->
@@ -249,8 +256,8 @@ ets_info(T) ->
 %%% ---------------------------------------------------------------------------
 %%% A cluster
 
-cluster(Nodes, Timeout) ->
-    Workers = [{spawn_monitor(fun() -> exit({?MODULE, node_report(N, Timeout)}) end), N}
+cluster(Nodes, Timeout, Attach) ->
+    Workers = [{spawn_monitor(fun() -> exit({?MODULE, node_report(N, Timeout, Attach)}) end), N}
                || N <- Nodes],
     Deadline = erlang:monotonic_time(millisecond) + Timeout,
     [{N, await(Pid, Ref, Deadline)} || {{Pid, Ref}, N} <- Workers].
@@ -266,13 +273,20 @@ await(Pid, Ref, Deadline) ->
             {error, timeout}
     end.
 
-node_report(Node, _Timeout) when Node =:= node() ->
-    {ok, collect()};
-node_report(Node, Timeout) ->
+node_report(Node, _Timeout, Attach) when Node =:= node() ->
+    case Attach of
+        true -> A = mallocinfo_trace:attach(), {ok, (collect())#{attach => A}};
+        false -> {ok, collect()}
+    end;
+node_report(Node, Timeout, Attach) ->
     try
         Injected = ensure_remote(Node, Timeout),
+        Attached = case Attach of
+                       true -> #{attach => erpc:call(Node, mallocinfo_trace, attach, [], Timeout)};
+                       false -> #{}
+                   end,
         Report = erpc:call(Node, ?MODULE, collect, [], Timeout),
-        {ok, Report#{injected => Injected}}
+        {ok, maps:merge(Report#{injected => Injected}, Attached)}
     catch
         error:{erpc, noconnection} -> {error, unreachable};
         error:{erpc, timeout} -> {error, timeout};

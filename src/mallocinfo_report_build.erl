@@ -584,10 +584,12 @@ positive(S) ->
 
 %%% Native callers ------------------------------------------------------------
 
-native(#{trace_status := #{preloaded := false}}) ->
+native(#{trace_status := #{preloaded := false} = S}) when not is_map_key(attached_at, S);
+                                                           map_get(attached_at, S) =:= undefined ->
     {unavailable, not_preloaded,
-     <<"start the node with LD_PRELOAD=<mallocinfo>/priv/libmallocinfo_preload.so "
-       "(mallocinfo_trace:preload_env/0; README \"Preloading\")">>};
+     <<"mallocinfo_trace:attach() loads the tracker into this node now, without a restart "
+       "(README \"Attach without restart\"); or start the node with "
+       "LD_PRELOAD=<mallocinfo>/priv/libmallocinfo_preload.so (mallocinfo_trace:preload_env/0)">>};
 native(#{trace_status := #{recording := false}}) ->
     {unavailable, not_recording,
      <<"the interposer is loaded but this executable does not match MALLOCINFO_TRACE_EXE">>};
@@ -596,8 +598,8 @@ native(#{trace_status := #{mode := Mode}}) when Mode =:= off; Mode =:= counters 
      <<"mallocinfo_trace:set_mode(full) records blocks allocated from then on">>};
 native(#{trace_status := #{} = S, sites := Sites, olds := Olds})
   when is_list(Sites), is_list(Olds) ->
-    (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes], S))#{
-      sites => Sites, olds => Olds};
+    (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, attached,
+                attached_at], S))#{sites => Sites, olds => Olds};
 native(#{trace_status := #{}, sites := Error}) when not is_list(Error) ->
     unavailable(Error, <<"mallocinfo_trace:sites/2 failed">>);
 native(#{trace_status := #{}, olds := Error}) ->

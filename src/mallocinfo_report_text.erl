@@ -19,7 +19,10 @@ format(R) ->
 format_cluster(Results) ->
     Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
     Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
-                || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout],
+                || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout]
+               ++ [para(io_lib:format("~ts: attach: ~0tp", [N, Why]))
+                   || {N, {ok, #{attach := {error, Why}}}} <- Results,
+                      Why =/= already_attached, Why =/= preloaded],
     Verdicts = [[io_lib:format("~ts:~n", [N]),
                  [io_lib:format("  - ~ts~n", [wrap(V, 76, "    ")])
                   || V <- maps:get(verdicts, R, [])]]
@@ -197,6 +200,7 @@ section_native(#{native := {unavailable, _, _} = U}) ->
 section_native(#{native := N}) ->
     #{sites := Sites, olds := Olds} = N,
     [rule_line("4. Native callers (tracker)"),
+     attached_line(N),
      para(io_lib:format("mode ~ts: ~ts live in ~ts blocks, ~b dropped",
                         [maps:get(mode, N), bytes(maps:get(live_bytes, N, 0)),
                          count(maps:get(live_entries, N, 0)), maps:get(dropped, N, 0)])),
@@ -208,6 +212,19 @@ section_native(#{native := N}) ->
      "oldest live blocks (size, age, allocated from):\n",
      [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+%% A tracker brought in by mallocinfo_trace:attach/0 has not seen what was
+%% allocated before: the report says since when it looks.
+attached_line(#{attached_at := At} = N) when is_integer(At) ->
+    When = calendar:system_time_to_rfc3339(At, [{unit, millisecond}, {offset, "Z"}]),
+    Detached = case maps:get(attached, N, true) of
+                   true -> "";
+                   false -> " (detached since: nothing newer is seen)"
+               end,
+    para(io_lib:format("attached at ~ts; blocks allocated before that are not seen~ts",
+                       [When, Detached]));
+attached_line(_) ->
+    [].
 
 %% "symbol (object)" in at most Width columns: the symbol gives way first.
 frame_text(undefined, _) ->
@@ -338,9 +355,16 @@ cluster_row(Node, {ok, R}) ->
                      io_lib:format("~.1f%", [float(P)]);
                  _ -> "-"
              end,
-    Status = case maps:get(injected, R, false) of
+    Loaded = case maps:get(injected, R, false) of
                  true -> "injected";
                  false -> "ok"
+             end,
+    Status = case maps:get(attach, R, none) of
+                 none -> Loaded;
+                 ok -> Loaded ++ ", attached now";
+                 {error, already_attached} -> Loaded ++ ", attached";
+                 {error, preloaded} -> Loaded ++ ", preloaded";
+                 {error, _} -> Loaded ++ ", attach failed"
              end,
     io_lib:format(?ROW, [truncate(atom_to_list(Node), 20), short_bytes(rss(R)), short_bytes(Erts),
                          short_bytes(Free), short_bytes(Native), Unacct, Status]);

@@ -1,16 +1,17 @@
 %% @doc The allocation tracker: who allocated the native memory that is
 %% still live, grouped by call site, from the running node.
 %%
-%% Needs the interposer `priv/libmallocinfo_preload.so' in `LD_PRELOAD' when
+%% Needs the interposer `priv/libmallocinfo_preload.so': in `LD_PRELOAD' when
 %% the node starts (see {@link preload_env/0} and README "Tracking
-%% allocations"). Without it every call but {@link status/0},
-%% {@link preload_path/0} and {@link preload_env/0} returns
-%% `{error, not_preloaded}'. Queries walk the live table on dirty schedulers
+%% allocations"), or loaded into the running node by {@link attach/0}
+%% (README "Attach without restart"). Without either, every call but
+%% {@link status/0}, {@link attach/0}, {@link preload_path/0} and
+%% {@link preload_env/0} returns `{error, not_preloaded}'. Queries walk the live table on dirty schedulers
 %% and never stall allocating threads (the table is lock-free).
 -module(mallocinfo_trace).
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
-         reset/0, preload_path/0, preload_env/0, preload_env/1]).
+         reset/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
 -export_type([mode/0, frame/0, old/0, site/0]).
 
@@ -36,11 +37,20 @@
               | [demangle | {demangle, boolean()} | {min_age_ms, non_neg_integer()}
                  | {min_size, non_neg_integer()}].
 
+-type attach_error() :: preloaded | already_attached
+                      | {unsupported, atom() | {atom(), binary()}}
+                      | {load_failed, binary()} | posix().
+
 -define(PRELOAD_SO, "libmallocinfo_preload.so").
 
 %% @doc What the tracker is doing. Always succeeds: `preloaded => false'
-%% when the interposer is not in this process; `recording => false' when it
-%% is, but this executable did not match `MALLOCINFO_TRACE_EXE'.
+%% when the interposer was not preloaded; `attached => true' between
+%% {@link attach/0} and {@link detach/0}, `attached_at' the time of the last
+%% attach (`erlang:system_time(millisecond)' units, `undefined' if never)
+%% and `attach' its figures (`objects', `slots' patched, `slots_foreign'
+%% left alone, `data_pointers', `attach_us'); `recording => false' when the
+%% interposer is preloaded but this executable did not match
+%% `MALLOCINFO_TRACE_EXE'.
 %% Other keys (with the interposer): `table_capacity', `table_bytes',
 %% `live_entries', `live_bytes', `dropped' (allocations the full table
 %% could not record), `stacks', `stack_capacity', `stack_bytes',
@@ -124,7 +134,7 @@ heap_profile() ->
 -spec stats() -> map() | {error, not_preloaded}.
 stats() ->
     case status() of
-        #{preloaded := false} ->
+        #{preloaded := false, attached_at := undefined} ->
             {error, not_preloaded};
         Status ->
             Keys = [mode, recording, calls, bytes_allocated, bytes_freed, live_bytes,
@@ -137,6 +147,55 @@ stats() ->
 -spec reset() -> non_neg_integer() | {error, not_preloaded | not_recording}.
 reset() ->
     unwrap(mallocinfo_nif:trace_reset()).
+
+%% @equiv attach(#{})
+-spec attach() -> ok | {error, attach_error()}.
+attach() ->
+    attach(#{}).
+
+%% @doc Loads the tracker into this running node, without `LD_PRELOAD' and
+%% without a restart: the interposer is `dlopen'ed from `priv/' and the
+%% malloc family of every loaded object (the emulator, NIFs, drivers,
+%% libcrypto...) is redirected to it; objects loaded later are redirected
+%% as they load. Blocks allocated before are not seen (their frees are
+%% counted in `frees_untracked'). `Opts' (a map): `mode' (`full' |
+%% `sample' | `counters', default `full'), `sample_bytes' (1..2^40, default
+%% 512 KiB), `table_size' (64..2^32, default 2 Mi entries),
+%% `stack_table_size' (64..2^30, default 64 Ki), `stack_depth' (1..128,
+%% default 32): the environment knobs' meaning. The sizes apply to the
+%% first attach of the node only (the tables then stay); a later attach
+%% forgets what was recorded. Errors: `preloaded' (the tracker is already
+%% there), `already_attached', `{unsupported, What}' (`static_allocator',
+%% `elf_layout', `too_many_slots', `libc', `arch', or `{What, Object}'),
+%% `{load_failed, Message}', or a POSIX atom (`eacces' when a slot could
+%% not be written). A failed attach leaves every slot as it was.
+-spec attach(map()) -> ok | {error, attach_error()}.
+attach(Opts) when is_map(Opts) ->
+    Allowed = #{mode => {one_of, [full, sample, counters]},
+                sample_bytes => {range, 1, 1 bsl 40},
+                table_size => {range, 64, 1 bsl 32},
+                stack_table_size => {range, 64, 1 bsl 30},
+                stack_depth => {range, 1, 128}},
+    case maps:keys(Opts) -- maps:keys(Allowed) of
+        [] -> ok;
+        _ -> erlang:error(badarg, [Opts])
+    end,
+    maps:foreach(fun(K, V) -> env_value(V, maps:get(K, Allowed), Opts) end, Opts),
+    O = maps:merge(#{mode => full, sample_bytes => 512 * 1024, table_size => 1 bsl 21,
+                     stack_table_size => 1 bsl 16, stack_depth => 32}, Opts),
+    mallocinfo_nif:trace_attach(maps:get(mode, O), maps:get(sample_bytes, O),
+                                maps:get(table_size, O), maps:get(stack_table_size, O),
+                                maps:get(stack_depth, O));
+attach(Opts) ->
+    erlang:error(badarg, [Opts]).
+
+%% @doc Puts every slot {@link attach/0} changed back. Nothing new is
+%% recorded after; what was recorded stays readable ({@link sites/1},
+%% {@link olds/1}, the report) until {@link reset/0} or the next attach.
+%% The tracker's code stays loaded (a thread may still be inside a hook).
+-spec detach() -> ok | {error, not_attached}.
+detach() ->
+    mallocinfo_nif:trace_detach().
 
 %% @doc Absolute path of the interposer shared object.
 -spec preload_path() -> file:filename().

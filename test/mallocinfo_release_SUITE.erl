@@ -61,6 +61,18 @@ inject_through_remote_console(Config) ->
     type(Console, "maps:is_key(in_use_bytes, mallocinfo:summary()).", "^true$"),
     type(Console, "mallocinfo:info(\"/nonexistent/x.xml\").", "^\\{error,enoent\\}$"),
     type(Console, "catch mallocinfo:info(42).", "badarg"),
+    %% The release was started without LD_PRELOAD: attach the tracker from
+    %% the console, leak from the demo NIF (loaded after attach), and the
+    %% site is named with its exact count.
+    type(Console, "mallocinfo_trace:attach().", "^ok$"),
+    type(Console, "is_map(mallocinfo_demo:run(#{leak_blocks => 1000, threads => 1, "
+                  "fragment_blocks => 100, enif_blocks => 1, hoard_terms => 100})).",
+         "^true$"),
+    type(Console, "io:format(\"MI_LEAK=~p~n\", [[C || #{count := C, stack := [#{symbol := "
+                  "<<\"demo_cache_insert\">>} | _]} <- mallocinfo_trace:sites(50)]]).",
+         "^MI_LEAK=\\[1000\\]$"),
+    type(Console, "mallocinfo_demo:stop().", "^ok$"),
+    type(Console, "mallocinfo_trace:detach().", "^ok$"),
     %% Leave the console the way a person does (^G q), not with q(), which
     %% would stop the release.
     sh("tmux -L " ++ T ++ " send-keys -t console C-g"),

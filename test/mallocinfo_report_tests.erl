@@ -715,3 +715,24 @@ assert_80_columns(IoData) ->
     Text = lists:flatten(io_lib:format("~ts", [IoData])),
     Long = [L || L <- string:split(Text, "\n", all), string:length(L) > 80],
     ?assertEqual([], Long).
+
+%% A tracker attached at run time: the native section says since when it
+%% looks, and a node never attached is told how to attach.
+native_attached_text_test() ->
+    R = with_site(site(64 * ?MiB, 1000, 12000, [frame(<<"/x/demo.so">>, <<"demo_leak">>)])),
+    At = 1795496600158,
+    Attached = R#{native := (maps:get(native, R))#{attached => true, attached_at => At}},
+    %% Paragraphs wrap at 80 columns: compare with spaces normalised.
+    Flat = fun(Io) -> iolist_to_binary(re:replace(Io, "\\s+", " ", [global])) end,
+    Text = Flat(?TEXT:format(Attached)),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"attached at 2026-11-24T">>)),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"blocks allocated before that are not seen">>)),
+    Detached = R#{native := (maps:get(native, R))#{attached => false, attached_at => At}},
+    ?assertNotEqual(nomatch, binary:match(Flat(?TEXT:format(Detached)), <<"detached since">>)),
+    ?assertEqual(nomatch, binary:match(Flat(?TEXT:format(R)), <<"attached at">>)),
+    assert_80_columns(?TEXT:format(Attached)),
+    Never = ?R:build((raw())#{trace_status => #{preloaded => false, attached => false,
+                                                attached_at => undefined, recording => false,
+                                                mode => off}}),
+    {unavailable, not_preloaded, How} = maps:get(native, Never),
+    ?assertNotEqual(nomatch, binary:match(How, <<"mallocinfo_trace:attach()">>)).

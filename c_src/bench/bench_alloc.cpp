@@ -15,6 +15,7 @@
 // mallocinfo interposer is loaded, its status (read through the one ABI
 // symbol, after the loop, with the rings still live) is appended as mi_*.
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <time.h>
 
@@ -121,10 +122,51 @@ const char* malloc_provider() {
   return slash ? slash + 1 : info.dli_fname;
 }
 
+// The interposer dlopen()ed and attached by -a (nullptr without -a).
+void* g_attached_so = nullptr;
+
+// -a SO: attach the tracker at run time as mallocinfo_trace:attach() does
+// (dlopen RTLD_LOCAL, then the ABI's attach), in full mode, before the
+// threads start. Prints attach_us=<time attach() took>.
+bool attach_tracker(const char* so, double* attach_us) {
+  g_attached_so = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (g_attached_so == nullptr) return false;
+  auto fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(g_attached_so, MI_ABI_SYMBOL));
+  const mi_preload_abi* abi = fn != nullptr ? fn() : nullptr;
+  if (abi == nullptr || abi->struct_size < offsetof(mi_preload_abi, attach_status) + sizeof(void*))
+    return false;
+  mi_attach_config cfg{MI_MODE_FULL, 32, size_t{1} << 21, size_t{1} << 16, 512 * 1024};
+  mi_attach_result r{};
+  timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  abi->attach(&cfg, sizeof cfg, &r, sizeof r);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  *attach_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+  return r.rc == MI_ATTACH_OK;
+}
+
+// -o DIR: dlopen() every *.so in DIR first (attach_us with many loaded
+// objects). Returns how many loaded.
+int load_objects(const char* dir) {
+  DIR* d = opendir(dir);
+  if (d == nullptr) return 0;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    const size_t len = strlen(e->d_name);
+    if (len < 4 || strcmp(e->d_name + len - 3, ".so") != 0) continue;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (dlopen(path, RTLD_NOW | RTLD_LOCAL) != nullptr) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
 // " mi_..." fields from the mallocinfo interposer's status, or "" if absent.
 void mallocinfo_status(char* buf, size_t len) {
   buf[0] = '\0';
-  auto abi_fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
+  auto abi_fn = reinterpret_cast<mi_preload_abi_fn>(
+      dlsym(g_attached_so != nullptr ? g_attached_so : RTLD_DEFAULT, MI_ABI_SYMBOL));
   if (abi_fn == nullptr) return;
   const mi_preload_abi* abi = abi_fn();
   if (abi == nullptr || abi->abi_version != MI_ABI_VERSION ||
@@ -159,6 +201,8 @@ bool parse_num(const char* s, uint64_t lo, uint64_t hi, uint64_t* out) {
 [[noreturn]] void usage(const char* argv0) {
   fprintf(stderr,
           "usage: %s [-t threads (1..%d)] [-d depth (1..%d)] [-n iterations per thread]\n"
+          "          [-a libmallocinfo_preload.so (attach at run time instead of preloading)]\n"
+          "          [-o dir (dlopen every *.so in dir first)]\n"
           "One line: threads= depth= iters= ns_per_pair= (mean over threads) ...\n",
           argv0, kMaxThreads, kMaxDepth);
   exit(2);
@@ -168,6 +212,8 @@ bool parse_num(const char* s, uint64_t lo, uint64_t hi, uint64_t* out) {
 
 int main(int argc, char** argv) {
   Params p;
+  const char* attach_so = nullptr;
+  int objects = -1;
   for (int i = 1; i < argc; i++) {
     const char* flag = argv[i];
     const char* val = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -178,12 +224,21 @@ int main(int argc, char** argv) {
       p.depth = static_cast<int>(v);
     } else if (strcmp(flag, "-n") == 0 && parse_num(val, 1, UINT64_MAX, &v)) {
       p.iters = v;
+    } else if (strcmp(flag, "-a") == 0 && val != nullptr) {
+      attach_so = val;
+    } else if (strcmp(flag, "-o") == 0 && val != nullptr) {
+      objects = load_objects(val);
     } else {
       usage(argv[0]);
     }
     i++;
   }
 
+  double attach_us = 0;
+  if (attach_so != nullptr && !attach_tracker(attach_so, &attach_us)) {
+    fprintf(stderr, "bench_alloc: attach through %s failed\n", attach_so);
+    return 1;
+  }
   std::vector<double> ns(p.threads, 0.0);
   std::barrier<> sync(p.threads + 1);
   std::vector<std::thread> threads;
@@ -205,7 +260,10 @@ int main(int argc, char** argv) {
     sum += ns[id];
     used += snprintf(per_thread + used, sizeof per_thread - used, "%s%.1f", id ? "," : "", ns[id]);
   }
-  printf("threads=%d depth=%d iters=%" PRIu64 " ns_per_pair=%.1f per_thread=%s malloc_from=%s%s\n",
+  printf("threads=%d depth=%d iters=%" PRIu64 " ns_per_pair=%.1f per_thread=%s malloc_from=%s%s",
          p.threads, p.depth, p.iters, sum / p.threads, per_thread, malloc_provider(), mi);
+  if (attach_so != nullptr) printf(" attach_us=%.0f", attach_us);
+  if (objects >= 0) printf(" objects_loaded=%d", objects);
+  printf("\n");
   return 0;
 }

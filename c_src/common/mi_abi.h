@@ -86,6 +86,45 @@ typedef struct mi_abi_status {
   uint64_t calls[MI_FN_COUNT];
 } mi_abi_status;
 
+/* attach(): the tracker's configuration (the environment knobs' meaning;
+ * sizes apply at the first attach of the process only: the tables, once
+ * mapped, stay). */
+typedef struct mi_attach_config {
+  uint32_t mode; /* MI_MODE_COUNTERS, _SAMPLE or _FULL */
+  uint32_t stack_depth;
+  uint64_t table_capacity;
+  uint64_t stack_capacity;
+  uint64_t sample_bytes;
+} mi_attach_config;
+
+enum mi_attach_rc {
+  MI_ATTACH_OK = 0,
+  MI_ATTACH_PRELOADED = 1,   /* the library is interposed already */
+  MI_ATTACH_UNSUPPORTED = 2, /* `what` names why, `object` which object */
+  MI_ATTACH_ERRNO = 3,       /* `err` holds the errno (mprotect, mmap) */
+  MI_ATTACH_ALREADY = 4      /* attached already */
+};
+
+typedef struct mi_attach_result {
+  int32_t rc;       /* enum mi_attach_rc */
+  int32_t err;      /* errno for MI_ATTACH_ERRNO */
+  char what[32];    /* MI_ATTACH_UNSUPPORTED: static_allocator, elf_layout,
+                       too_many_slots, libc, arch */
+  char object[224]; /* the object concerned, "" when none */
+} mi_attach_result;
+
+typedef struct mi_attach_status {
+  uint32_t attached;            /* 1 between a successful attach and detach */
+  uint32_t ever;                /* 1 once attach succeeded in this process */
+  uint64_t attached_at_unix_ns; /* CLOCK_REALTIME of the last attach */
+  uint64_t attached_at_ns;      /* the same instant on now_ns()'s clock */
+  uint64_t objects;             /* objects with at least one patched slot */
+  uint64_t slots;               /* slots holding a hook right now */
+  uint64_t slots_foreign;       /* slots bound elsewhere: left alone */
+  uint64_t data_pointers;       /* R_X86_64_64 words patched */
+  uint64_t attach_ns;           /* duration of the last attach() */
+} mi_attach_status;
+
 /* Receives snapshot entries in batches; ctx is the caller's. */
 typedef void (*mi_abi_sink)(void* ctx, const mi_abi_entry* entries, size_t n);
 
@@ -107,6 +146,20 @@ typedef struct mi_preload_abi {
   uint64_t (*reset)(void);
   /* The clock the timestamps use, in ns. */
   uint64_t (*now_ns)(void);
+
+  /* --- attach without LD_PRELOAD (issue 11): one contiguous block. ---
+   * Present when struct_size reaches past `attach_status`. The library is
+   * then dlopen()ed by the NIF (RTLD_LOCAL) instead of preloaded. */
+  /* Loads the tracker into this process by rewriting the malloc family's
+   * relocation slots of every loaded object (but libc, ld.so, the vdso
+   * and this library) and redirecting dlopen. Serialised against detach
+   * and other attaches; takes the loader's list lock; never call it from a
+   * hook. On failure every slot is as it was. */
+  void (*attach)(const struct mi_attach_config* config, size_t config_size,
+                 struct mi_attach_result* out, size_t out_size);
+  /* Restores every slot attach changed. 0, or -1 when not attached. */
+  int (*detach)(void);
+  void (*attach_status)(struct mi_attach_status* out, size_t out_size);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

@@ -112,6 +112,27 @@
   X(walk_ms, "walk_ms")                           \
   X(fork_us, "fork_us")                           \
   X(sites, "sites")                               \
+  /* attach (issue 11) */                         \
+  X(attached, "attached")                         \
+  X(attached_at, "attached_at")                   \
+  X(attach, "attach")                             \
+  X(objects, "objects")                           \
+  X(slots, "slots")                               \
+  X(slots_foreign, "slots_foreign")               \
+  X(data_pointers, "data_pointers")               \
+  X(attach_us, "attach_us")                       \
+  X(already_attached, "already_attached")         \
+  X(not_attached, "not_attached")                 \
+  X(unsupported, "unsupported")                   \
+  X(static_allocator, "static_allocator")         \
+  X(elf_layout, "elf_layout")                     \
+  X(too_many_slots, "too_many_slots")             \
+  X(libc, "libc")                                 \
+  X(arch, "arch")                                 \
+  X(load_failed, "load_failed")                   \
+  X(eacces, "eacces")                             \
+  X(eperm, "eperm")                               \
+  X(einval, "einval")                             \
   X(label, "label")                               \
   X(id, "id")                                     \
   X(timeout, "timeout")                           \

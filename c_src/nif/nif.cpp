@@ -50,6 +50,11 @@ ErlNifFunc nif_funcs[] = {
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
+    // attach/detach dlopen the interposer (loader lock, file reads), walk
+    // every loaded object's relocations and mprotect RELRO pages: dirty,
+    // and I/O because the loader lock can be held by a slow dlopen.
+    {"trace_attach", 5, guarded<n::trace_attach>, kIo},
+    {"trace_detach", 0, guarded<n::trace_detach>, kIo},
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).
     {"heap_dump", 4, guarded<n::heap_dump>, kIo},

@@ -1,10 +1,12 @@
 #include "trace_nif.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -19,22 +21,70 @@ namespace mi::nif {
 
 namespace {
 
-// The interposer's ABI, or nullptr when it is not in the process (or its
-// version is not one we understand). Looked up on every call until found:
-// dlsym is cheap, and a failed lookup must not stick (there is no way to
-// preload later, but tests load and unload the NIF freely).
-const mi_preload_abi* find_abi() {
-  static std::atomic<const mi_preload_abi*> cached{nullptr};
-  const mi_preload_abi* abi = cached.load(std::memory_order_acquire);
-  if (abi != nullptr) return abi;
-  auto fn = reinterpret_cast<mi_preload_abi_fn>(::dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
-  if (fn == nullptr) return nullptr;
-  abi = fn();
+// The interposer's ABI when it reached this process one of two ways:
+// preloaded (its symbols are global: dlsym(RTLD_DEFAULT)), or dlopen()ed
+// by attach() (RTLD_LOCAL: only its handle finds it). nullptr otherwise,
+// or when its version is not one we understand. Looked up on every call
+// until found: a failed lookup must not stick (attach() may come later,
+// and tests load and unload the NIF freely).
+const mi_preload_abi* checked(mi_preload_abi_fn fn) {
+  const mi_preload_abi* abi = fn != nullptr ? fn() : nullptr;
   if (abi == nullptr || abi->abi_version != MI_ABI_VERSION ||
       abi->struct_size < sizeof(mi_preload_abi))
     return nullptr;
-  cached.store(abi, std::memory_order_release);
   return abi;
+}
+
+std::atomic<const mi_preload_abi*> g_preloaded{nullptr};
+std::atomic<const mi_preload_abi*> g_attached{nullptr};
+
+// priv/libmallocinfo_preload.so, next to this NIF.
+std::string preload_path() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&checked), &info) == 0 || info.dli_fname == nullptr)
+    return "libmallocinfo_preload.so";
+  std::string path(info.dli_fname);
+  const size_t slash = path.rfind('/');
+  return (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
+         "libmallocinfo_preload.so";
+}
+
+// The dlopen()ed interposer's ABI if it is loaded (RTLD_NOLOAD: never
+// loads it), whether or not it ever attached.
+const mi_preload_abi* loaded_local_abi(bool load) {
+  const std::string path = preload_path();
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | (load ? 0 : RTLD_NOLOAD));
+  if (h == nullptr) return nullptr;
+  // The library is linked -z nodelete; the handle is never closed anyway:
+  // its code may be running in a hook on another thread.
+  const mi_preload_abi* abi =
+      checked(reinterpret_cast<mi_preload_abi_fn>(::dlsym(h, MI_ABI_SYMBOL)));
+  if (abi != nullptr && abi->struct_size < offsetof(mi_preload_abi, attach_status) + sizeof(void*))
+    return nullptr;
+  return abi;
+}
+
+bool ever_attached(const mi_preload_abi* abi) {
+  mi_attach_status st{};
+  abi->attach_status(&st, sizeof st);
+  return st.ever != 0;
+}
+
+const mi_preload_abi* find_abi() {
+  if (const mi_preload_abi* abi = g_preloaded.load(std::memory_order_acquire)) return abi;
+  if (const mi_preload_abi* abi = g_attached.load(std::memory_order_acquire)) return abi;
+  if (const mi_preload_abi* abi =
+          checked(reinterpret_cast<mi_preload_abi_fn>(::dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL)))) {
+    g_preloaded.store(abi, std::memory_order_release);
+    return abi;
+  }
+  // This NIF may have been reloaded since attach(): the library is still there.
+  const mi_preload_abi* abi = loaded_local_abi(false);
+  if (abi != nullptr && ever_attached(abi)) {
+    g_attached.store(abi, std::memory_order_release);
+    return abi;
+  }
+  return nullptr;
 }
 
 ERL_NIF_TERM not_preloaded(ErlNifEnv* env) {
@@ -224,6 +274,8 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   if (abi == nullptr)
     return MapBuilder()
         .put(atoms.preloaded, atoms.false_)
+        .put(atoms.attached, atoms.false_)
+        .put(atoms.attached_at, atoms.undefined)
         .put(atoms.recording, atoms.false_)
         .put(atoms.mode, atoms.off)
         .build(env);
@@ -235,8 +287,22 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       &atoms.fn_valloc, &atoms.fn_pvalloc,        &atoms.fn_strdup,        &atoms.fn_strndup};
   MapBuilder calls;
   for (int i = 0; i < MI_FN_COUNT; ++i) calls.put(*fn_atoms[i], u64(env, s.calls[i]));
+  const bool preloaded = abi == g_preloaded.load(std::memory_order_acquire);
+  mi_attach_status at{};
+  if (!preloaded) abi->attach_status(&at, sizeof at);
   return MapBuilder()
-      .put(atoms.preloaded, atoms.true_)
+      .put(atoms.preloaded, make_bool(preloaded))
+      .put(atoms.attached, make_bool(at.attached != 0))
+      .put(atoms.attached_at,
+           at.ever != 0 ? u64(env, at.attached_at_unix_ns / 1000000) : atoms.undefined)
+      .put(atoms.attach, preloaded ? atoms.undefined
+                                   : MapBuilder()
+                                         .put(atoms.objects, u64(env, at.objects))
+                                         .put(atoms.slots, u64(env, at.slots))
+                                         .put(atoms.slots_foreign, u64(env, at.slots_foreign))
+                                         .put(atoms.data_pointers, u64(env, at.data_pointers))
+                                         .put(atoms.attach_us, u64(env, at.attach_ns / 1000))
+                                         .build(env))
       .put(atoms.recording, make_bool(s.recording != 0))
       .put(atoms.mode, mode_atom(s.mode))
       .put(atoms.table_capacity, u64(env, s.table_capacity))
@@ -379,6 +445,95 @@ ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   while (enif_get_list_cell(env, list, &head, &list))
     out.push_back(frame_term(env, symbolizer().resolve(get_u64(env, head), demangle, false)));
   return enif_make_list_from_array(env, out.data(), len);
+}
+
+namespace {
+
+ERL_NIF_TERM posix_atom(int err) {
+  switch (err) {
+    case EACCES:
+      return atoms.eacces;
+    case EPERM:
+      return atoms.eperm;
+    case ENOMEM:
+      return atoms.enomem;
+    default:
+      return atoms.einval;
+  }
+}
+
+// The interposer names why attach is unsupported (mi_attach_result::what);
+// an unknown name (a newer interposer) is passed on as a binary.
+ERL_NIF_TERM unsupported_atom(ErlNifEnv* env, const char* what) {
+  const struct {
+    const char* name;
+    const ERL_NIF_TERM* atom;
+  } known[] = {{"static_allocator", &atoms.static_allocator},
+               {"elf_layout", &atoms.elf_layout},
+               {"too_many_slots", &atoms.too_many_slots},
+               {"libc", &atoms.libc},
+               {"arch", &atoms.arch}};
+  for (const auto& k : known)
+    if (std::strcmp(k.name, what) == 0) return *k.atom;
+  return make_binary(env, what);
+}
+
+}  // namespace
+
+// attach(Mode, SampleBytes, TableSize, StackTableSize, StackDepth), each
+// validated by mallocinfo_trace.
+ERL_NIF_TERM trace_attach(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  mi_attach_config cfg{};
+  if (enif_is_identical(argv[0], atoms.full))
+    cfg.mode = MI_MODE_FULL;
+  else if (enif_is_identical(argv[0], atoms.sample))
+    cfg.mode = MI_MODE_SAMPLE;
+  else if (enif_is_identical(argv[0], atoms.counters))
+    cfg.mode = MI_MODE_COUNTERS;
+  else
+    throw BadArg{};
+  cfg.sample_bytes = get_u64(env, argv[1]);
+  cfg.table_capacity = get_u64(env, argv[2]);
+  cfg.stack_capacity = get_u64(env, argv[3]);
+  cfg.stack_depth = static_cast<uint32_t>(get_u64(env, argv[4]));
+  if (checked(reinterpret_cast<mi_preload_abi_fn>(::dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL))) != nullptr)
+    return error_tuple(env, atoms.preloaded);
+  const mi_preload_abi* abi = loaded_local_abi(true);
+  if (abi == nullptr) {
+    const char* why = ::dlerror();
+    return error_tuple(
+        env, enif_make_tuple2(env, atoms.load_failed, make_binary(env, why != nullptr ? why : "")));
+  }
+  mi_attach_result r{};
+  abi->attach(&cfg, sizeof cfg, &r, sizeof r);
+  switch (r.rc) {
+    case MI_ATTACH_OK:
+      g_attached.store(abi, std::memory_order_release);
+      return atoms.ok;
+    case MI_ATTACH_PRELOADED:
+      return error_tuple(env, atoms.preloaded);
+    case MI_ATTACH_ALREADY:
+      return error_tuple(env, atoms.already_attached);
+    case MI_ATTACH_UNSUPPORTED: {
+      r.what[sizeof r.what - 1] = '\0';
+      r.object[sizeof r.object - 1] = '\0';
+      const ERL_NIF_TERM what = unsupported_atom(env, r.what);
+      return error_tuple(
+          env, enif_make_tuple2(env, atoms.unsupported,
+                                r.object[0] != '\0'
+                                    ? enif_make_tuple2(env, what, make_binary(env, r.object))
+                                    : what));
+    }
+    default:
+      return error_tuple(env, posix_atom(r.err));
+  }
+}
+
+ERL_NIF_TERM trace_detach(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  const mi_preload_abi* abi = find_abi();
+  if (abi == nullptr || abi == g_preloaded.load(std::memory_order_acquire) || abi->detach() != 0)
+    return error_tuple(env, atoms.not_attached);
+  return atoms.ok;
 }
 
 }  // namespace mi::nif

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "../common/mi_abi.h"
+#include "attach.h"
 #include "runtime.h"
 
 namespace mi::preload {
@@ -59,10 +60,18 @@ uint64_t abi_now_ns() {
 }
 
 constexpr mi_preload_abi kAbi = {
-    MI_ABI_VERSION, sizeof(mi_preload_abi),
-    abi_status,     abi_set_mode,
-    abi_snapshot,   abi_stack,
-    abi_reset,      abi_now_ns,
+    MI_ABI_VERSION,
+    sizeof(mi_preload_abi),
+    abi_status,
+    abi_set_mode,
+    abi_snapshot,
+    abi_stack,
+    abi_reset,
+    abi_now_ns,
+    // attach block
+    abi_attach,
+    abi_detach,
+    abi_attach_status,
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -245,6 +246,37 @@ bool change_mode(uint32_t mode) {
   if (ok && before == MI_MODE_OFF && mode != MI_MODE_OFF) g_tracker.reset();
   update_gate();
   ::pthread_mutex_unlock(&g_mode_lock);
+  return ok;
+}
+
+bool start_attached(const Next& next, const mi::track::Config& config) {
+  // Nothing calls the hooks yet (no slot is patched), but an ABI query may
+  // be running the ordinary start-up: let it finish, then override what it
+  // resolved (dlsym(RTLD_NEXT) from a dlopen()ed library is not what the
+  // process binds to).
+  int s = kUninit;
+  if (!g_state.compare_exchange_strong(s, kInitializing, std::memory_order_acq_rel))
+    while (g_state.load(std::memory_order_acquire) != kReady) ::sched_yield();
+  g_next = next;
+  bool ok = true;
+  if (!g_recording) {
+    ok = g_tracker.init(
+        config,
+        config.cached_unwinder ? mi::track::unwind_with_cache : mi::track::unwind_libunwind_only,
+        mi::track::coarse_monotonic_ns);
+    if (ok) {
+      g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
+                               reinterpret_cast<uintptr_t>(&etext));
+      g_recording = true;
+    }
+  } else {
+    ::pthread_mutex_lock(&g_mode_lock);
+    g_tracker.reset();
+    g_tracker.set_mode(config.mode);
+    ::pthread_mutex_unlock(&g_mode_lock);
+  }
+  g_state.store(kReady, std::memory_order_release);
+  update_gate();
   return ok;
 }
 

@@ -56,6 +56,14 @@ extern __thread bool t_in_hook;
 // dlsym, or another thread racing the first call): use the bootstrap pool.
 bool ensure_init();
 
+// attach() (attach.cpp), before any slot points at a hook: makes `next`
+// (the values the patched slots held) the next allocator and switches
+// recording on in this process whatever MALLOCINFO_TRACE_EXE says. The
+// first call maps the tables with `config`; later calls keep the tables,
+// forget what was recorded and apply config.mode. Not for hooks;
+// serialised by the caller. False when the tables cannot be mapped.
+bool start_attached(const Next& next, const mi::track::Config& config);
+
 // Static bootstrap pool for allocations made before the next allocator is
 // known. Memory is never reused (it is zero, as calloc needs).
 void* pool_alloc(size_t size, size_t align);

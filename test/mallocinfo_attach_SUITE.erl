@@ -1,0 +1,260 @@
+%% mallocinfo_trace:attach/0 on peer nodes started WITHOUT LD_PRELOAD: two
+%% copies of a test NIF that leak from named functions, one loaded before
+%% attach and one after; detach; attach/detach cycles while NIF threads
+%% allocate; a failed attach; a preloaded node refusing.
+-module(mallocinfo_attach_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2,
+         end_per_testcase/2]).
+-export([before_and_after/1, detach_keeps_records/1, cycles_under_load/1,
+         failed_attach_restores/1, preloaded_refuses/1, bad_arguments/1,
+         report_attaches_nodes/1, downstream_after_attach/1]).
+
+all() ->
+    [before_and_after, detach_keeps_records, cycles_under_load, failed_attach_restores,
+     preloaded_refuses, bad_arguments, report_attaches_nodes, downstream_after_attach].
+
+init_per_suite(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Data = ?config(data_dir, Config),
+    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
+    Src = filename:join(Data, "mi_attach_nif.c"),
+    [begin
+         So = filename:join(Priv, "mi_attach_" ++ M ++ ".so"),
+         Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -DMI_MODULE=mi_attach_~s "
+                             "-DMI_LEAK_FN=mi_~s_leak_here -o ~ts ~ts 2>&1",
+                             [Erts, M, M, So, Src]),
+         "" = os:cmd(lists:flatten(Cmd)),
+         {ok, _} = compile:file(filename:join(Data, "mi_attach_" ++ M ++ ".erl"),
+                                [{outdir, Priv}])
+     end || M <- ["a", "b"]],
+    Config.
+
+end_per_suite(_Config) ->
+    ok.
+
+init_per_testcase(failed_attach_restores, Config) ->
+    start_peer(Config, [{"MALLOCINFO_ATTACH_FAIL_AFTER", "3"}]);
+init_per_testcase(report_attaches_nodes, Config) ->
+    Config;
+init_per_testcase(preloaded_refuses, Config) ->
+    start_peer(Config, mallocinfo_trace:preload_env());
+init_per_testcase(_, Config) ->
+    start_peer(Config, []).
+
+end_per_testcase(_, Config) ->
+    case ?config(peer, Config) of
+        undefined -> ok;
+        Peer -> peer:stop(Peer)
+    end.
+
+start_peer(Config, Env) ->
+    Ebin = filename:dirname(code:which(mallocinfo)),
+    Env1 = case lists:keymember("LD_PRELOAD", 1, Env) of
+               true -> Env;
+               false -> [{"LD_PRELOAD", false} | Env]
+           end,
+    {ok, Peer, _Node} =
+        peer:start_link(#{connection => standard_io, env => Env1,
+                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)]}),
+    {module, mallocinfo_trace} = peer:call(Peer, code, ensure_loaded, [mallocinfo_trace]),
+    [{peer, Peer} | Config].
+
+call(Config, M, F, A) ->
+    peer:call(?config(peer, Config), M, F, A, 120000).
+
+sites(Config, Symbol) ->
+    [S || #{stack := [#{symbol := Sym} | _]} = S <- call(Config, mallocinfo_trace, sites, [50]),
+          Sym =:= Symbol].
+
+%%% Cases --------------------------------------------------------------------
+
+%% NIF a loaded before attach, NIF b after (its dlopen goes through the
+%% emulator's redirected dlopen): both leaks counted exactly, blocks from
+%% before attach neither reported nor harmful when freed.
+before_and_after(Config) ->
+    ?assertMatch(#{preloaded := false, attached := false, attached_at := undefined},
+                 call(Config, mallocinfo_trace, status, [])),
+    ?assertEqual({error, not_preloaded}, call(Config, mallocinfo_trace, sites, [5])),
+    {module, mi_attach_a} = call(Config, code, ensure_loaded, [mi_attach_a]),
+    ok = call(Config, mi_attach_a, leak, [50, 48]),  % before attach: never seen
+    T0 = call(Config, erlang, system_time, [millisecond]),
+    ok = call(Config, mallocinfo_trace, attach, []),
+    T1 = call(Config, erlang, system_time, [millisecond]),
+    S = call(Config, mallocinfo_trace, status, []),
+    ct:pal("after attach: ~p", [maps:with([attached, attached_at, attach, recording], S)]),
+    #{attached := true, preloaded := false, recording := true, attached_at := At,
+      attach := #{slots := Slots, objects := Objects, attach_us := Us}} = S,
+    ?assert(At >= T0 andalso At =< T1),
+    ?assert(Slots > 0 andalso Objects > 0),
+    ok = file:write_file(filename:join(?config(priv_dir, Config), "attach_us.txt"),
+                         io_lib:format("~p ~p ~p~n", [Us, Objects, Slots])),
+    ?assertEqual({error, already_attached}, call(Config, mallocinfo_trace, attach, [])),
+
+    ok = call(Config, mi_attach_a, leak, [1000, 100]),
+    ?assertMatch([#{count := 1000, bytes := 100000, estimated := false}],
+                 sites(Config, <<"mi_a_leak_here">>)),
+    {module, mi_attach_b} = call(Config, code, ensure_loaded, [mi_attach_b]),
+    ok = call(Config, mi_attach_b, leak, [700, 200]),
+    [#{count := 700, bytes := 140000, stack := [Top | _]}] = sites(Config, <<"mi_b_leak_here">>),
+    ?assertNotEqual(nomatch, binary:match(maps:get(object, Top), <<"mi_attach_b.so">>)),
+
+    %% Frees of the 50 blocks from before attach: forwarded and counted.
+    #{frees_untracked := U0} = call(Config, mallocinfo_trace, status, []),
+    ok = call(Config, mi_attach_a, release, []),
+    #{frees_untracked := U1} = call(Config, mallocinfo_trace, status, []),
+    ?assert(U1 - U0 >= 50),
+    ?assertEqual([], sites(Config, <<"mi_a_leak_here">>)),
+    ok = call(Config, mi_attach_b, release, []),
+    ok = call(Config, mallocinfo_trace, detach, []).
+
+%% After detach nothing new is counted, what was recorded stays readable,
+%% and the next attach starts afresh.
+detach_keeps_records(Config) ->
+    ok = call(Config, mallocinfo_trace, attach, [#{stack_depth => 16}]),
+    {module, mi_attach_a} = call(Config, code, ensure_loaded, [mi_attach_a]),
+    ok = call(Config, mi_attach_a, leak, [300, 64]),
+    ok = call(Config, mallocinfo_trace, detach, []),
+    ?assertEqual({error, not_attached}, call(Config, mallocinfo_trace, detach, [])),
+    #{attached := false, attached_at := At, attach := #{slots := 0}} =
+        call(Config, mallocinfo_trace, status, []),
+    ?assert(is_integer(At)),
+    #{calls := #{malloc := M0}} = call(Config, mallocinfo_trace, status, []),
+    ok = call(Config, mi_attach_a, leak, [200, 64]),
+    #{calls := #{malloc := M1}} = call(Config, mallocinfo_trace, status, []),
+    ?assert(M1 - M0 < 200),
+    ?assertMatch([#{count := 300, bytes := 19200}], sites(Config, <<"mi_a_leak_here">>)),
+    ?assertMatch([_ | _], call(Config, mallocinfo_trace, olds, [5])),
+    %% The 500 blocks are freed while detached: harmless.
+    ok = call(Config, mi_attach_a, release, []),
+    ok = call(Config, mallocinfo_trace, attach, []),
+    ?assertEqual([], sites(Config, <<"mi_a_leak_here">>)),
+    ok = call(Config, mi_attach_a, leak, [10, 64]),
+    ?assertMatch([#{count := 10}], sites(Config, <<"mi_a_leak_here">>)),
+    ok = call(Config, mallocinfo_trace, detach, []),
+    ok = call(Config, mi_attach_a, release, []).
+
+%% 100 attach/detach cycles while 4 NIF threads malloc/calloc/realloc/free:
+%% no crash, the threads' own counts intact, every slot restored each time,
+%% exact counters for a leak made afterwards, and the node's RSS does not
+%% grow beyond the tracker's tables.
+cycles_under_load(Config) ->
+    {module, mi_attach_a} = call(Config, code, ensure_loaded, [mi_attach_a]),
+    Rss0 = rss_kib(Config),
+    4 = call(Config, mi_attach_a, churn_start, [4]),
+    Opts = #{table_size => 1 bsl 16, stack_table_size => 1 bsl 12},
+    Cycle = fun(_) ->
+                    ok = call(Config, mallocinfo_trace, attach, [Opts]),
+                    #{attached := true, attach := #{slots := N}} =
+                        call(Config, mallocinfo_trace, status, []),
+                    ok = call(Config, mallocinfo_trace, detach, []),
+                    #{attached := false, attach := #{slots := 0}} =
+                        call(Config, mallocinfo_trace, status, []),
+                    N
+            end,
+    SlotCounts = lists:map(Cycle, lists:seq(1, 100)),
+    Ops = call(Config, mi_attach_a, churn_stop, []),
+    ct:pal("100 cycles, ~p churn operations, slots per attach ~p", [Ops, lists:usort(SlotCounts)]),
+    ?assert(Ops > 0),
+    %% The same objects are patched each time.
+    ?assertEqual(1, length(lists:usort(SlotCounts))),
+    ok = call(Config, mallocinfo_trace, attach, [Opts]),
+    ok = call(Config, mi_attach_a, leak, [4321, 24]),
+    ?assertMatch([#{count := 4321, bytes := 103704}], sites(Config, <<"mi_a_leak_here">>)),
+    ok = call(Config, mi_attach_a, release, []),
+    ?assertEqual([], sites(Config, <<"mi_a_leak_here">>)),
+    #{table_bytes := TB, stack_bytes := SB} = call(Config, mallocinfo_trace, status, []),
+    ok = call(Config, mallocinfo_trace, detach, []),
+    Rss1 = rss_kib(Config),
+    ct:pal("RSS ~p KiB -> ~p KiB; tables ~p KiB", [Rss0, Rss1, (TB + SB) div 1024]),
+    %% The tables are the bound; 8 MiB for the churn threads' arenas and stacks.
+    ?assert(Rss1 - Rss0 =< (TB + SB) div 1024 + 8192).
+
+%% The fourth slot store fails (injected): every slot is put back, the
+%% node says why and keeps working, and loads a NIF normally after.
+failed_attach_restores(Config) ->
+    ?assertEqual({error, eacces}, call(Config, mallocinfo_trace, attach, [])),
+    ?assertMatch(#{attached := false, attached_at := undefined},
+                 call(Config, mallocinfo_trace, status, [])),
+    ?assertEqual({error, not_preloaded}, call(Config, mallocinfo_trace, sites, [5])),
+    ?assertEqual({error, not_attached}, call(Config, mallocinfo_trace, detach, [])),
+    {module, mi_attach_b} = call(Config, code, ensure_loaded, [mi_attach_b]),
+    ok = call(Config, mi_attach_b, leak, [100, 100]),
+    ok = call(Config, mi_attach_b, release, []),
+    ?assertEqual({error, eacces}, call(Config, mallocinfo_trace, attach, [])).
+
+preloaded_refuses(Config) ->
+    ?assertEqual({error, preloaded}, call(Config, mallocinfo_trace, attach, [])),
+    ?assertMatch(#{preloaded := true, attached := false},
+                 call(Config, mallocinfo_trace, status, [])),
+    ?assertEqual({error, not_attached}, call(Config, mallocinfo_trace, detach, [])).
+
+bad_arguments(Config) ->
+    Bad = [[#{mode => off}], [#{mode => loud}], [#{bogus => 1}], [#{table_size => 1}],
+           [#{stack_depth => 129}], [#{sample_bytes => 0}], [[{mode, full}]], [full]],
+    [?assertMatch({'EXIT', {badarg, _}}, (catch call(Config, mallocinfo_trace, attach, A)))
+     || A <- Bad],
+    ?assertMatch(#{attached := false}, call(Config, mallocinfo_trace, status, [])).
+
+%% mallocinfo:report(Nodes, #{attach => true}) over distribution: a node
+%% that is not tracking attaches and its row says so; a preloaded node is
+%% left as it is; asking again finds the first one attached. (This CT node
+%% itself is never attached: other suites expect it without a tracker.)
+report_attaches_nodes(Config) ->
+    case node() of
+        nonode@nohost ->
+            {ok, _} = net_kernel:start([list_to_atom("mi_ct_attach_" ++ os:getpid()), shortnames]);
+        _ ->
+            ok
+    end,
+    Ebin = filename:dirname(code:which(mallocinfo)),
+    {ok, PA, A} = peer:start(#{name => peer:random_name(), args => ["-pa", Ebin],
+                               env => [{"LD_PRELOAD", false}]}),
+    {ok, PP, P} = peer:start(#{name => peer:random_name(), args => ["-pa", Ebin],
+                               env => mallocinfo_trace:preload_env()}),
+    try
+        [{A, {ok, RA}}, {P, {ok, RP}}] = mallocinfo_report:collect([A, P], #{attach => true}),
+        ?assertMatch(#{attach := ok, injected := false}, RA),
+        ?assertMatch(#{attach := {error, preloaded}}, RP),
+        ?assertMatch(#{attached := true}, erpc:call(A, mallocinfo_trace, status, [])),
+        Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format_cluster(
+                                                     [{A, {ok, RA}}, {P, {ok, RP}}])])),
+        ct:pal("~ts", [Text]),
+        ?assertNotEqual(nomatch, string:find(Text, "ok, attached now")),
+        ?assertNotEqual(nomatch, string:find(Text, "ok, preloaded")),
+        [{A, {ok, RA2}}] = mallocinfo_report:collect([A], #{attach => true}),
+        ?assertMatch(#{attach := {error, already_attached},
+                       native := #{attached := true, attached_at := _}}, RA2),
+        ?assertError(badarg, mallocinfo_report:collect([A], #{attach => yes}))
+    after
+        peer:stop(PA),
+        peer:stop(PP)
+    end,
+    Config.
+
+%% After attach, what reads the tracker elsewhere sees it: Prometheus
+%% metrics, the HTTP endpoint's /heap_profile status text, stats/0.
+downstream_after_attach(Config) ->
+    ?assertEqual({error, not_preloaded}, call(Config, mallocinfo_trace, stats, [])),
+    ok = call(Config, mallocinfo_trace, attach, []),
+    {module, mi_attach_a} = call(Config, code, ensure_loaded, [mi_attach_a]),
+    ok = call(Config, mi_attach_a, leak, [100, 64]),
+    ?assertMatch(#{live_entries := L, calls := #{malloc := M}} when L >= 100 andalso M >= 100,
+                 call(Config, mallocinfo_trace, stats, [])),
+    Metrics = iolist_to_binary(call(Config, mallocinfo_prom, metrics, [])),
+    ?assertNotEqual(nomatch, binary:match(Metrics, <<"mallocinfo_tracker_live_blocks ">>)),
+    {ok, #{port := Port}} = call(Config, mallocinfo_http, start, []),
+    Url = "http://127.0.0.1:" ++ integer_to_list(Port) ++ "/heap_profile",
+    ok = call(Config, application, ensure_started, [inets]),
+    {ok, {{_, 200, _}, _, Body}} = call(Config, httpc, request, [Url]),
+    ct:pal("~ts", [Body]),
+    ?assertNotEqual(nomatch, string:find(Body, "tracker: attached at ")),
+    ok = call(Config, mi_attach_a, release, []),
+    ok = call(Config, mallocinfo_trace, detach, []).
+
+rss_kib(Config) ->
+    {ok, Status} = call(Config, file, read_file, ["/proc/self/status"]),
+    {match, [Kib]} = re:run(Status, "VmRSS:\\s+(\\d+)", [{capture, all_but_first, list}]),
+    list_to_integer(Kib).
