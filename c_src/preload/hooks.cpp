@@ -49,6 +49,12 @@ inline bool ready() {
   return g_state.load(std::memory_order_acquire) == kReady || ensure_init();
 }
 
+// A call made inside a hook (t_in_hook) while a counting mode is on.
+inline bool nested_count() {
+  return t_in_hook && g_gate.load(std::memory_order_relaxed) >= kGateFull &&
+         g_state.load(std::memory_order_relaxed) == kReady;
+}
+
 inline int gate() {
   return g_gate.load(std::memory_order_acquire);
 }
@@ -95,7 +101,16 @@ bool plain_alignment(size_t align) {
 // live set (moved, resized in place, or freed by realloc(p, 0)) and the new
 // block is counted as allocated.
 void* do_realloc(mi_fn fn, void* p, size_t size) {
-  if (!tracking()) return g_next.realloc(p, size);
+  if (!tracking()) {
+    if (!nested_count()) return g_next.realloc(p, size);
+    const size_t old = next_usable_size(p);
+    void* r = g_next.realloc(p, size);
+    if (r != nullptr || size == 0) {
+      g_tracker.count_bytes(false, old);
+      g_tracker.count_bytes(true, next_usable_size(r));
+    }
+    return r;
+  }
   Guard g;
   const uint32_t mode = g_tracker.mode();
   mi::track::LiveEntry old{};
@@ -137,7 +152,11 @@ void* do_realloc(mi_fn fn, void* p, size_t size) {
 // tracker is in. `fill`: what a sampled block must hold if it is moved.
 template <class Call>
 void* tracked_alloc(mi_fn fn, size_t size, size_t align, Fill fill, Call call) {
-  if (!tracking()) return call();
+  if (!tracking()) {
+    void* p = call();
+    if (nested_count()) g_tracker.count_bytes(true, next_usable_size(p));
+    return p;
+  }
   Guard g;
   switch (g_tracker.mode()) {
     case MI_MODE_COUNTERS: {
@@ -200,7 +219,10 @@ namespace {
 [[gnu::noinline]] void slow_free(void* p) noexcept {
   if (!ready()) [[unlikely]]
     return;  // not reachable with a real pointer: nothing was allocated yet
-  if (!tracking()) return g_next.free(p);
+  if (!tracking()) {
+    if (nested_count()) g_tracker.count_bytes(false, next_usable_size(p));
+    return g_next.free(p);
+  }
   Guard g;
   if (g_tracker.mode() == MI_MODE_COUNTERS)
     g_tracker.count_free(MI_FN_FREE, next_usable_size(p));

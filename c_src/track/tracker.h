@@ -156,6 +156,20 @@ class Tracker {
     count_call(fn, thread_state()->bytes_allocated, usable);
   }
   void count_free(mi_fn fn, size_t usable) { count_call(fn, thread_state()->bytes_freed, usable); }
+  // Full and counters modes: bytes only, no call, nothing recorded, for
+  // blocks the tracker's own machinery allocates or frees inside a hook
+  // (libunwind, dlsym): such a block may be freed outside one, and the
+  // byte counters must still balance.
+  void count_bytes(bool allocated, size_t usable) {
+    const uint32_t m = mode();
+    if (m != MI_MODE_FULL && m != MI_MODE_COUNTERS) return;
+    ThreadState* ts = thread_state();
+    std::atomic<uint64_t>& c = allocated ? ts->bytes_allocated : ts->bytes_freed;
+    if (ts->shared == 0)
+      c.store(c.load(std::memory_order_relaxed) + usable, std::memory_order_relaxed);
+    else
+      c.fetch_add(usable, std::memory_order_relaxed);
+  }
   size_t usable(void* p) const { return usable_ != nullptr && p != nullptr ? usable_(p) : 0; }
 
   // Sample mode. sample_due(size) is the whole per-call cost of an
