@@ -189,10 +189,15 @@ read_summary(DumpPath) ->
 %% heap map per segment) and the PNGs it shows, `arena<A>-seg<S>.png' and,
 %% when the tracker saw mmapped blocks, `mmap.png'. Returns the files
 %% written, `index.html' first. The dump is validated completely before
-%% anything is written; files are written under temporary names and renamed
-%% at the end, so a failure leaves nothing new behind. Errors as
-%% {@link read_summary/1}, plus `{error, Posix}' for `OutDir' (`enotdir'
-%% when it is a file, `eacces', `enoent', `enospc', ...).
+%% anything is written; files are written under temporary names, synced and
+%% renamed at the end, so a failure leaves nothing new behind. A file of the
+%% same name already in `OutDir' is replaced only when it is a regular
+%% file: when one of the names is a directory the answer is
+%% `{error, eisdir}', when it is anything else (a symbolic link, which is
+%% never followed, a device, a FIFO, a socket) `{error, eexist}', and
+%% nothing is drawn or touched. Errors as {@link read_summary/1}, plus
+%% `{error, Posix}' for `OutDir' (`enotdir' when it is a file, `eacces',
+%% `enoent', `enospc', ...).
 -spec render(file:name_all(), file:name_all()) ->
           {ok, [file:filename_all()]} | {error, file:posix() | {bad_dump, bad_dump()}}.
 render(DumpPath, OutDir) ->
@@ -650,18 +655,26 @@ header_map(#hdr{pid = Pid, time_ms = T, glibc = G, page_size = PS, heap_max = HM
               first, seg, kind = segment}).
 
 draw(DumpPath, OutDir, Scan, Summary) ->
+    Imgs = plan(Scan),
+    Names = ["index.html" | [I#img.file || I <- Imgs]],
+    %% Every name is checked before anything is made: a target that will
+    %% not be replaced costs no drawing and leaves nothing behind.
+    case first_error([check_target(filename:join(OutDir, N)) || N <- Names]) of
+        ok -> draw(DumpPath, OutDir, Scan, Summary, Imgs, Names);
+        {error, _} = E -> E
+    end.
+
+draw(DumpPath, OutDir, Scan, Summary, Imgs, Names) ->
     case ensure_dir(OutDir) of
         {ok, Created} ->
             %% Unique across nodes rendering into the same directory too.
             Tag = os:getpid() ++ "-" ++ integer_to_list(erlang:unique_integer([positive])),
             Temp = fun(Name) -> filename:join(OutDir, "." ++ Name ++ "." ++ Tag ++ ".tmp") end,
-            Imgs = plan(Scan),
-            Names = ["index.html" | [I#img.file || I <- Imgs]],
             try
                 draw_images(DumpPath, Scan, Imgs, Temp),
                 write_file(Temp("index.html"), html(Scan, Summary, Imgs)),
                 %% index.html last: when it is there, so are its images.
-                [rename(Temp(N), filename:join(OutDir, N)) || N <- lists:reverse(Names)],
+                [commit(Temp(N), filename:join(OutDir, N)) || N <- lists:reverse(Names)],
                 {ok, [filename:join(OutDir, N) || N <- Names]}
             catch
                 Class:Why:Stack ->
@@ -675,6 +688,26 @@ draw(DumpPath, OutDir, Scan, Summary) ->
             end;
         {error, _} = E ->
             E
+    end.
+
+first_error(Results) ->
+    case [E || {error, _} = E <- Results] of
+        [] -> ok;
+        [E | _] -> E
+    end.
+
+%% What a name may be for render/2 to write it: missing, or a regular file
+%% (replaced whole). A directory is `eisdir'; anything else, a symbolic
+%% link (never followed), a device, a FIFO or a socket, is `eexist' and
+%% left as it is: the same rule as the NIF's writers (c_src/glibc/
+%% atomic_file.h). `{ok, Exists}' when it may be written.
+check_target(Path) ->
+    case file:read_link_info(Path, [raw]) of
+        {ok, #file_info{type = regular}} -> {ok, true};
+        {ok, #file_info{type = directory}} -> {error, eisdir};
+        {ok, #file_info{}} -> {error, eexist};
+        {error, enoent} -> {ok, false};
+        {error, _} = E -> E
     end.
 
 %% Creates OutDir and its missing parents; returns those it created,
@@ -701,10 +734,55 @@ ensure_dir(Dir) ->
         {error, _} = E -> E
     end.
 
-write_file(Path, Data) ->
-    case file:write_file(Path, Data, [raw]) of
+%% A temporary file: `exclusive' (O_CREAT|O_EXCL) never opens an existing
+%% name, links included.
+open_temp(Path) ->
+    case file:open(Path, [write, raw, binary, delayed_write, exclusive]) of
+        {ok, Fd} -> Fd;
+        {error, Posix} -> throw({posix, Posix})
+    end.
+
+%% On disk before it is renamed into place: a crash never leaves an empty
+%% file under a final name. (sync/1 writes out delayed_write's buffer
+%% first, and reports a failed delayed write.)
+sync(Fd) ->
+    case file:sync(Fd) of
         ok -> ok;
         {error, Posix} -> throw({posix, Posix})
+    end.
+
+write_file(Path, Data) ->
+    Fd = open_temp(Path),
+    try
+        put_data(Fd, Data),
+        sync(Fd)
+    after
+        file:close(Fd)
+    end.
+
+%% Renames a finished temporary over Target after a second look at what
+%% Target is now (it was checked before drawing; this narrows the window
+%% to the moment between the look and the rename). A name that was free is
+%% taken with a hard link, which, unlike rename, fails when something took
+%% the name meanwhile; that something is then checked like any target. A
+%% filesystem without hard links falls back to rename.
+commit(Temp, Target) ->
+    commit(Temp, Target, 4).
+
+commit(_Temp, _Target, 0) ->
+    throw({posix, eexist});
+commit(Temp, Target, Rounds) ->
+    case check_target(Target) of
+        {ok, true} ->
+            rename(Temp, Target);
+        {ok, false} ->
+            case file:make_link(Temp, Target) of
+                ok -> _ = file:delete(Temp), ok;
+                {error, eexist} -> commit(Temp, Target, Rounds - 1);
+                {error, _} -> rename(Temp, Target)
+            end;
+        {error, Posix} ->
+            throw({posix, Posix})
     end.
 
 rename(From, To) ->
@@ -769,10 +847,7 @@ draw_images(DumpPath, Scan, Imgs, Temp) ->
     end.
 
 draw_image(Fd, #scan{hdr = H} = Scan, Classes, #img{} = I, Path) ->
-    Out = case file:open(Path, [write, raw, binary, delayed_write]) of
-              {ok, O} -> O;
-              {error, Posix} -> throw({posix, Posix})
-          end,
+    Out = open_temp(Path),
     {Png, Head} = mallocinfo_png:open(#{width => I#img.w, height => I#img.rows,
                                         format => {palette, palette()}}),
     try
@@ -794,7 +869,8 @@ draw_image(Fd, #scan{hdr = H} = Scan, Classes, #img{} = I, Path) ->
         Px2#px.filled =:= 0 orelse error(partial_pixel),
         {Px2#px.x, Px2#px.y} =:= {0, I#img.rows} orelse error(pixel_count),
         flush(Px2),
-        put_data(Out, mallocinfo_png:close(Png))
+        put_data(Out, mallocinfo_png:close(Png)),
+        sync(Out)
     catch
         Class:Reason:Stack ->
             _ = (catch mallocinfo_png:close(Png)),
