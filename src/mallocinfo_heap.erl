@@ -44,6 +44,8 @@
                      segments := non_neg_integer(),
                      mmap_chunks := non_neg_integer(),
                      mmap_bytes := non_neg_integer(),
+                     tracked_mmap_chunks := non_neg_integer(),
+                     tracked_mmap_bytes := non_neg_integer(),
                      file_bytes := non_neg_integer(),
                      walk_ms := non_neg_integer(),
                      fork_us := non_neg_integer(),
@@ -135,8 +137,10 @@ run(Path, Opts) ->
     case mallocinfo:allocator() of
         glibc ->
             case mallocinfo_nif:heap_dump(Path, MaxSites, Timeout, Xml) of
-                {ok, #{arenas := Arenas, mmap_bytes := MB, mmap_chunks := MC} = S} ->
-                    Total = (totals(Arenas))#{mmap_bytes => MB, mmap_chunks => MC},
+                {ok, #{arenas := Arenas} = S} ->
+                    Total = maps:merge(totals(Arenas),
+                                       maps:with([mmap_bytes, mmap_chunks, tracked_mmap_bytes,
+                                                  tracked_mmap_chunks], S)),
                     {ok, S#{total => Total}};
                 {error, _} = E ->
                     E

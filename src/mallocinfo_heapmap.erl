@@ -53,8 +53,8 @@
                     resident_bytes := non_neg_integer(),
                     trimmable_bytes := non_neg_integer(),
                     pinned_bytes := non_neg_integer(),
-                    mmap_bytes := non_neg_integer(),
-                    mmap_chunks := non_neg_integer(),
+                    tracked_mmap_bytes := non_neg_integer(),
+                    tracked_mmap_chunks := non_neg_integer(),
                     arena_count := non_neg_integer(),
                     chunk_count := non_neg_integer(),
                     live_bytes => non_neg_integer(),
@@ -245,9 +245,10 @@ format_summary(#{arenas := Arenas, total := T}) ->
                N -> io_lib:format("... ~b smaller arenas~n", [N])
            end,
     Mmap = case T of
-               #{mmap_chunks := 0} -> [];
-               #{mmap_chunks := MC, mmap_bytes := MB} ->
-                   io_lib:format("mmapped blocks seen by the tracker: ~b, ~s~n", [MC, mallocinfo_units:bytes(MB)])
+               #{tracked_mmap_chunks := 0} -> [];
+               #{tracked_mmap_chunks := MC, tracked_mmap_bytes := MB} ->
+                   io_lib:format("mmapped blocks seen by the tracker: ~b, ~s~n", [MC, mallocinfo_units:bytes(MB)]);
+               #{} -> []
            end,
     Live = case T of
                #{live_bytes := LB, live_chunks := LC, unrecorded_bytes := UB} ->
@@ -615,7 +616,8 @@ summary(#scan{arenas = Arenas, hdr = #hdr{tracker = Tracker}} = S) ->
                     end, maps:remove(arena, arena_summary(#arena{index = 0, system = 0}, Tracker))),
     Sum = lists:foldl(fun(A, T) -> add_arena(maps:remove(arena, A), T) end, Zero, Per),
     #{arenas => Per,
-      total => Sum#{mmap_bytes => S#scan.mmap_bytes, mmap_chunks => S#scan.mmap_chunks,
+      total => Sum#{tracked_mmap_bytes => S#scan.mmap_bytes,
+                    tracked_mmap_chunks => S#scan.mmap_chunks,
                     arena_count => length(Arenas), chunk_count => S#scan.chunk_count}}.
 
 arena_summary(#arena{index = I, system = System, acc = A}, Tracker) ->
@@ -1198,7 +1200,7 @@ header_html(#scan{hdr = H, seg_count = Segs, mmap_chunks = MC}, T) ->
                    maps:get(arena_count, T), Segs, maps:get(chunk_count, T),
                    case MC of
                        0 -> "";
-                       _ -> io_lib:format(", ~b mmapped blocks (~s)", [MC, mallocinfo_units:bytes(maps:get(mmap_bytes, T))])
+                       _ -> io_lib:format(", ~b mmapped blocks seen by the tracker (~s)", [MC, mallocinfo_units:bytes(maps:get(tracked_mmap_bytes, T))])
                    end,
                    case H#hdr.tracker of true -> "yes"; false -> "no" end]).
 

@@ -61,6 +61,9 @@ struct DumpResult {
   std::vector<ArenaSummary> arenas;
   uint64_t chunks = 0;
   uint64_t segments = 0;
+  // mmapped blocks found through the tracker's live table (the MMAP
+  // records): glibc keeps no list of them, so without the tracker these are
+  // 0 while mallinfo.hblks/hblkhd count them all.
   uint64_t mmap_chunks = 0;
   uint64_t mmap_bytes = 0;
   uint64_t file_bytes = 0;
