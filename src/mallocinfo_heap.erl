@@ -104,21 +104,25 @@ summary(Opts) ->
 render(DumpPath, OutDir) ->
     mallocinfo_heapmap:render(DumpPath, OutDir).
 
+-define(COUNTERS, [system_bytes, in_use_bytes, free_bytes, chunks, free_chunks, resident_bytes,
+                   trimmable_bytes, pinned_bytes, segments]).
+-define(KINDS, [in_use, free, fast, tcache, top, meta]).
+-define(TRACKER_COUNTERS, [live_bytes, live_chunks, unrecorded_bytes]).
+
 %% @doc Sums per-arena summaries into the `total' map: every counter summed,
-%% `largest_free' the maximum, plus `arena_count'. Pure.
+%% `largest_free' the maximum, plus `arena_count'. Pure. Raises `badarg'
+%% unless `Arenas' is a list of arena summaries (maps with every counter
+%% above as a non-negative integer, the tracker's three in all or none).
 -spec totals([arena_summary()]) -> map().
 totals(Arenas) ->
+    arenas(Arenas) orelse erlang:error(badarg, [Arenas]),
     Sum = fun(K) -> lists:sum([maps:get(K, A, 0) || A <- Arenas]) end,
-    Keys = [system_bytes, in_use_bytes, free_bytes, chunks, free_chunks, resident_bytes,
-            trimmable_bytes, pinned_bytes, segments],
-    Base = maps:from_list([{K, Sum(K)} || K <- Keys]),
-    Kinds = [in_use, free, fast, tcache, top, meta],
+    Base = maps:from_list([{K, Sum(K)} || K <- ?COUNTERS]),
     ByKind = maps:from_list([{K, lists:sum([maps:get(K, maps:get(by_kind, A)) || A <- Arenas])}
-                             || K <- Kinds]),
+                             || K <- ?KINDS]),
     Tracker = case Arenas of
                   [#{live_bytes := _} | _] ->
-                      maps:from_list([{K, Sum(K)}
-                                      || K <- [live_bytes, live_chunks, unrecorded_bytes]]);
+                      maps:from_list([{K, Sum(K)} || K <- ?TRACKER_COUNTERS]);
                   _ ->
                       #{}
               end,
@@ -129,7 +133,34 @@ totals(Arenas) ->
 
 %% Internals
 
+arenas(Arenas) ->
+    Tracker = case Arenas of
+                  [#{live_bytes := _} | _] -> ?TRACKER_COUNTERS;
+                  _ -> []
+              end,
+    proper_list(Arenas) andalso
+        lists:all(fun(#{by_kind := K} = A) ->
+                          counters(A, [largest_free | ?COUNTERS ++ Tracker]) andalso
+                              counters(K, ?KINDS);
+                     (_) ->
+                          false
+                  end, Arenas).
+
+counters(M, Keys) ->
+    is_map(M) andalso
+        lists:all(fun(K) ->
+                          case M of
+                              #{K := V} -> is_integer(V) andalso V >= 0;
+                              #{} -> false
+                          end
+                  end, Keys).
+
+proper_list([]) -> true;
+proper_list([_ | T]) -> proper_list(T);
+proper_list(_) -> false.
+
 run(Path, Opts) ->
+    maps:keys(Opts) -- [max_sites, timeout, info_xml] =:= [] orelse erlang:error(badarg, [Opts]),
     MaxSites = opt(max_sites, Opts, ?DEFAULT_SITES,
                    fun(V) -> is_integer(V) andalso V >= 0 andalso V =< 65534 end),
     Timeout = opt(timeout, Opts, ?DEFAULT_TIMEOUT, fun(V) -> is_integer(V) andalso V > 0 andalso V < 1 bsl 31 end),

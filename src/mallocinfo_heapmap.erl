@@ -227,7 +227,11 @@ render_report(DumpPath0, OutDir0) ->
 %% @doc A summary as a few lines of text (what the escript prints): one line
 %% per arena, the largest 16 by system bytes, then the totals.
 -spec format_summary(summary()) -> iodata().
-format_summary(#{arenas := Arenas, total := T}) ->
+format_summary(S) ->
+    valid_summary(S) orelse erlang:error(badarg, [S]),
+    summary_text(S).
+
+summary_text(#{arenas := Arenas, total := T}) ->
     Cols = "~-7s ~10s ~10s ~10s ~10s ~10s ~10s ~10s ~9s~n",
     Head = io_lib:format(Cols, ["arena", "system", "in use", "free", "resident",
                                 "trimmable", "pinned", "largest", "free#"]),
@@ -261,12 +265,50 @@ format_summary(#{arenas := Arenas, total := T}) ->
      io_lib:format("~b arenas, ~b chunks~n", [maps:get(arena_count, T), maps:get(chunk_count, T)]),
      Mmap, Live].
 
-%% @doc What a dump's HEADER says, as one line of text.
+%% What summary_text/1 reads, checked first so that anything else is a
+%% badarg rather than a crash halfway through the text.
+valid_summary(#{arenas := Arenas, total := T}) ->
+    Counters = [system_bytes, in_use_bytes, free_bytes, resident_bytes, trimmable_bytes,
+                pinned_bytes, largest_free, free_chunks],
+    proper_list(Arenas)
+        andalso lists:all(fun(A) -> counters(A, [arena | Counters]) end, Arenas)
+        andalso counters(T, [arena_count, chunk_count | Counters])
+        andalso all_or_none(T, [tracked_mmap_chunks, tracked_mmap_bytes])
+        andalso all_or_none(T, [live_bytes, live_chunks, unrecorded_bytes]);
+valid_summary(_) ->
+    false.
+
+counters(M, Keys) ->
+    is_map(M) andalso
+        lists:all(fun(K) -> case M of
+                                #{K := V} -> is_integer(V) andalso V >= 0;
+                                #{} -> false
+                            end
+                  end, Keys).
+
+all_or_none(M, Keys) ->
+    case [K || K <- Keys, maps:is_key(K, M)] of
+        [] -> true;
+        Keys -> counters(M, Keys);
+        _ -> false
+    end.
+
+proper_list([]) -> true;
+proper_list([_ | T]) -> proper_list(T);
+proper_list(_) -> false.
+
+%% @doc What a dump's HEADER says, as one line of text. Anything but a
+%% header map (as {@link render_report/2} returns it) raises `badarg'.
 -spec format_header(header()) -> iodata().
-format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker := Tr}) ->
+format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker := Tr} = H)
+  when is_integer(Pid), Pid >= 0, is_integer(T), T >= 0, is_integer(PS), PS > 0,
+       is_boolean(Tr), is_binary(G) orelse is_list(G) ->
+    is_binary(G) orelse io_lib:char_list(G) orelse erlang:error(badarg, [H]),
     io_lib:format("heap of pid ~b dumped ~s, glibc ~s, page ~s~s~n",
                   [Pid, time_text(T), G, mallocinfo_units:bytes(PS),
-                   case Tr of true -> ", with tracker data"; false -> "" end]).
+                   case Tr of true -> ", with tracker data"; false -> "" end]);
+format_header(H) ->
+    erlang:error(badarg, [H]).
 
 %% The dump time in UTC. The field is not checked (any value reads), so one
 %% past year 9999 is shown as a number.

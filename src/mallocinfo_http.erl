@@ -194,7 +194,9 @@ do(#mod{method = Method, request_uri = Uri}) ->
            end,
     Head = [{code, Code}, {content_length, integer_to_list(byte_size(Body))},
             {cache_control, "no-store"} | Headers],
-    {proceed, [{response, {response, Head, Body}}]}.
+    {proceed, [{response, {response, Head, Body}}]};
+do(Other) ->
+    erlang:error(badarg, [Other]).
 
 route(Method, Uri) ->
     case uri_string:parse(Uri) of

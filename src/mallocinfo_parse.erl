@@ -41,7 +41,9 @@ stats(Text) when is_binary(Text) ->
                   #{K := V} -> Acc#{K => V};
                   #{} -> error({bad_stats, K})
               end
-      end, #{arenas => lists:reverse(Arenas)}, Keys).
+      end, #{arenas => lists:reverse(Arenas)}, Keys);
+stats(Other) ->
+    erlang:error(badarg, [Other]).
 
 stats_lines([], Cur, Arenas, Totals) ->
     {close_arena(Cur, Arenas), Totals};
@@ -112,7 +114,9 @@ heaps(Xml) when is_binary(Xml) ->
               in_use_bytes => Current - Fast - Rest};
         _ ->
             error({bad_xml, not_malloc_info})
-    end.
+    end;
+heaps(Other) ->
+    erlang:error(badarg, [Other]).
 
 heap(#xmlElement{attributes = Attrs, content = Content}) ->
     Elems = elements(Content),

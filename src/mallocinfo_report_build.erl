@@ -1,8 +1,9 @@
-%% @doc The report from raw data, with pure functions only: `/proc' text
-%% parsed and grouped by mapping kind, the ERTS, libc, native and
+%% @private The report from raw data, with pure functions only: `/proc'
+%% text parsed and grouped by mapping kind, the ERTS, libc, native and
 %% other-allocator layers, what each explains of the resident set, and the
-%% verdict rules. `mallocinfo_report:collect/0' gathers the raw data;
-%% EUnit feeds canned `/proc' text and crafted maps.
+%% verdict rules. `mallocinfo_report:collect/0' gathers the raw data and is
+%% the only caller; the pieces are exported for EUnit, which feeds canned
+%% `/proc' text and crafted maps. Not an API: arguments are not checked.
 -module(mallocinfo_report_build).
 
 -export([build/1]).

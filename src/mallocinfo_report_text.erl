@@ -7,16 +7,52 @@
 %% One row of the cluster table: 78 columns at most.
 -define(ROW, "~-20ts ~9ts ~9ts ~9ts ~9ts ~6ts  ~ts~n").
 
-%% @doc The report of one node.
+%% The sections every report has (each a map or `{unavailable, Why, How}').
+-define(SECTIONS, [resident, erts, libc, native, other_allocator]).
+
+%% @doc The report of one node. Anything but a report as
+%% `mallocinfo_report:collect/0' makes it raises `badarg'.
 -spec format(mallocinfo_report:report()) -> iolist().
 format(R) ->
-    [header(R), section_verdicts(R), section_resident(R), section_erts(R),
-     section_libc(R), section_native(R), section_other(R), section_unaccounted(R)].
+    report(R) orelse erlang:error(badarg, [R]),
+    %% The formatter is pure and reads the report in many places; the shape
+    %% check above catches what is not a report at all, and a report whose
+    %% insides it cannot read (a hand-made or altered map) is a wrong
+    %% argument too. io_lib formats eagerly, so every failure is raised
+    %% here.
+    try
+        [header(R), section_verdicts(R), section_resident(R), section_erts(R),
+         section_libc(R), section_native(R), section_other(R), section_unaccounted(R)]
+    catch
+        error:_ -> erlang:error(badarg, [R])
+    end.
 
 %% @doc A cluster's reports: one row per node, why each failed node
-%% failed, then each node's verdicts.
+%% failed, then each node's verdicts. Anything but a list as
+%% `mallocinfo_report:collect/1' returns raises `badarg'.
 -spec format_cluster([mallocinfo_report:node_result()]) -> iolist().
 format_cluster(Results) ->
+    node_results(Results) orelse erlang:error(badarg, [Results]),
+    try cluster(Results)
+    catch error:_ -> erlang:error(badarg, [Results])
+    end.
+
+report(#{verdicts := Vs} = R) ->
+    lists:all(fun(K) -> maps:is_key(K, R) end, [unaccounted_bytes | ?SECTIONS])
+        andalso binaries(Vs);
+report(_) ->
+    false.
+
+binaries([]) -> true;
+binaries([B | Rest]) when is_binary(B) -> binaries(Rest);
+binaries(_) -> false.
+
+node_results([]) -> true;
+node_results([{N, {ok, R}} | Rest]) when is_atom(N) -> report(R) andalso node_results(Rest);
+node_results([{N, {error, _}} | Rest]) when is_atom(N) -> node_results(Rest);
+node_results(_) -> false.
+
+cluster(Results) ->
     Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
     Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
                 || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout],
@@ -95,6 +131,8 @@ group_line(Label, Bytes, Note) ->
 
 rss_of(K, G) -> maps:get(rss, maps:get(K, G)).
 
+section_erts(#{erts := {unavailable, _, _} = U}) ->
+    [rule_line("2. ERTS"), unavailable_line(U)];
 section_erts(#{erts := E}) ->
     Mem = maps:get(memory, E),
     M = fun(K) -> bytes(maps:get(K, Mem, undefined)) end,

@@ -53,4 +53,5 @@ bad_arguments_test_() ->
     [?_assertError(badarg, mallocinfo_heap:dump(42)),
      ?_assertError(badarg, mallocinfo_heap:dump("")),
      ?_assertError(badarg, mallocinfo_heap:dump("/tmp/x", #{max_sites => many})),
-     ?_assertError(badarg, mallocinfo_heap:summary(#{timeout => -5}))].
+     ?_assertError(badarg, mallocinfo_heap:summary(#{timeout => -5})),
+     ?_assertError(badarg, mallocinfo_heap:summary(#{junk => 1}))].

@@ -6,10 +6,10 @@
 
 -export([log/2]).
 
+%% mktemp: unique across test runs on one machine (unique_integer/1 is not).
 tmpdir() ->
-    Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
-                        "mi_eunit_" ++ integer_to_list(erlang:unique_integer([positive]))),
-    ok = file:make_dir(Dir),
+    Dir = string:trim(os:cmd("mktemp -d -t mi_eunit_XXXXXX")),
+    {ok, _} = file:read_file_info(Dir),
     Dir.
 
 rm_rf(Dir) -> file:del_dir_r(Dir).
