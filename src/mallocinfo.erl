@@ -90,8 +90,10 @@ stats() ->
     glibc(fun mallocinfo_nif:malloc_stats/0).
 
 %% @doc The figures `malloc_stats()' prints, as terms: per arena
-%% `system_bytes' and `in_use_bytes', then the totals (which include mmapped
-%% blocks). Taken from one frozen copy of the heap: a short-lived child
+%% `system_bytes' and `in_use_bytes', their sums under the same names (the
+%% arenas only, as in {@link heaps/0} and the heap map), and
+%% malloc_stats()'s totals, which add the mmapped blocks, as
+%% `system_incl_mmap_bytes' and `in_use_incl_mmap_bytes'. Taken from one frozen copy of the heap: a short-lived child
 %% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
 %% numbers are consistent with each other even while the node allocates.
 %% Returns `{error, enomem | eagain}' if the node cannot fork.
