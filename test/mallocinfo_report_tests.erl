@@ -209,7 +209,10 @@ allocator_types_test() ->
                    allocated => 589824 + 65536 + 659456 + 65536 + 65536,
                    used => (272040 + 100 + 1000 + 657104) + (0 + 100 + 1000 + 0),
                    sys_alloc => 65536 + 65536,
-                   mseg => (589824 - 65536 + 659456) + 0},
+                   mseg => (589824 - 65536 + 659456) + 0,
+                   %% No mmbcs in these options: each instance's headroom is
+                   %% its newest carrier, here one of its two.
+                   headroom => (589824 - 272140) + (65536 - 100)},
                  Bin),
     ?assertMatch(#{name := ets_alloc, allocated := 1048576 + 65536,
                    used := 524288 + 100 + 1000}, Ets).
@@ -554,12 +557,60 @@ erts_fragmentation_test() ->
                                               used => 110 * ?MiB}]}
                   end),
     ?assertEqual({400 * ?MiB, <<"ERTS allocators hold 600.0 MiB in carriers but use 200.0 MiB "
-                                "(33%): fragmentation inside erts_alloc, most in binary_alloc "
-                                "(500.0 MiB allocated, 22% used)">>},
+                                "(33%), 400.0 MiB free beyond the main and newest carrier of each "
+                                "allocator instance: fragmentation inside erts_alloc, most in "
+                                "binary_alloc (500.0 MiB allocated, 22% used)">>},
                  ?R:rule(erts_fragmentation, R)),
     %% 61% used is not fragmentation.
     Used61 = with_erts(fun(E) -> E#{allocated := 600 * ?MiB, used := 366 * ?MiB} end),
     ?assertEqual(none, ?R:rule(erts_fragmentation, Used61)).
+
+%% A freshly booted node, idle: 16 schedulers (one allocator instance per
+%% scheduler and type), crypto, ssl, inets, mnesia, os_mon, runtime_tools,
+%% xmerl and sasl started. Captured from `erl +S 16' (the raw
+%% erlang:system_info({allocator, A}) of every allocator, erts_mmap,
+%% erlang:memory() and /proc/self/status) into
+%% mallocinfo_report_tests_data/fresh_node_16_schedulers.term.gz.
+fresh_node() ->
+    Dir = filename:join(filename:dirname(code:which(?MODULE)), "mallocinfo_report_tests_data"),
+    {ok, Gz} = file:read_file(filename:join(Dir, "fresh_node_16_schedulers.term.gz")),
+    {ok, Tokens, _} = erl_scan:string(binary_to_list(zlib:gunzip(Gz))),
+    {ok, Term} = erl_parse:parse_term(Tokens),
+    Term.
+
+%% Its carriers are 42% used, with 23 MiB free: more than the 16 MiB and
+%% 5% of RSS a verdict needs. All of it is the free part of the main
+%% carrier and of the newest carrier of each instance: no fragmentation,
+%% and the rule says nothing.
+erts_fragmentation_silent_on_fresh_node_test() ->
+    #{allocators := Allocs, erts_mmap := Mmap, memory := Mem, status := Status,
+      schedulers := 16} = fresh_node(),
+    R = ?R:build((raw())#{allocators := Allocs, erts_mmap := Mmap, memory := Mem,
+                          status := Status, smaps_rollup := {error, enoent}}),
+    #{erts := #{allocated := A, used := U}} = R,
+    ?assertEqual(51628 * ?KiB, ?R:rss(R)),
+    %% What made the rule fire before it looked at the headroom.
+    ?assert(A - U >= 16 * ?MiB),
+    ?assert(U * 100 < 60 * A),
+    ?assertEqual(none, ?R:rule(erts_fragmentation, R)),
+    ?assertEqual([], [V || V <- maps:get(verdicts, R),
+                           binary:match(V, <<"inside erts_alloc">>) =/= nomatch]).
+
+%% Real fragmentation: one binary_alloc instance with 40 carriers of 1 MiB,
+%% a fifth used. Its headroom is its 32 KiB main carrier and one 1 MiB
+%% carrier; the other 30 MiB free are fragmentation, and said so.
+erts_fragmentation_beyond_headroom_test() ->
+    Frag = {instance, 1,
+            [{options, [{mmbcs, 32768}]},
+             {mbcs, [{blocks, [{binary_alloc, [{count, 100000, 0, 0}, {size, 8 * ?MiB, 0, 0}]}]},
+                     {carriers, 40, 40, 40},
+                     {carriers_size, 32768 + 39 * ?MiB, 0, 0}]}]},
+    [T] = ?R:allocator_types([{binary_alloc, [Frag]}]),
+    ?assertEqual(32768 + ?MiB, maps:get(headroom, T)),
+    R = ?R:build((raw())#{allocators := [{binary_alloc, [Frag]}]}),
+    {Waste, Text} = ?R:rule(erts_fragmentation, R),
+    ?assertEqual(32768 + 39 * ?MiB - 8 * ?MiB - (32768 + ?MiB), Waste),
+    ?assertMatch({match, _}, re:run(Text, "30.0 MiB free beyond the main and newest carrier")).
 
 erts_mseg_cache_test() ->
     R = with_erts(fun(E) -> E#{mseg_cache_bytes := 114 * ?MiB, mmap_bytes := 186 * ?MiB} end),
