@@ -12,7 +12,8 @@
 -export([heap_candidates/1, heap_windows/2, straddling/2]).
 -export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
          erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
-         rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1]).
+         rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1,
+         resident_parts/1, part_label/1]).
 
 -define(MiB, (1 bsl 20)).
 -define(HEAP_MAX, (64 * ?MiB)).
@@ -155,8 +156,10 @@ vma_header(Line) ->
 %%     is missed (it is counted in `noreserve').</li>
 %% <li>`stacks': `[stack]', and thread stacks: writable anonymous mappings
 %%     directly above an anonymous `PROT_NONE' guard of at most 1 MiB.</li>
-%% <li>`jit': the BEAM JIT's code, the two views of its `memfd:vmem'
-%%     (or any executable anonymous mapping).</li>
+%% <li>`jit': the BEAM JIT's code: the two views of its `memfd:vmem'
+%%     with each page counted once (the views' Pss; `jit_counted_twice'
+%%     is what the kernel's Rss counts a second time), and any executable
+%%     anonymous mapping.</li>
 %% <li>`noreserve': other anonymous `MAP_NORESERVE' mappings (the tracker's
 %%     tables are).</li>
 %% <li>`anon': all other anonymous memory: ERTS carriers (mseg_alloc),
@@ -198,7 +201,12 @@ group_mappings(Vmas, Evidence) ->
     FilesTop = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Files))), 3),
     Anon = [{Rss, S, E} || {anon, Rss, _, _, #{start := S, stop := E}} <- Flat, Rss > 0],
     AnonTop = lists:sublist(lists:reverse(lists:sort(Anon)), ?TOP),
+    %% What the kernel's RSS counts twice: the JIT views' Rss beyond their
+    %% pages counted once.
+    JitTwice = lists:sum([Rss - Once || {jit, Once, _, _, #{path := <<"/memfd:vmem", _/binary>>,
+                                                          rss := Rss}} <- Flat]),
     #{groups => Groups,
+      jit_counted_twice => JitTwice,
       files_top => [#{path => P, rss => R} || {P, R} <- FilesTop],
       anon_top => [#{start => S, stop => E, rss => R} || {R, S, E} <- AnonTop]}.
 
@@ -206,7 +214,19 @@ group_mappings(Vmas, Evidence) ->
 %% straddles a glibc heap window.
 classify(#{path := <<"[heap]">>} = V, _, _, _) -> [whole(main_heap, V)];
 classify(#{path := <<"[stack", _/binary>>} = V, _, _, _) -> [whole(stacks, V)];
-classify(#{path := <<"/memfd:vmem", _/binary>>} = V, _, _, _) -> [whole(jit, V)];
+%% The JIT maps its code twice, an executable view and a writable one of
+%% the same memfd pages, and the kernel's Rss counts each resident page in
+%% both. The memfd belongs to this process alone, so each view's Pss is its
+%% pages divided by the views that map them: the views' Pss add up to the
+%% resident pages, each counted once.
+classify(#{path := <<"/memfd:vmem", _/binary>>, pss := Pss, rss := Rss, size := Size} = V, _, _,
+         _) ->
+    %% (A kernel, or canned text, without Pss lines: the Rss as it is.)
+    Once = case Pss > 0 of
+               true -> min(Pss, Rss);
+               false -> Rss
+           end,
+    [{jit, Once, Size, 1, V}];
 classify(#{path := Path} = V, Prev, Windows, Straddle) ->
     case anonymous(Path) of
         false when binary_part(Path, 0, 1) =:= <<"/">> -> [whole(files, V)];
@@ -743,6 +763,8 @@ account(#{resident := #{groups := G, rss := Rss}} = R) ->
     #{attributed => Attributed,
       %% Anonymous memory (not NORESERVE, not glibc heaps) nothing claims.
       anon_unclaimed => Anon - MmapPart - OtherFromAnon - ErtsPart,
+      %% What the other allocator claims of the NORESERVE memory.
+      noreserve_other => OtherFromNoReserve,
       %% How much of ERTS's claim is not backed by resident memory: up to
       %% this much of what is unaccounted could be hidden in it.
       erts_slack_bytes => max(0, ErtsMmap - ErtsPart),
@@ -964,12 +986,49 @@ proc_name(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
 proc_name({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
 proc_name(Other) -> io_lib:format(" (~tp)", [Other]).
 
-nothing_stands_out(#{resident := #{groups := G}} = R) ->
-    Sorted = lists:reverse(lists:sort([{Rss, K} || {K, #{rss := Rss}} <- maps:to_list(G)])),
-    Parts = [io_lib:format("~ts ~ts", [group_label(K), bytes(B)])
-             || {B, K} <- lists:sublist(Sorted, 2)],
-    fmt("nothing stands out: RSS ~ts, the largest parts ~ts",
-        [bytes(rss(R)), lists:join(" and ", Parts)]);
+%% @doc The resident set in the parts section 1 of the report lists, in its
+%% order: the kernel's groups of mappings, with the anonymous memory split
+%% by the layer that explains it (ERTS, libc's mmapped blocks, another
+%% allocator, nothing). They add up to the mapped RSS, each page once.
+%% The "nothing stands out" verdict names the largest two with the same
+%% labels and figures. `[]' when the resident set could not be read.
+-spec resident_parts(mallocinfo_report:report()) -> [{atom(), non_neg_integer()}].
+resident_parts(#{resident := #{groups := G}} = R) ->
+    Rss = fun(K) -> maps:get(rss, maps:get(K, G)) end,
+    A = maps:from_list(maps:get(attributed, R, [])),
+    Layer = fun(K) -> maps:get(K, A, 0) end,
+    Unclaimed = case maps:get(anon_unclaimed, R, undefined) of
+                    U when is_integer(U) -> U;
+                    _ -> Rss(anon) - Layer(erts_carriers) - Layer(libc_mmap)
+                end,
+    [{main_heap, Rss(main_heap)}, {arenas, Rss(arenas)},
+     {erts_carriers, Layer(erts_carriers)}, {libc_mmap, Layer(libc_mmap)},
+     {other_allocator, Layer(other_allocator)}, {anon_unclaimed, Unclaimed},
+     {noreserve, Rss(noreserve) - maps:get(noreserve_other, R, 0)},
+     {jit, Rss(jit)}, {stacks, Rss(stacks)}, {files, Rss(files)}, {special, Rss(special)}];
+resident_parts(_) ->
+    [].
+
+%% @doc What section 1 calls a part of resident_parts/1.
+-spec part_label(atom()) -> string().
+part_label(main_heap) -> "glibc main heap [heap]";
+part_label(arenas) -> "glibc arenas (64 MiB heaps)";
+part_label(erts_carriers) -> "ERTS carriers, mseg cache (est.)";
+part_label(libc_mmap) -> "libc mmapped blocks (est.)";
+part_label(other_allocator) -> "other allocator (est.)";
+part_label(anon_unclaimed) -> "other anonymous";
+part_label(noreserve) -> "MAP_NORESERVE anonymous";
+part_label(jit) -> "JIT code";
+part_label(stacks) -> "thread stacks";
+part_label(files) -> "files";
+part_label(special) -> "vdso, other shared".
+
+nothing_stands_out(#{resident := #{groups := _}} = R) ->
+    Sorted = lists:reverse(lists:keysort(2, resident_parts(R))),
+    Parts = [io_lib:format("~ts ~ts", [part_label(K), bytes(B)])
+             || {K, B} <- lists:sublist(Sorted, 2)],
+    fmt("nothing stands out: RSS ~ts, the largest parts: ~ts",
+        [bytes(rss(R)), lists:join("; ", Parts)]);
 nothing_stands_out(_) ->
     <<"nothing stands out (the resident set could not be read)">>.
 
@@ -993,14 +1052,6 @@ share(B, R) ->
 fmt(Format, Args) ->
     unicode:characters_to_binary(io_lib:format(Format, Args)).
 
-group_label(main_heap) -> "the glibc main heap";
-group_label(arenas) -> "glibc arenas";
-group_label(stacks) -> "thread stacks";
-group_label(jit) -> "JIT code";
-group_label(noreserve) -> "MAP_NORESERVE memory";
-group_label(anon) -> "anonymous memory";
-group_label(files) -> "files";
-group_label(special) -> "vdso and shared memory".
 
 % Shorthands for the units the sentences use.
 bytes(B) -> mallocinfo_units:bytes(B).
