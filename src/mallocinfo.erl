@@ -50,10 +50,12 @@ allocator() ->
     mallocinfo_nif:allocator().
 
 %% @doc glibc's `malloc_info(0, ...)' XML written to `Path'. The document is
-%% written to a temporary file in the same directory and renamed into place,
-%% so a reader never sees half of it. Errors are POSIX atoms: `enoent'
-%% (missing directory), `eacces', `enotdir', `eisdir' (Path is a directory),
-%% `enospc', ...
+%% written to a temporary file in the same directory, synced and renamed
+%% into place, so a reader never sees half of it. Only a missing name or a
+%% regular file is replaced. Errors are POSIX atoms: `enoent' (missing
+%% directory), `eacces', `enotdir', `eisdir' (Path is a directory),
+%% `eexist' (Path is a symbolic link, never followed, a device, a FIFO or a
+%% socket: refused and left untouched), `enospc', ...
 -spec info(Path :: file:name_all()) -> ok | {error, posix() | wrong_allocator()}.
 info(Path) ->
     Bin = path_binary(Path, [Path]),

@@ -66,12 +66,19 @@ dump(Path) ->
     dump(Path, #{}).
 
 %% @doc Writes the heap dump to `Path' (atomically: a temporary file beside
-%% it, renamed when complete) and returns the summary of the same snapshot.
+%% it, synced and renamed when complete; only a missing name or a regular
+%% file is replaced) and returns the summary of the same snapshot.
 %% Options: `max_sites' (tracker sites numbered in the dump, default 1000),
 %% `timeout' (ms, default 120000: the child is killed after it),
 %% `info_xml' (also return glibc's malloc_info XML taken in the child right
-%% after the walk: the same snapshot, for cross-checking).
-%% Errors: a POSIX atom for the file (`enoent', `eacces', `eisdir', ...);
+%% after the walk: the same snapshot, for cross-checking); any other key
+%% raises `badarg'. In `total', `mmap_bytes' and `mmap_chunks' are glibc's
+%% count of its mmapped blocks (mallinfo2 `hblkhd', `hblks'),
+%% `tracked_mmap_bytes' and `tracked_mmap_chunks' those the walker found
+%% through the tracker.
+%% Errors: a POSIX atom for the file (`enoent', `eacces', `eisdir' for a
+%% directory, `eexist' for a symbolic link, device, FIFO or socket, which
+%% are left untouched and cost no walk, ...);
 %% `timeout'; `{unsupported_glibc, Version}' when the glibc version or the
 %% layout found in memory is not one the walker knows; `{walk_failed,
 %% Where}' when the heap contradicts ptmalloc's invariants (corruption);
