@@ -50,10 +50,12 @@ allocator() ->
     mallocinfo_nif:allocator().
 
 %% @doc glibc's `malloc_info(0, ...)' XML written to `Path'. The document is
-%% written to a temporary file in the same directory and renamed into place,
-%% so a reader never sees half of it. Errors are POSIX atoms: `enoent'
-%% (missing directory), `eacces', `enotdir', `eisdir' (Path is a directory),
-%% `enospc', ...
+%% written to a temporary file in the same directory, synced and renamed
+%% into place, so a reader never sees half of it. Only a missing name or a
+%% regular file is replaced. Errors are POSIX atoms: `enoent' (missing
+%% directory), `eacces', `enotdir', `eisdir' (Path is a directory),
+%% `eexist' (Path is a symbolic link, never followed, a device, a FIFO or a
+%% socket: refused and left untouched), `enospc', ...
 -spec info(Path :: file:name_all()) -> ok | {error, posix() | wrong_allocator()}.
 info(Path) ->
     Bin = path_binary(Path, [Path]),
@@ -90,8 +92,10 @@ stats() ->
     glibc(fun mallocinfo_nif:malloc_stats/0).
 
 %% @doc The figures `malloc_stats()' prints, as terms: per arena
-%% `system_bytes' and `in_use_bytes', then the totals (which include mmapped
-%% blocks). Taken from one frozen copy of the heap: a short-lived child
+%% `system_bytes' and `in_use_bytes', their sums under the same names (the
+%% arenas only, as in {@link heaps/0} and the heap map), and
+%% malloc_stats()'s totals, which add the mmapped blocks, as
+%% `system_incl_mmap_bytes' and `in_use_incl_mmap_bytes'. Taken from one frozen copy of the heap: a short-lived child
 %% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
 %% numbers are consistent with each other even while the node allocates.
 %% Returns `{error, enomem | eagain}' if the node cannot fork.
@@ -183,8 +187,7 @@ glibc(Call) ->
 path_binary(Path, Args) when is_binary(Path) ->
     check_nul(Path, Args);
 path_binary(Path, Args) when is_list(Path); is_atom(Path) ->
-    try unicode:characters_to_binary(filename:flatten(Path), unicode,
-                                     file:native_name_encoding()) of
+    try unicode:characters_to_binary(flat_name(Path), unicode, file:native_name_encoding()) of
         Bin when is_binary(Bin) -> check_nul(Bin, Args);
         _ -> erlang:error(badarg, Args)
     catch
@@ -192,6 +195,17 @@ path_binary(Path, Args) when is_list(Path); is_atom(Path) ->
     end;
 path_binary(_, Args) ->
     erlang:error(badarg, Args).
+
+%% A file name as chardata: characters, atoms, binaries and deep lists of
+%% them, as the file module takes them. Unlike filename:flatten/1 it
+%% refuses an improper list (`[a | b]' would otherwise name the file "ab"):
+%% the comprehension raises.
+flat_name(A) when is_atom(A) -> atom_to_list(A);
+flat_name(B) when is_binary(B) -> B;
+flat_name(L) when is_list(L) -> [case E of
+                                     C when is_integer(C) -> C;
+                                     _ -> flat_name(E)
+                                 end || E <- L].
 
 check_nul(Bin, Args) ->
     case binary:match(Bin, <<0>>) of
@@ -257,19 +271,23 @@ ensure_xmerl() ->
 
 %% @private Loads xmerl from the first directory that has it.
 -spec load_xmerl([file:filename()]) -> ok | {error, {missing_application, xmerl}}.
-load_xmerl([]) ->
+load_xmerl(Dirs) ->
+    filenames(Dirs) orelse erlang:error(badarg, [Dirs]),
+    load_xmerl_from(Dirs).
+
+load_xmerl_from([]) ->
     {error, {missing_application, xmerl}};
-load_xmerl([Dir | Rest]) ->
+load_xmerl_from([Dir | Rest]) ->
     Mods = [list_to_atom(filename:basename(F, ".beam"))
             || F <- filelib:wildcard(filename:join(Dir, "*.beam"))],
     case lists:all(fun(M) -> lists:member(M, Mods) end, ?XMERL_MODULES) of
         false ->
-            load_xmerl(Rest);
+            load_xmerl_from(Rest);
         true ->
             _ = code:add_pathz(Dir),
             case code:ensure_modules_loaded(Mods) of
                 ok -> ok;
-                {error, _} -> load_xmerl(Rest)
+                {error, _} -> load_xmerl_from(Rest)
             end
     end.
 
@@ -284,10 +302,16 @@ xmerl_candidates(Roots) ->
 %% release may lack (xmerl here, inets for mallocinfo_http).
 -spec lib_candidates(atom(), [file:filename()]) -> [file:filename()].
 lib_candidates(App, Roots) ->
+    is_atom(App) andalso filenames(Roots) orelse erlang:error(badarg, [App, Roots]),
     Pattern = atom_to_list(App) ++ "-*",
     lists:append(
       [lists:reverse(lists:sort(filelib:wildcard(filename:join([R, "lib", Pattern, "ebin"]))))
        || R <- lists:usort(Roots)]).
+
+%% A proper list of flat file names (strings).
+filenames([]) -> true;
+filenames([F | Rest]) -> F =/= [] andalso io_lib:char_list(F) andalso filenames(Rest);
+filenames(_) -> false.
 
 %% @private The OTP installations to look in: the code server's root and
 %% the one the running emulator comes from.
@@ -315,10 +339,9 @@ report() ->
 %% missing): a comparison table, one row per node, then each node's
 %% verdicts. Unreachable or failing nodes get a row saying why.
 -spec report([node()]) -> ok.
-report(Nodes) when is_list(Nodes) ->
-    io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes)));
 report(Nodes) ->
-    erlang:error(badarg, [Nodes]).
+    %% collect/1 raises badarg for anything but a proper list of node names.
+    io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes))).
 
 %% @doc {@link report/1} with options: `attach => true' first attaches the
 %% tracker ({@link mallocinfo_trace:attach/0}) on every node that is not
@@ -326,7 +349,6 @@ report(Nodes) ->
 %% `preloaded', `attach failed' with the reason below the table);
 %% `timeout' (ms). See {@link mallocinfo_report:collect/2}.
 -spec report([node()], #{attach => boolean(), timeout => pos_integer()}) -> ok.
-report(Nodes, Opts) when is_list(Nodes), is_map(Opts) ->
-    io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes, Opts)));
 report(Nodes, Opts) ->
-    erlang:error(badarg, [Nodes, Opts]).
+    %% collect/2 raises badarg for a bad node list or bad options.
+    io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes, Opts))).

@@ -87,6 +87,8 @@ stop() ->
 %% `mallocinfo_heap' is in the build, the heap map) into `Dir'.
 -spec make_run(file:filename()) -> ok.
 make_run(Dir) ->
+    %% badarg before anything runs for what is not a file name.
+    _ = mallocinfo:path_binary(Dir, [Dir]),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
     case mallocinfo_trace:status() of
         #{recording := true} -> ok;

@@ -44,6 +44,8 @@
                      segments := non_neg_integer(),
                      mmap_chunks := non_neg_integer(),
                      mmap_bytes := non_neg_integer(),
+                     tracked_mmap_chunks := non_neg_integer(),
+                     tracked_mmap_bytes := non_neg_integer(),
                      file_bytes := non_neg_integer(),
                      walk_ms := non_neg_integer(),
                      fork_us := non_neg_integer(),
@@ -64,12 +66,19 @@ dump(Path) ->
     dump(Path, #{}).
 
 %% @doc Writes the heap dump to `Path' (atomically: a temporary file beside
-%% it, renamed when complete) and returns the summary of the same snapshot.
+%% it, synced and renamed when complete; only a missing name or a regular
+%% file is replaced) and returns the summary of the same snapshot.
 %% Options: `max_sites' (tracker sites numbered in the dump, default 1000),
 %% `timeout' (ms, default 120000: the child is killed after it),
 %% `info_xml' (also return glibc's malloc_info XML taken in the child right
-%% after the walk: the same snapshot, for cross-checking).
-%% Errors: a POSIX atom for the file (`enoent', `eacces', `eisdir', ...);
+%% after the walk: the same snapshot, for cross-checking); any other key
+%% raises `badarg'. In `total', `mmap_bytes' and `mmap_chunks' are glibc's
+%% count of its mmapped blocks (mallinfo2 `hblkhd', `hblks'),
+%% `tracked_mmap_bytes' and `tracked_mmap_chunks' those the walker found
+%% through the tracker.
+%% Errors: a POSIX atom for the file (`enoent', `eacces', `eisdir' for a
+%% directory, `eexist' for a symbolic link, device, FIFO or socket, which
+%% are left untouched and cost no walk, ...);
 %% `timeout'; `{unsupported_glibc, Version}' when the glibc version or the
 %% layout found in memory is not one the walker knows; `{walk_failed,
 %% Where}' when the heap contradicts ptmalloc's invariants (corruption);
@@ -102,21 +111,25 @@ summary(Opts) ->
 render(DumpPath, OutDir) ->
     mallocinfo_heapmap:render(DumpPath, OutDir).
 
+-define(COUNTERS, [system_bytes, in_use_bytes, free_bytes, chunks, free_chunks, resident_bytes,
+                   trimmable_bytes, pinned_bytes, segments]).
+-define(KINDS, [in_use, free, fast, tcache, top, meta]).
+-define(TRACKER_COUNTERS, [live_bytes, live_chunks, unrecorded_bytes]).
+
 %% @doc Sums per-arena summaries into the `total' map: every counter summed,
-%% `largest_free' the maximum, plus `arena_count'. Pure.
+%% `largest_free' the maximum, plus `arena_count'. Pure. Raises `badarg'
+%% unless `Arenas' is a list of arena summaries (maps with every counter
+%% above as a non-negative integer, the tracker's three in all or none).
 -spec totals([arena_summary()]) -> map().
 totals(Arenas) ->
+    arenas(Arenas) orelse erlang:error(badarg, [Arenas]),
     Sum = fun(K) -> lists:sum([maps:get(K, A, 0) || A <- Arenas]) end,
-    Keys = [system_bytes, in_use_bytes, free_bytes, chunks, free_chunks, resident_bytes,
-            trimmable_bytes, pinned_bytes, segments],
-    Base = maps:from_list([{K, Sum(K)} || K <- Keys]),
-    Kinds = [in_use, free, fast, tcache, top, meta],
+    Base = maps:from_list([{K, Sum(K)} || K <- ?COUNTERS]),
     ByKind = maps:from_list([{K, lists:sum([maps:get(K, maps:get(by_kind, A)) || A <- Arenas])}
-                             || K <- Kinds]),
+                             || K <- ?KINDS]),
     Tracker = case Arenas of
                   [#{live_bytes := _} | _] ->
-                      maps:from_list([{K, Sum(K)}
-                                      || K <- [live_bytes, live_chunks, unrecorded_bytes]]);
+                      maps:from_list([{K, Sum(K)} || K <- ?TRACKER_COUNTERS]);
                   _ ->
                       #{}
               end,
@@ -127,7 +140,34 @@ totals(Arenas) ->
 
 %% Internals
 
+arenas(Arenas) ->
+    Tracker = case Arenas of
+                  [#{live_bytes := _} | _] -> ?TRACKER_COUNTERS;
+                  _ -> []
+              end,
+    proper_list(Arenas) andalso
+        lists:all(fun(#{by_kind := K} = A) ->
+                          counters(A, [largest_free | ?COUNTERS ++ Tracker]) andalso
+                              counters(K, ?KINDS);
+                     (_) ->
+                          false
+                  end, Arenas).
+
+counters(M, Keys) ->
+    is_map(M) andalso
+        lists:all(fun(K) ->
+                          case M of
+                              #{K := V} -> is_integer(V) andalso V >= 0;
+                              #{} -> false
+                          end
+                  end, Keys).
+
+proper_list([]) -> true;
+proper_list([_ | T]) -> proper_list(T);
+proper_list(_) -> false.
+
 run(Path, Opts) ->
+    maps:keys(Opts) -- [max_sites, timeout, info_xml] =:= [] orelse erlang:error(badarg, [Opts]),
     MaxSites = opt(max_sites, Opts, ?DEFAULT_SITES,
                    fun(V) -> is_integer(V) andalso V >= 0 andalso V =< 65534 end),
     Timeout = opt(timeout, Opts, ?DEFAULT_TIMEOUT, fun(V) -> is_integer(V) andalso V > 0 andalso V < 1 bsl 31 end),
@@ -135,8 +175,10 @@ run(Path, Opts) ->
     case mallocinfo:allocator() of
         glibc ->
             case mallocinfo_nif:heap_dump(Path, MaxSites, Timeout, Xml) of
-                {ok, #{arenas := Arenas, mmap_bytes := MB, mmap_chunks := MC} = S} ->
-                    Total = (totals(Arenas))#{mmap_bytes => MB, mmap_chunks => MC},
+                {ok, #{arenas := Arenas} = S} ->
+                    Total = maps:merge(totals(Arenas),
+                                       maps:with([mmap_bytes, mmap_chunks, tracked_mmap_bytes,
+                                                  tracked_mmap_chunks], S)),
                     {ok, S#{total => Total}};
                 {error, _} = E ->
                     E

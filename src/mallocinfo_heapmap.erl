@@ -53,8 +53,8 @@
                     resident_bytes := non_neg_integer(),
                     trimmable_bytes := non_neg_integer(),
                     pinned_bytes := non_neg_integer(),
-                    mmap_bytes := non_neg_integer(),
-                    mmap_chunks := non_neg_integer(),
+                    tracked_mmap_bytes := non_neg_integer(),
+                    tracked_mmap_chunks := non_neg_integer(),
                     arena_count := non_neg_integer(),
                     chunk_count := non_neg_integer(),
                     live_bytes => non_neg_integer(),
@@ -189,10 +189,15 @@ read_summary(DumpPath) ->
 %% heap map per segment) and the PNGs it shows, `arena<A>-seg<S>.png' and,
 %% when the tracker saw mmapped blocks, `mmap.png'. Returns the files
 %% written, `index.html' first. The dump is validated completely before
-%% anything is written; files are written under temporary names and renamed
-%% at the end, so a failure leaves nothing new behind. Errors as
-%% {@link read_summary/1}, plus `{error, Posix}' for `OutDir' (`enotdir'
-%% when it is a file, `eacces', `enoent', `enospc', ...).
+%% anything is written; files are written under temporary names, synced and
+%% renamed at the end, so a failure leaves nothing new behind. A file of the
+%% same name already in `OutDir' is replaced only when it is a regular
+%% file: when one of the names is a directory the answer is
+%% `{error, eisdir}', when it is anything else (a symbolic link, which is
+%% never followed, a device, a FIFO, a socket) `{error, eexist}', and
+%% nothing is drawn or touched. Errors as {@link read_summary/1}, plus
+%% `{error, Posix}' for `OutDir' (`enotdir' when it is a file, `eacces',
+%% `enoent', `enospc', ...).
 -spec render(file:name_all(), file:name_all()) ->
           {ok, [file:filename_all()]} | {error, file:posix() | {bad_dump, bad_dump()}}.
 render(DumpPath, OutDir) ->
@@ -222,7 +227,11 @@ render_report(DumpPath0, OutDir0) ->
 %% @doc A summary as a few lines of text (what the escript prints): one line
 %% per arena, the largest 16 by system bytes, then the totals.
 -spec format_summary(summary()) -> iodata().
-format_summary(#{arenas := Arenas, total := T}) ->
+format_summary(S) ->
+    valid_summary(S) orelse erlang:error(badarg, [S]),
+    summary_text(S).
+
+summary_text(#{arenas := Arenas, total := T}) ->
     Cols = "~-7s ~10s ~10s ~10s ~10s ~10s ~10s ~10s ~9s~n",
     Head = io_lib:format(Cols, ["arena", "system", "in use", "free", "resident",
                                 "trimmable", "pinned", "largest", "free#"]),
@@ -240,9 +249,10 @@ format_summary(#{arenas := Arenas, total := T}) ->
                N -> io_lib:format("... ~b smaller arenas~n", [N])
            end,
     Mmap = case T of
-               #{mmap_chunks := 0} -> [];
-               #{mmap_chunks := MC, mmap_bytes := MB} ->
-                   io_lib:format("mmapped blocks seen by the tracker: ~b, ~s~n", [MC, mallocinfo_units:bytes(MB)])
+               #{tracked_mmap_chunks := 0} -> [];
+               #{tracked_mmap_chunks := MC, tracked_mmap_bytes := MB} ->
+                   io_lib:format("mmapped blocks seen by the tracker: ~b, ~s~n", [MC, mallocinfo_units:bytes(MB)]);
+               #{} -> []
            end,
     Live = case T of
                #{live_bytes := LB, live_chunks := LC, unrecorded_bytes := UB} ->
@@ -255,12 +265,50 @@ format_summary(#{arenas := Arenas, total := T}) ->
      io_lib:format("~b arenas, ~b chunks~n", [maps:get(arena_count, T), maps:get(chunk_count, T)]),
      Mmap, Live].
 
-%% @doc What a dump's HEADER says, as one line of text.
+%% What summary_text/1 reads, checked first so that anything else is a
+%% badarg rather than a crash halfway through the text.
+valid_summary(#{arenas := Arenas, total := T}) ->
+    Counters = [system_bytes, in_use_bytes, free_bytes, resident_bytes, trimmable_bytes,
+                pinned_bytes, largest_free, free_chunks],
+    proper_list(Arenas)
+        andalso lists:all(fun(A) -> counters(A, [arena | Counters]) end, Arenas)
+        andalso counters(T, [arena_count, chunk_count | Counters])
+        andalso all_or_none(T, [tracked_mmap_chunks, tracked_mmap_bytes])
+        andalso all_or_none(T, [live_bytes, live_chunks, unrecorded_bytes]);
+valid_summary(_) ->
+    false.
+
+counters(M, Keys) ->
+    is_map(M) andalso
+        lists:all(fun(K) -> case M of
+                                #{K := V} -> is_integer(V) andalso V >= 0;
+                                #{} -> false
+                            end
+                  end, Keys).
+
+all_or_none(M, Keys) ->
+    case [K || K <- Keys, maps:is_key(K, M)] of
+        [] -> true;
+        Keys -> counters(M, Keys);
+        _ -> false
+    end.
+
+proper_list([]) -> true;
+proper_list([_ | T]) -> proper_list(T);
+proper_list(_) -> false.
+
+%% @doc What a dump's HEADER says, as one line of text. Anything but a
+%% header map (as {@link render_report/2} returns it) raises `badarg'.
 -spec format_header(header()) -> iodata().
-format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker := Tr}) ->
+format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker := Tr} = H)
+  when is_integer(Pid), Pid >= 0, is_integer(T), T >= 0, is_integer(PS), PS > 0,
+       is_boolean(Tr), is_binary(G) orelse is_list(G) ->
+    is_binary(G) orelse io_lib:char_list(G) orelse erlang:error(badarg, [H]),
     io_lib:format("heap of pid ~b dumped ~s, glibc ~s, page ~s~s~n",
                   [Pid, time_text(T), G, mallocinfo_units:bytes(PS),
-                   case Tr of true -> ", with tracker data"; false -> "" end]).
+                   case Tr of true -> ", with tracker data"; false -> "" end]);
+format_header(H) ->
+    erlang:error(badarg, [H]).
 
 %% The dump time in UTC. The field is not checked (any value reads), so one
 %% past year 9999 is shown as a number.
@@ -610,7 +658,8 @@ summary(#scan{arenas = Arenas, hdr = #hdr{tracker = Tracker}} = S) ->
                     end, maps:remove(arena, arena_summary(#arena{index = 0, system = 0}, Tracker))),
     Sum = lists:foldl(fun(A, T) -> add_arena(maps:remove(arena, A), T) end, Zero, Per),
     #{arenas => Per,
-      total => Sum#{mmap_bytes => S#scan.mmap_bytes, mmap_chunks => S#scan.mmap_chunks,
+      total => Sum#{tracked_mmap_bytes => S#scan.mmap_bytes,
+                    tracked_mmap_chunks => S#scan.mmap_chunks,
                     arena_count => length(Arenas), chunk_count => S#scan.chunk_count}}.
 
 arena_summary(#arena{index = I, system = System, acc = A}, Tracker) ->
@@ -650,18 +699,26 @@ header_map(#hdr{pid = Pid, time_ms = T, glibc = G, page_size = PS, heap_max = HM
               first, seg, kind = segment}).
 
 draw(DumpPath, OutDir, Scan, Summary) ->
+    Imgs = plan(Scan),
+    Names = ["index.html" | [I#img.file || I <- Imgs]],
+    %% Every name is checked before anything is made: a target that will
+    %% not be replaced costs no drawing and leaves nothing behind.
+    case first_error([check_target(filename:join(OutDir, N)) || N <- Names]) of
+        ok -> draw(DumpPath, OutDir, Scan, Summary, Imgs, Names);
+        {error, _} = E -> E
+    end.
+
+draw(DumpPath, OutDir, Scan, Summary, Imgs, Names) ->
     case ensure_dir(OutDir) of
         {ok, Created} ->
             %% Unique across nodes rendering into the same directory too.
             Tag = os:getpid() ++ "-" ++ integer_to_list(erlang:unique_integer([positive])),
             Temp = fun(Name) -> filename:join(OutDir, "." ++ Name ++ "." ++ Tag ++ ".tmp") end,
-            Imgs = plan(Scan),
-            Names = ["index.html" | [I#img.file || I <- Imgs]],
             try
                 draw_images(DumpPath, Scan, Imgs, Temp),
                 write_file(Temp("index.html"), html(Scan, Summary, Imgs)),
                 %% index.html last: when it is there, so are its images.
-                [rename(Temp(N), filename:join(OutDir, N)) || N <- lists:reverse(Names)],
+                [commit(Temp(N), filename:join(OutDir, N)) || N <- lists:reverse(Names)],
                 {ok, [filename:join(OutDir, N) || N <- Names]}
             catch
                 Class:Why:Stack ->
@@ -675,6 +732,26 @@ draw(DumpPath, OutDir, Scan, Summary) ->
             end;
         {error, _} = E ->
             E
+    end.
+
+first_error(Results) ->
+    case [E || {error, _} = E <- Results] of
+        [] -> ok;
+        [E | _] -> E
+    end.
+
+%% What a name may be for render/2 to write it: missing, or a regular file
+%% (replaced whole). A directory is `eisdir'; anything else, a symbolic
+%% link (never followed), a device, a FIFO or a socket, is `eexist' and
+%% left as it is: the same rule as the NIF's writers (c_src/glibc/
+%% atomic_file.h). `{ok, Exists}' when it may be written.
+check_target(Path) ->
+    case file:read_link_info(Path, [raw]) of
+        {ok, #file_info{type = regular}} -> {ok, true};
+        {ok, #file_info{type = directory}} -> {error, eisdir};
+        {ok, #file_info{}} -> {error, eexist};
+        {error, enoent} -> {ok, false};
+        {error, _} = E -> E
     end.
 
 %% Creates OutDir and its missing parents; returns those it created,
@@ -701,10 +778,55 @@ ensure_dir(Dir) ->
         {error, _} = E -> E
     end.
 
-write_file(Path, Data) ->
-    case file:write_file(Path, Data, [raw]) of
+%% A temporary file: `exclusive' (O_CREAT|O_EXCL) never opens an existing
+%% name, links included.
+open_temp(Path) ->
+    case file:open(Path, [write, raw, binary, delayed_write, exclusive]) of
+        {ok, Fd} -> Fd;
+        {error, Posix} -> throw({posix, Posix})
+    end.
+
+%% On disk before it is renamed into place: a crash never leaves an empty
+%% file under a final name. (sync/1 writes out delayed_write's buffer
+%% first, and reports a failed delayed write.)
+sync(Fd) ->
+    case file:sync(Fd) of
         ok -> ok;
         {error, Posix} -> throw({posix, Posix})
+    end.
+
+write_file(Path, Data) ->
+    Fd = open_temp(Path),
+    try
+        put_data(Fd, Data),
+        sync(Fd)
+    after
+        file:close(Fd)
+    end.
+
+%% Renames a finished temporary over Target after a second look at what
+%% Target is now (it was checked before drawing; this narrows the window
+%% to the moment between the look and the rename). A name that was free is
+%% taken with a hard link, which, unlike rename, fails when something took
+%% the name meanwhile; that something is then checked like any target. A
+%% filesystem without hard links falls back to rename.
+commit(Temp, Target) ->
+    commit(Temp, Target, 4).
+
+commit(_Temp, _Target, 0) ->
+    throw({posix, eexist});
+commit(Temp, Target, Rounds) ->
+    case check_target(Target) of
+        {ok, true} ->
+            rename(Temp, Target);
+        {ok, false} ->
+            case file:make_link(Temp, Target) of
+                ok -> _ = file:delete(Temp), ok;
+                {error, eexist} -> commit(Temp, Target, Rounds - 1);
+                {error, _} -> rename(Temp, Target)
+            end;
+        {error, Posix} ->
+            throw({posix, Posix})
     end.
 
 rename(From, To) ->
@@ -769,10 +891,7 @@ draw_images(DumpPath, Scan, Imgs, Temp) ->
     end.
 
 draw_image(Fd, #scan{hdr = H} = Scan, Classes, #img{} = I, Path) ->
-    Out = case file:open(Path, [write, raw, binary, delayed_write]) of
-              {ok, O} -> O;
-              {error, Posix} -> throw({posix, Posix})
-          end,
+    Out = open_temp(Path),
     {Png, Head} = mallocinfo_png:open(#{width => I#img.w, height => I#img.rows,
                                         format => {palette, palette()}}),
     try
@@ -794,7 +913,8 @@ draw_image(Fd, #scan{hdr = H} = Scan, Classes, #img{} = I, Path) ->
         Px2#px.filled =:= 0 orelse error(partial_pixel),
         {Px2#px.x, Px2#px.y} =:= {0, I#img.rows} orelse error(pixel_count),
         flush(Px2),
-        put_data(Out, mallocinfo_png:close(Png))
+        put_data(Out, mallocinfo_png:close(Png)),
+        sync(Out)
     catch
         Class:Reason:Stack ->
             _ = (catch mallocinfo_png:close(Png)),
@@ -1122,7 +1242,7 @@ header_html(#scan{hdr = H, seg_count = Segs, mmap_chunks = MC}, T) ->
                    maps:get(arena_count, T), Segs, maps:get(chunk_count, T),
                    case MC of
                        0 -> "";
-                       _ -> io_lib:format(", ~b mmapped blocks (~s)", [MC, mallocinfo_units:bytes(maps:get(mmap_bytes, T))])
+                       _ -> io_lib:format(", ~b mmapped blocks seen by the tracker (~s)", [MC, mallocinfo_units:bytes(maps:get(tracked_mmap_bytes, T))])
                    end,
                    case H#hdr.tracker of true -> "yes"; false -> "no" end]).
 

@@ -40,12 +40,25 @@ run(Dump, Out) ->
             complain("~ts: not a usable heap dump: ~ts", [Dump, why(Why)]);
         {error, Posix} ->
             %% Say which path failed: the dump if it cannot be read.
-            Path = case file:open(Dump, [read, raw]) of
-                       {ok, Fd} -> file:close(Fd), Out;
-                       {error, _} -> Dump
-                   end,
-            complain("~ts: ~ts", [Path, file:format_error(Posix)])
+            case file:open(Dump, [read, raw]) of
+                {ok, Fd} ->
+                    file:close(Fd),
+                    out_error(Out, Posix);
+                {error, _} ->
+                    complain("~ts: ~ts", [Dump, file:format_error(Posix)])
+            end
     end.
+
+%% eexist and eisdir from OUTDIR: a name render/2 would write is taken by
+%% something it does not replace.
+out_error(Out, Refused) when Refused =:= eexist; Refused =:= eisdir ->
+    complain("~ts: index.html or a PNG there is ~ts, not a regular file: nothing was replaced",
+             [Out, case Refused of
+                       eisdir -> "a directory";
+                       eexist -> "a symbolic link, device, FIFO or socket"
+                   end]);
+out_error(Out, Posix) ->
+    complain("~ts: ~ts", [Out, file:format_error(Posix)]).
 
 complain(Format, Args) ->
     io:format(standard_error, ?NAME ": " ++ Format ++ "~n", Args),

@@ -267,7 +267,9 @@ do(#mod{method = Method, request_uri = Uri} = Mod) ->
                _ -> iolist_to_binary(Body0)
            end,
     send(Mod, Code, Headers, Body),
-    {proceed, [{response, {already_sent, Code, byte_size(Body)}}]}.
+    {proceed, [{response, {already_sent, Code, byte_size(Body)}}]};
+do(Other) ->
+    erlang:error(badarg, [Other]).
 
 %% The response is written here rather than handed back to httpd as
 %% `{response, Head, Body}': httpd_response rewrites the status of a reply

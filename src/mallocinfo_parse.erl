@@ -11,9 +11,14 @@
 -type arena() :: #{arena := non_neg_integer(),
                    system_bytes := non_neg_integer(),
                    in_use_bytes := non_neg_integer()}.
+%% `system_bytes' and `in_use_bytes' are the arenas' (mmapped blocks
+%% excluded), as everywhere in mallocinfo; the `_incl_mmap_bytes' pair is
+%% malloc_stats()'s "Total (incl. mmap)".
 -type summary() :: #{arenas := [arena()],
                      system_bytes := non_neg_integer(),
                      in_use_bytes := non_neg_integer(),
+                     system_incl_mmap_bytes := non_neg_integer(),
+                     in_use_incl_mmap_bytes := non_neg_integer(),
                      mmap_regions := non_neg_integer(),
                      mmap_bytes := non_neg_integer(),
                      max_mmap_regions := non_neg_integer(),
@@ -29,19 +34,29 @@
 %% @doc Parses `malloc_stats()' output (plus the two `mmap' lines the NIF's
 %% capture appends) into a summary map. Unknown lines are ignored, so stray
 %% text on stderr cannot break it; a missing total raises `{bad_stats, Key}'.
+%% `system_bytes' and `in_use_bytes' are the sums over the arenas, the same
+%% figures (and names) as `heaps/1' and the heap map give; malloc_stats()'s
+%% own totals, which add the mmapped blocks, are `system_incl_mmap_bytes'
+%% and `in_use_incl_mmap_bytes'.
 -spec stats(binary()) -> summary().
 stats(Text) when is_binary(Text) ->
     Lines = binary:split(Text, <<"\n">>, [global, trim_all]),
-    {Arenas, Totals} = stats_lines(Lines, none, [], #{}),
-    Keys = [system_bytes, in_use_bytes, mmap_regions, mmap_bytes,
-            max_mmap_regions, max_mmap_bytes],
+    {Arenas0, Totals} = stats_lines(Lines, none, [], #{}),
+    Arenas = lists:reverse(Arenas0),
+    Keys = [{system_bytes, system_incl_mmap_bytes}, {in_use_bytes, in_use_incl_mmap_bytes},
+            mmap_regions, mmap_bytes, max_mmap_regions, max_mmap_bytes],
     lists:foldl(
       fun(K, Acc) ->
+              {From, To} = case K of {_, _} -> K; _ -> {K, K} end,
               case Totals of
-                  #{K := V} -> Acc#{K => V};
-                  #{} -> error({bad_stats, K})
+                  #{From := V} -> Acc#{To => V};
+                  #{} -> error({bad_stats, From})
               end
-      end, #{arenas => lists:reverse(Arenas)}, Keys).
+      end, #{arenas => Arenas,
+             system_bytes => lists:sum([maps:get(system_bytes, A, 0) || A <- Arenas]),
+             in_use_bytes => lists:sum([maps:get(in_use_bytes, A, 0) || A <- Arenas])}, Keys);
+stats(Other) ->
+    erlang:error(badarg, [Other]).
 
 stats_lines([], Cur, Arenas, Totals) ->
     {close_arena(Cur, Arenas), Totals};
@@ -112,7 +127,9 @@ heaps(Xml) when is_binary(Xml) ->
               in_use_bytes => Current - Fast - Rest};
         _ ->
             error({bad_xml, not_malloc_info})
-    end.
+    end;
+heaps(Other) ->
+    erlang:error(badarg, [Other]).
 
 heap(#xmlElement{attributes = Attrs, content = Content}) ->
     Elems = elements(Content),

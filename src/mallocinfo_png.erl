@@ -41,13 +41,15 @@
 %% zlib port linked to the calling process: call {@link close/1} from the
 %% same process, also on failure paths.
 -spec open(header()) -> {writer(), iodata()}.
-open(#{width := W, height := H, format := Format})
+open(#{width := W, height := H, format := Format} = Header)
   when is_integer(W), W > 0, W < ?MAX_SIDE, is_integer(H), H > 0, H < ?MAX_SIDE ->
     {ColorType, Plte} =
         case Format of
             rgb -> {2, []};
-            {palette, Cs} when is_list(Cs), Cs =/= [], length(Cs) =< 256 ->
-                {3, chunk(<<"PLTE">>, << <<R, G, B>> || {R, G, B} <- Cs >>)}
+            {palette, Cs} when is_list(Cs), Cs =/= [] ->
+                palette(Cs) orelse erlang:error(badarg, [Header]),
+                {3, chunk(<<"PLTE">>, << <<R, G, B>> || {R, G, B} <- Cs >>)};
+            _ -> erlang:error(badarg, [Header])
         end,
     Z = zlib:open(),
     ok = zlib:deflateInit(Z, default),
@@ -60,8 +62,14 @@ open(Header) ->
 %% row's bytes, and returns the IDAT chunks ready so far (maybe none: zlib
 %% buffers). Rows may be split across calls at any byte.
 -spec write(writer(), iodata()) -> iodata().
-write({png_writer, Z}, Scanlines) ->
-    idat(zlib:deflate(Z, Scanlines)).
+write({png_writer, Z} = Writer, Scanlines) ->
+    try zlib:deflate(Z, Scanlines) of
+        Deflated -> idat(Deflated)
+    catch
+        error:_ -> erlang:error(badarg, [Writer, Scanlines])
+    end;
+write(Writer, Scanlines) ->
+    erlang:error(badarg, [Writer, Scanlines]).
 
 %% @doc Ends the stream: the last IDAT and IEND. Closes the zlib port.
 -spec close(writer()) -> iodata().
@@ -72,23 +80,30 @@ close({png_writer, Z}) ->
         [idat(Last), chunk(<<"IEND">>, <<>>)]
     after
         zlib:close(Z)
-    end.
+    end;
+close(Writer) ->
+    erlang:error(badarg, [Writer]).
 
 %% @doc A whole image in one call: `Pixels' are the rows back to back with
 %% no filter bytes, every row filtered with `Filter'.
 -spec encode(header(), #{pixels := binary(), filter => filter()}) -> iodata().
 encode(#{width := W, height := H, format := Format} = Header,
-       #{pixels := Pixels} = Opts) when is_binary(Pixels) ->
-    Bpp = case Format of rgb -> 3; {palette, _} -> 1 end,
+       #{pixels := Pixels} = Opts) when is_binary(Pixels), is_integer(W), is_integer(H) ->
+    Bpp = case Format of rgb -> 3; {palette, _} -> 1; _ -> erlang:error(badarg, [Header, Opts]) end,
     Stride = W * Bpp,
     byte_size(Pixels) =:= Stride * H orelse erlang:error(badarg, [Header, Opts]),
     Type = maps:get(filter, Opts, none),
+    (lists:member(Type, [none, sub, up, average, paeth])
+     andalso maps:keys(Opts) -- [pixels, filter] =:= [])
+        orelse erlang:error(badarg, [Header, Opts]),
     {Writer, Head} = open(Header),
     Rows = [filter_row(Type, binary:part(Pixels, Y * Stride, Stride),
                        prior_row(Pixels, Y, Stride), Bpp)
             || Y <- lists:seq(0, H - 1)],
     Body = write(Writer, Rows),
-    [Head, Body, close(Writer)].
+    [Head, Body, close(Writer)];
+encode(Header, Opts) ->
+    erlang:error(badarg, [Header, Opts]).
 
 prior_row(_, 0, Stride) -> binary:copy(<<0>>, Stride);
 prior_row(Pixels, Y, Stride) -> binary:part(Pixels, (Y - 1) * Stride, Stride).
@@ -163,20 +178,39 @@ decode(<<137, "PNG", 13, 10, 26, 10, Rest/binary>>) ->
         throw:{bad_png, _} = Why -> {error, Why}
     end;
 decode(Bin) when is_binary(Bin) ->
-    {error, {bad_png, signature}}.
+    {error, {bad_png, signature}};
+decode(Other) ->
+    erlang:error(badarg, [Other]).
 
 %% @doc The colour at `(X, Y)' of a decoded image as `{R, G, B}' (alpha is
 %% dropped, grey is expanded, palette indices looked up).
 -spec pixel(image(), non_neg_integer(), non_neg_integer()) -> rgb().
 pixel(#{width := W, height := H, bpp := Bpp, color_type := CT, palette := Pal,
-        pixels := Px}, X, Y) when X >= 0, X < W, Y >= 0, Y < H ->
+        pixels := Px} = Image, X, Y)
+  when is_integer(X), is_integer(Y), X >= 0, X < W, Y >= 0, Y < H ->
     Off = (Y * W + X) * Bpp,
-    case CT of
-        3 -> element(binary:at(Px, Off) + 1, Pal);
-        0 -> G = binary:at(Px, Off), {G, G, G};
-        4 -> G = binary:at(Px, Off), {G, G, G};
-        _ -> <<R, G, B>> = binary:part(Px, Off, 3), {R, G, B}
-    end.
+    %% An image decode/1 made always has the pixel; a hand-made map may not.
+    try
+        case CT of
+            3 -> element(binary:at(Px, Off) + 1, Pal);
+            0 -> G = binary:at(Px, Off), {G, G, G};
+            4 -> G = binary:at(Px, Off), {G, G, G};
+            C when C =:= 2; C =:= 6 -> <<R, G, B>> = binary:part(Px, Off, 3), {R, G, B}
+        end
+    catch
+        error:_ -> erlang:error(badarg, [Image, X, Y])
+    end;
+pixel(Image, X, Y) ->
+    erlang:error(badarg, [Image, X, Y]).
+
+%% 1 to 256 colours, each three bytes.
+palette(Cs) ->
+    length(Cs) =< 256 andalso
+        lists:all(fun({R, G, B}) -> lists:all(fun is_byte/1, [R, G, B]);
+                     (_) -> false
+                  end, Cs).
+
+is_byte(V) -> is_integer(V) andalso V >= 0 andalso V =< 255.
 
 bpp(0) -> 1;
 bpp(2) -> 3;

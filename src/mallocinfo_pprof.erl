@@ -34,7 +34,7 @@
 %% offset of every address. Raises `badarg' for anything else.
 -spec heap_profile([site()], Maps :: binary()) -> iodata().
 heap_profile(Sites, Maps) when is_list(Sites), is_binary(Maps) ->
-    lists:all(fun is_site/1, Sites) orelse erlang:error(badarg, [Sites, Maps]),
+    sites(Sites) orelse erlang:error(badarg, [Sites, Maps]),
     Kept = [S || {_, _, [_ | _]} = S <- Sites],
     Blocks = lists:sum([N || {N, _, _} <- Kept]),
     Bytes = lists:sum([B || {_, B, _} <- Kept]),
@@ -50,6 +50,11 @@ heap_profile(Sites, Maps) when is_list(Sites), is_binary(Maps) ->
 heap_profile(Sites, Maps) ->
     erlang:error(badarg, [Sites, Maps]).
 
+%% A proper list of sites.
+sites([]) -> true;
+sites([S | Rest]) -> is_site(S) andalso sites(Rest);
+sites(_) -> false.
+
 %% "  1000:   100000 [  1000:   100000]", the widths gperftools uses.
 counts(N, B) ->
     Pair = [pad(N, 6), <<": ">>, pad(B, 8)],
@@ -63,9 +68,13 @@ address(A) ->
     Hex = integer_to_binary(A, 16),
     [<<"0x">>, lists:duplicate(max(0, 16 - byte_size(Hex)), $0), string:lowercase(Hex)].
 
-is_site({N, B, Stack}) when is_integer(N), N >= 0, is_integer(B), B >= 0, is_list(Stack) ->
-    lists:all(fun is_address/1, Stack);
+is_site({N, B, Stack}) when is_integer(N), N >= 0, is_integer(B), B >= 0 ->
+    addresses(Stack);
 is_site(_) ->
     false.
+
+addresses([]) -> true;
+addresses([A | Rest]) -> is_address(A) andalso addresses(Rest);
+addresses(_) -> false.
 
 is_address(A) -> is_integer(A) andalso A >= 0 andalso A < 1 bsl 64.

@@ -238,16 +238,21 @@ load_remote(Node, Timeout) ->
     end.
 
 %% @private The remote end of run/3.
+remote(report_local = What, Pid, O) ->
+    ?MODULE:What(Pid, O);
 remote(What, Pid, O) ->
-    ?MODULE:What(Pid, O).
+    erlang:error(badarg, [What, Pid, O]).
 
 %% @private Figures and items from one look at the process: what inspect/2,
 %% heap/2 and print/2 each shape (on the pid's own node).
-report_local(Pid, O) ->
+report_local(Pid, O0) when is_pid(Pid), is_map(O0) ->
+    O = options(O0, [Pid, O0]),
     case collect(Pid, O) of
         {ok, Items, Info} -> {ok, heap_map(Pid, Items, Info, O), Items};
         {error, _} = E -> E
-    end.
+    end;
+report_local(Pid, O) ->
+    erlang:error(badarg, [Pid, O]).
 
 collect(Pid, O) ->
     case process_info(Pid, [heap_size, total_heap_size, stack_size, message_queue_len,
@@ -322,9 +327,10 @@ measure_inside(State, O, Reply) ->
 %% A process reads its own heap: called inside the target through
 %% sys:replace_state/3 (State is its OTP state), or for self().
 %% @private
-in_process(State, O0, _Ref) ->
+in_process(State, O0, Ref) when is_map(O0) ->
+    O1 = options(maps:remove(heap_words, O0), [State, O0, Ref]),
     {total_heap_size, HeapWords} = process_info(self(), total_heap_size),
-    O = O0#{heap_words => HeapWords},
+    O = O1#{heap_words => HeapWords},
     Terms = [{dictionary, KV} || KV <- get()]
         ++ case State of
                self_items -> [];
@@ -340,7 +346,9 @@ in_process(State, O0, _Ref) ->
     %% Messages are not in reach from inside without receiving them: read
     %% as a copy, as from outside.
     {message_queue_len, QLen} = process_info(self(), message_queue_len),
-    limit(Items ++ queued(self(), QLen, O), O).
+    limit(Items ++ queued(self(), QLen, O), O);
+in_process(State, O, Ref) ->
+    erlang:error(badarg, [State, O, Ref]).
 
 %% Inside the process: the sharing-preserving size while the budget lasts.
 measured(Kind, Term, O, Budget) ->
@@ -629,7 +637,9 @@ verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
                               | lists:join("; ", [gap_text(G, Option) || G <- Gaps])]);
         true ->
             none
-    end.
+    end;
+verdict(Heap) ->
+    erlang:error(badarg, [Heap]).
 
 %% Gaps with the same reason, sentence and option as one, their kinds
 %% together: `dictionary and state: the heap ... is above ...'.

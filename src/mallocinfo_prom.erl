@@ -76,11 +76,31 @@ ok_value({error, _} = E) -> E.
 
 %% @doc Metric families from readings (see {@link collect/0}); keys that
 %% are absent give no families. Families with no samples are left out.
+%% Raises `badarg' for anything but a map of the keys collect/0 makes, each
+%% with a value of its type.
 -spec families(sources()) -> [family()].
 families(Sources) ->
-    Fams = allocator(Sources) ++ rss(Sources) ++ mallinfo(Sources) ++ arenas(Sources)
-        ++ tracker(Sources) ++ jemalloc(Sources),
+    sources(Sources) orelse erlang:error(badarg, [Sources]),
+    %% Inside each source, what collect/0 would not produce (a list where a
+    %% map belongs, say) is a wrong argument too.
+    Fams = try
+               allocator(Sources) ++ rss(Sources) ++ mallinfo(Sources) ++ arenas(Sources)
+                   ++ tracker(Sources) ++ jemalloc(Sources)
+           catch
+               error:_ -> erlang:error(badarg, [Sources])
+           end,
     [F || #{samples := [_ | _]} = F <- Fams].
+
+%% The keys collect/0 may produce, each with a value of its type: another
+%% key or a value of the wrong type is a wrong argument, not a source to
+%% leave out silently.
+sources(#{} = S) ->
+    lists:all(fun({allocator, A}) -> is_atom(A);
+                 ({rss, R}) -> R =:= undefined orelse (is_integer(R) andalso R >= 0);
+                 ({K, M}) -> lists:member(K, [mallinfo, heaps, tracker, jemalloc]) andalso is_map(M)
+              end, maps:to_list(S));
+sources(_) ->
+    false.
 
 allocator(#{allocator := A}) ->
     [gauge(<<"allocator_info">>,
@@ -200,6 +220,8 @@ bool(_) -> 0.
 %% number, `nan', `infinity' or `neg_infinity'.
 -spec render([family()]) -> iodata().
 render(Families) when is_list(Families) ->
+    %% length/1 raises badarg on an improper list.
+    _ = length(Families),
     try
         check_unique([N || #{name := N} <- Families]),
         [family_text(F) || F <- Families]

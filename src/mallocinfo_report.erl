@@ -86,21 +86,30 @@ collect(Nodes) ->
 %% cannot attach (the interposer is not sent): it says
 %% `{error, {load_failed, _}}'.
 -spec collect([node()], #{timeout => pos_integer(), attach => boolean()}) -> [node_result()].
-collect(Nodes, Opts) when is_list(Nodes), is_map(Opts) ->
-    case lists:all(fun is_atom/1, Nodes) andalso maps:keys(Opts) -- [timeout, attach] =:= [] of
+collect(Nodes, Opts) when is_map(Opts) ->
+    case node_list(Nodes) andalso maps:keys(Opts) -- [timeout, attach] =:= [] of
         true -> ok;
         false -> erlang:error(badarg, [Nodes, Opts])
     end,
     Timeout = maps:get(timeout, Opts, ?DEFAULT_TIMEOUT),
     Attach = maps:get(attach, Opts, false),
-    case is_integer(Timeout) andalso Timeout > 0 andalso is_boolean(Attach) of
+    %% A receive timeout above 2^32-1 ms would raise in await/3.
+    case is_integer(Timeout) andalso Timeout > 0 andalso Timeout =< 16#ffffffff
+         andalso is_boolean(Attach) of
         true -> cluster(Nodes, Timeout, Attach);
         false -> erlang:error(badarg, [Nodes, Opts])
     end;
 collect(Nodes, Opts) ->
     erlang:error(badarg, [Nodes, Opts]).
 
-%% @doc The report as text, at most 80 columns wide.
+%% A proper list of atoms (an improper one is not a list of nodes).
+node_list([]) -> true;
+node_list([N | Rest]) when is_atom(N) -> node_list(Rest);
+node_list(_) -> false.
+
+%% @doc The report as text, at most 80 columns wide. `Report' is what
+%% {@link collect/0} returns (or a cluster's `{ok, Report}'); anything else
+%% raises `badarg'.
 -spec format(report()) -> iolist().
 format(R) ->
     mallocinfo_report_text:format(R).
@@ -108,7 +117,8 @@ format(R) ->
 %% @doc A cluster's reports as text: one row per node (RSS,
 %% `erlang:memory(total)', libc free bytes, live bytes the tracker sees,
 %% the unaccounted share, and whether mallocinfo had to be injected), why
-%% each failed node failed, then each node's verdicts.
+%% each failed node failed, then each node's verdicts. `Results' is what
+%% {@link collect/1} returns; anything else raises `badarg'.
 -spec format_cluster([node_result()]) -> iolist().
 format_cluster(Results) ->
     mallocinfo_report_text:format_cluster(Results).

@@ -1,8 +1,9 @@
-%% @doc The report from raw data, with pure functions only: `/proc' text
-%% parsed and grouped by mapping kind, the ERTS, libc, native and
+%% @private The report from raw data, with pure functions only: `/proc'
+%% text parsed and grouped by mapping kind, the ERTS, libc, native and
 %% other-allocator layers, what each explains of the resident set, and the
-%% verdict rules. `mallocinfo_report:collect/0' gathers the raw data;
-%% EUnit feeds canned `/proc' text and crafted maps.
+%% verdict rules. `mallocinfo_report:collect/0' gathers the raw data and is
+%% the only caller; the pieces are exported for EUnit, which feeds canned
+%% `/proc' text and crafted maps. Not an API: arguments are not checked.
 -module(mallocinfo_report_build).
 
 -export([build/1]).
@@ -11,7 +12,8 @@
 -export([heap_candidates/1, heap_windows/2, straddling/2]).
 -export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
          erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
-         rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1]).
+         rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1,
+         resident_parts/1, part_label/1]).
 
 -define(MiB, (1 bsl 20)).
 -define(HEAP_MAX, (64 * ?MiB)).
@@ -154,8 +156,10 @@ vma_header(Line) ->
 %%     is missed (it is counted in `noreserve').</li>
 %% <li>`stacks': `[stack]', and thread stacks: writable anonymous mappings
 %%     directly above an anonymous `PROT_NONE' guard of at most 1 MiB.</li>
-%% <li>`jit': the BEAM JIT's code, the two views of its `memfd:vmem'
-%%     (or any executable anonymous mapping).</li>
+%% <li>`jit': the BEAM JIT's code: the two views of its `memfd:vmem'
+%%     with each page counted once (the views' Pss; `jit_counted_twice'
+%%     is what the kernel's Rss counts a second time), and any executable
+%%     anonymous mapping.</li>
 %% <li>`noreserve': other anonymous `MAP_NORESERVE' mappings (the tracker's
 %%     tables are).</li>
 %% <li>`anon': all other anonymous memory: ERTS carriers (mseg_alloc),
@@ -197,7 +201,12 @@ group_mappings(Vmas, Evidence) ->
     FilesTop = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Files))), 3),
     Anon = [{Rss, S, E} || {anon, Rss, _, _, #{start := S, stop := E}} <- Flat, Rss > 0],
     AnonTop = lists:sublist(lists:reverse(lists:sort(Anon)), ?TOP),
+    %% What the kernel's RSS counts twice: the JIT views' Rss beyond their
+    %% pages counted once.
+    JitTwice = lists:sum([Rss - Once || {jit, Once, _, _, #{path := <<"/memfd:vmem", _/binary>>,
+                                                          rss := Rss}} <- Flat]),
     #{groups => Groups,
+      jit_counted_twice => JitTwice,
       files_top => [#{path => P, rss => R} || {P, R} <- FilesTop],
       anon_top => [#{start => S, stop => E, rss => R} || {R, S, E} <- AnonTop]}.
 
@@ -205,7 +214,19 @@ group_mappings(Vmas, Evidence) ->
 %% straddles a glibc heap window.
 classify(#{path := <<"[heap]">>} = V, _, _, _) -> [whole(main_heap, V)];
 classify(#{path := <<"[stack", _/binary>>} = V, _, _, _) -> [whole(stacks, V)];
-classify(#{path := <<"/memfd:vmem", _/binary>>} = V, _, _, _) -> [whole(jit, V)];
+%% The JIT maps its code twice, an executable view and a writable one of
+%% the same memfd pages, and the kernel's Rss counts each resident page in
+%% both. The memfd belongs to this process alone, so each view's Pss is its
+%% pages divided by the views that map them: the views' Pss add up to the
+%% resident pages, each counted once.
+classify(#{path := <<"/memfd:vmem", _/binary>>, pss := Pss, rss := Rss, size := Size} = V, _, _,
+         _) ->
+    %% (A kernel, or canned text, without Pss lines: the Rss as it is.)
+    Once = case Pss > 0 of
+               true -> min(Pss, Rss);
+               false -> Rss
+           end,
+    [{jit, Once, Size, 1, V}];
 classify(#{path := Path} = V, Prev, Windows, Straddle) ->
     case anonymous(Path) of
         false when binary_part(Path, 0, 1) =:= <<"/">> -> [whole(files, V)];
@@ -387,25 +408,50 @@ ok_list(_) -> [].
 %% calls allocated (carriers: mbcs + mbcs_pool + sbcs `carriers_size') and
 %% used (blocks: the `size' of every block type in those carriers), plus
 %% how many carrier bytes came from `sys_alloc' (malloc: inside libc's
-%% heap) and from `mseg_alloc' (mmap). Largest `allocated' first.
+%% heap) and from `mseg_alloc' (mmap), and `headroom': the free
+%% multiblock space every instance keeps by design, up to the size of its
+%% main carrier (`mmbcs', allocated at start and never released) plus one
+%% more carrier (the one being filled; its size is taken as the average of
+%% the instance's other carriers). Largest `allocated' first.
 %% Input: `[{Name, erlang:system_info({allocator, Name})}]'.
 -spec allocator_types([{atom(), term()}]) ->
           [#{name := atom(), allocated := non_neg_integer(), used := non_neg_integer(),
-             sys_alloc := non_neg_integer(), mseg := non_neg_integer()}].
+             sys_alloc := non_neg_integer(), mseg := non_neg_integer(),
+             headroom := non_neg_integer()}].
 allocator_types(Allocs) ->
     Types = [allocator_type(Name, Instances) || {Name, Instances} <- Allocs, is_list(Instances)],
     lists:reverse(lists:sort(fun(#{allocated := A}, #{allocated := B}) -> A =< B end, Types)).
 
 allocator_type(Name, Instances) ->
-    Parts = [{Kind, Props} || {instance, _, Info} <- Instances, is_list(Info),
-                              {Kind, Props} <- Info,
+    Infos = [Info || {instance, _, Info} <- Instances, is_list(Info)],
+    Parts = [{Kind, Props} || Info <- Infos, {Kind, Props} <- Info,
                               lists:member(Kind, [mbcs, mbcs_pool, sbcs]), is_list(Props)],
     Sum = fun(F) -> lists:sum([F(P) || {_, P} <- Parts]) end,
     #{name => Name,
       allocated => Sum(fun(P) -> current(carriers_size, P) end),
       used => Sum(fun blocks_size/1),
       sys_alloc => Sum(fun(P) -> current(sys_alloc_carriers_size, P) end),
-      mseg => Sum(fun(P) -> current(mseg_alloc_carriers_size, P) end)}.
+      mseg => Sum(fun(P) -> current(mseg_alloc_carriers_size, P) end),
+      headroom => lists:sum([headroom(Info) || Info <- Infos])}.
+
+%% An instance's free multiblock bytes, up to its main carrier and one
+%% other carrier.
+headroom(Info) ->
+    case {lists:keyfind(options, 1, Info), lists:keyfind(mbcs, 1, Info)} of
+        {{options, Opts}, {mbcs, Props}} when is_list(Opts), is_list(Props) ->
+            Main = case lists:keyfind(mmbcs, 1, Opts) of
+                       {mmbcs, M} when is_integer(M), M >= 0 -> M;
+                       _ -> 0
+                   end,
+            Size = current(carriers_size, Props),
+            Newest = case current(carriers, Props) of
+                         N when N >= 2 -> max(0, Size - Main) div (N - 1);
+                         _ -> 0
+                     end,
+            min(Main + Newest, max(0, Size - blocks_size(Props)));
+        _ ->
+            0
+    end.
 
 %% {Key, Current, ...}: the current value is the first.
 current(Key, Props) ->
@@ -719,6 +765,8 @@ account(#{resident := #{groups := G, rss := Rss}} = R) ->
     #{attributed => Attributed,
       %% Anonymous memory (not NORESERVE, not glibc heaps) nothing claims.
       anon_unclaimed => Anon - MmapPart - OtherFromAnon - ErtsPart,
+      %% What the other allocator claims of the NORESERVE memory.
+      noreserve_other => OtherFromNoReserve,
       %% How much of ERTS's claim is not backed by resident memory: up to
       %% this much of what is unaccounted could be hidden in it.
       erts_slack_bytes => max(0, ErtsMmap - ErtsPart),
@@ -805,16 +853,26 @@ rule(libc_fragmentation, #{libc := #{arenas := [_ | _] = Arenas} = L} = R) ->
     end;
 rule(erts_fragmentation, #{erts := #{allocated := A, used := U, allocators := [_ | _] = Types}}
      = R) ->
-    case significant(A - U, R) andalso U * 100 < 60 * A of
+    %% Every allocator instance (one per scheduler and type) keeps a main
+    %% carrier for good, mostly free on a quiet node, and fills its newest
+    %% carrier gradually: a freshly booted node with 16 schedulers and a few
+    %% applications holds 23 MiB of free carrier space, all of it that
+    %% headroom. That is the design, not fragmentation: only free space
+    %% beyond each instance's headroom counts.
+    Excess = fun(#{allocated := TA, used := TU} = T) ->
+                     max(0, TA - TU - maps:get(headroom, T, 0))
+             end,
+    Waste = lists:sum([Excess(T) || T <- Types]),
+    case significant(Waste, R) andalso U * 100 < 60 * A of
         false -> none;
         true ->
-            Unused = fun(#{allocated := TA, used := TU}) -> TA - TU end,
-            ByUnused = lists:sort(fun(X, Y) -> Unused(X) >= Unused(Y) end, Types),
-            [#{name := Worst, allocated := WA, used := WU} | _] = ByUnused,
-            {A - U, fmt("ERTS allocators hold ~ts in carriers but use ~ts (~b%): fragmentation "
-                         "inside erts_alloc, most in ~ts (~ts allocated, ~b% used)",
-                         [bytes(A), bytes(U), U * 100 div max(1, A), Worst,
-                          bytes(WA), WU * 100 div max(1, WA)])}
+            ByExcess = lists:sort(fun(X, Y) -> Excess(X) >= Excess(Y) end, Types),
+            [#{name := Worst, allocated := WA, used := WU} | _] = ByExcess,
+            {Waste, fmt("ERTS allocators hold ~ts in carriers but use ~ts (~b%), ~ts free beyond "
+                        "the main and newest carrier of each allocator instance: fragmentation "
+                        "inside erts_alloc, most in ~ts (~ts allocated, ~b% used)",
+                        [bytes(A), bytes(U), U * 100 div max(1, A), bytes(Waste), Worst,
+                         bytes(WA), WU * 100 div max(1, WA)])}
     end;
 rule(erts_mseg_cache, #{erts := #{mseg_cache_bytes := C, mmap_bytes := M}} = R)
   when is_integer(C) ->
@@ -926,12 +984,49 @@ proc_name(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
 proc_name({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
 proc_name(Other) -> io_lib:format(" (~tp)", [Other]).
 
-nothing_stands_out(#{resident := #{groups := G}} = R) ->
-    Sorted = lists:reverse(lists:sort([{Rss, K} || {K, #{rss := Rss}} <- maps:to_list(G)])),
-    Parts = [io_lib:format("~ts ~ts", [group_label(K), bytes(B)])
-             || {B, K} <- lists:sublist(Sorted, 2)],
-    fmt("nothing stands out: RSS ~ts, the largest parts ~ts",
-        [bytes(rss(R)), lists:join(" and ", Parts)]);
+%% @doc The resident set in the parts section 1 of the report lists, in its
+%% order: the kernel's groups of mappings, with the anonymous memory split
+%% by the layer that explains it (ERTS, libc's mmapped blocks, another
+%% allocator, nothing). They add up to the mapped RSS, each page once.
+%% The "nothing stands out" verdict names the largest two with the same
+%% labels and figures. `[]' when the resident set could not be read.
+-spec resident_parts(mallocinfo_report:report()) -> [{atom(), non_neg_integer()}].
+resident_parts(#{resident := #{groups := G}} = R) ->
+    Rss = fun(K) -> maps:get(rss, maps:get(K, G)) end,
+    A = maps:from_list(maps:get(attributed, R, [])),
+    Layer = fun(K) -> maps:get(K, A, 0) end,
+    Unclaimed = case maps:get(anon_unclaimed, R, undefined) of
+                    U when is_integer(U) -> U;
+                    _ -> Rss(anon) - Layer(erts_carriers) - Layer(libc_mmap)
+                end,
+    [{main_heap, Rss(main_heap)}, {arenas, Rss(arenas)},
+     {erts_carriers, Layer(erts_carriers)}, {libc_mmap, Layer(libc_mmap)},
+     {other_allocator, Layer(other_allocator)}, {anon_unclaimed, Unclaimed},
+     {noreserve, Rss(noreserve) - maps:get(noreserve_other, R, 0)},
+     {jit, Rss(jit)}, {stacks, Rss(stacks)}, {files, Rss(files)}, {special, Rss(special)}];
+resident_parts(_) ->
+    [].
+
+%% @doc What section 1 calls a part of resident_parts/1.
+-spec part_label(atom()) -> string().
+part_label(main_heap) -> "glibc main heap [heap]";
+part_label(arenas) -> "glibc arenas (64 MiB heaps)";
+part_label(erts_carriers) -> "ERTS carriers, mseg cache (est.)";
+part_label(libc_mmap) -> "libc mmapped blocks (est.)";
+part_label(other_allocator) -> "other allocator (est.)";
+part_label(anon_unclaimed) -> "other anonymous";
+part_label(noreserve) -> "MAP_NORESERVE anonymous";
+part_label(jit) -> "JIT code";
+part_label(stacks) -> "thread stacks";
+part_label(files) -> "files";
+part_label(special) -> "vdso, other shared".
+
+nothing_stands_out(#{resident := #{groups := _}} = R) ->
+    Sorted = lists:reverse(lists:keysort(2, resident_parts(R))),
+    Parts = [io_lib:format("~ts ~ts", [part_label(K), bytes(B)])
+             || {K, B} <- lists:sublist(Sorted, 2)],
+    fmt("nothing stands out: RSS ~ts, the largest parts: ~ts",
+        [bytes(rss(R)), lists:join("; ", Parts)]);
 nothing_stands_out(_) ->
     <<"nothing stands out (the resident set could not be read)">>.
 
@@ -955,14 +1050,6 @@ share(B, R) ->
 fmt(Format, Args) ->
     unicode:characters_to_binary(io_lib:format(Format, Args)).
 
-group_label(main_heap) -> "the glibc main heap";
-group_label(arenas) -> "glibc arenas";
-group_label(stacks) -> "thread stacks";
-group_label(jit) -> "JIT code";
-group_label(noreserve) -> "MAP_NORESERVE memory";
-group_label(anon) -> "anonymous memory";
-group_label(files) -> "files";
-group_label(special) -> "vdso and shared memory".
 
 % Shorthands for the units the sentences use.
 bytes(B) -> mallocinfo_units:bytes(B).

@@ -7,16 +7,52 @@
 %% One row of the cluster table: 78 columns at most.
 -define(ROW, "~-20ts ~9ts ~9ts ~9ts ~9ts ~6ts  ~ts~n").
 
-%% @doc The report of one node.
+%% The sections every report has (each a map or `{unavailable, Why, How}').
+-define(SECTIONS, [resident, erts, libc, native, other_allocator]).
+
+%% @doc The report of one node. Anything but a report as
+%% `mallocinfo_report:collect/0' makes it raises `badarg'.
 -spec format(mallocinfo_report:report()) -> iolist().
 format(R) ->
-    [header(R), section_verdicts(R), section_resident(R), section_erts(R),
-     section_libc(R), section_native(R), section_other(R), section_unaccounted(R)].
+    report(R) orelse erlang:error(badarg, [R]),
+    %% The formatter is pure and reads the report in many places; the shape
+    %% check above catches what is not a report at all, and a report whose
+    %% insides it cannot read (a hand-made or altered map) is a wrong
+    %% argument too. io_lib formats eagerly, so every failure is raised
+    %% here.
+    try
+        [header(R), section_verdicts(R), section_resident(R), section_erts(R),
+         section_libc(R), section_native(R), section_other(R), section_unaccounted(R)]
+    catch
+        error:_ -> erlang:error(badarg, [R])
+    end.
 
 %% @doc A cluster's reports: one row per node, why each failed node
-%% failed, then each node's verdicts.
+%% failed, then each node's verdicts. Anything but a list as
+%% `mallocinfo_report:collect/1' returns raises `badarg'.
 -spec format_cluster([mallocinfo_report:node_result()]) -> iolist().
 format_cluster(Results) ->
+    node_results(Results) orelse erlang:error(badarg, [Results]),
+    try cluster(Results)
+    catch error:_ -> erlang:error(badarg, [Results])
+    end.
+
+report(#{verdicts := Vs} = R) ->
+    lists:all(fun(K) -> maps:is_key(K, R) end, [unaccounted_bytes | ?SECTIONS])
+        andalso binaries(Vs);
+report(_) ->
+    false.
+
+binaries([]) -> true;
+binaries([B | Rest]) when is_binary(B) -> binaries(Rest);
+binaries(_) -> false.
+
+node_results([]) -> true;
+node_results([{N, {ok, R}} | Rest]) when is_atom(N) -> report(R) andalso node_results(Rest);
+node_results([{N, {error, _}} | Rest]) when is_atom(N) -> node_results(Rest);
+node_results(_) -> false.
+
+cluster(Results) ->
     Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
     Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
                 || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout]
@@ -59,14 +95,6 @@ section_resident(#{resident := {unavailable, _, _} = U}) ->
     [rule_line("1. Resident set"), unavailable_line(U)];
 section_resident(#{resident := Res} = R) ->
     #{groups := G} = Res,
-    Attributed = maps:from_list(maps:get(attributed, R, [])),
-    Erts = maps:get(erts_carriers, Attributed, 0),
-    Mmap = maps:get(libc_mmap, Attributed, 0),
-    Other = maps:get(other_allocator, Attributed, 0),
-    Unclaimed = case maps:get(anon_unclaimed, R, undefined) of
-                    undefined -> rss_of(anon, G);
-                    U -> U
-                end,
     Count = fun(K, What) ->
                     case maps:get(count, maps:get(K, G)) of
                         0 -> "";
@@ -76,28 +104,36 @@ section_resident(#{resident := Res} = R) ->
     TopFiles = lists:sublist(maps:get(files_top, Res, []), 2),
     Files = lists:join(", ", [io_lib:format("~ts ~ts", [filename:basename(P), bytes(B)])
                               || #{path := P, rss := B} <- TopFiles]),
+    Twice = maps:get(jit_counted_twice, Res, 0),
+    Notes = #{arenas => Count(arenas, "heaps"),
+              erts_carriers => "up to what ERTS mapped",
+              anon_unclaimed => "no layer claims it",
+              noreserve => "tracker tables, reserves",
+              jit => case Twice of
+                         0 -> "";
+                         _ -> "its two views counted once"
+                     end,
+              stacks => Count(stacks, "stacks"),
+              files => Files},
+    %% Parts that are never empty on a BEAM node are always shown.
+    Optional = [libc_mmap, other_allocator, special],
     B = fun(K) -> bytes(maps:get(K, Res, undefined)) end,
     [rule_line("1. Resident set"),
      para(io_lib:format("RSS ~ts (peak ~ts), PSS ~ts: anonymous ~ts, file ~ts, shmem ~ts, swap ~ts",
                         [B(rss), B(peak), B(pss), B(anonymous), B(file), B(shmem), B(swap)])),
      io_lib:format("~b mappings, by kind:~n", [maps:get(mappings, Res, 0)]),
-     group_line("glibc main heap [heap]", rss_of(main_heap, G), ""),
-     group_line("glibc arenas (64 MiB heaps)", rss_of(arenas, G), Count(arenas, "heaps")),
-     group_line("ERTS carriers, mseg cache (est.)", Erts, "up to what ERTS mapped"),
-     [group_line("libc mmapped blocks (est.)", Mmap, "") || Mmap > 0],
-     [group_line("other allocator (est.)", Other, "") || Other > 0],
-     group_line("other anonymous", Unclaimed, "no layer claims it"),
-     group_line("MAP_NORESERVE anonymous", rss_of(noreserve, G), "tracker tables, reserves"),
-     group_line("JIT code", rss_of(jit, G), "both views of the code"),
-     group_line("thread stacks", rss_of(stacks, G), Count(stacks, "stacks")),
-     group_line("files", rss_of(files, G), Files),
-     [group_line("vdso, other shared", rss_of(special, G), "") || rss_of(special, G) > 0]].
+     [group_line(mallocinfo_report_build:part_label(K), Bytes, maps:get(K, Notes, ""))
+      || {K, Bytes} <- mallocinfo_report_build:resident_parts(R),
+         Bytes > 0 orelse not lists:member(K, Optional)],
+     [para(io_lib:format("(the kernel's RSS counts ~ts of JIT code twice: its executable and "
+                         "writable views map the same pages)", [bytes(Twice)])) || Twice > 0]].
 
 group_line(Label, Bytes, Note) ->
     io_lib:format("  ~-32ts ~10ts  ~ts~n", [Label, bytes(Bytes), truncate(Note, 32)]).
 
-rss_of(K, G) -> maps:get(rss, maps:get(K, G)).
 
+section_erts(#{erts := {unavailable, _, _} = U}) ->
+    [rule_line("2. ERTS"), unavailable_line(U)];
 section_erts(#{erts := E}) ->
     Mem = maps:get(memory, E),
     M = fun(K) -> bytes(maps:get(K, Mem, undefined)) end,

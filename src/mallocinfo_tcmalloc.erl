@@ -78,21 +78,8 @@ profile_stop() ->
 profile_running() ->
     mallocinfo_nif:tcmalloc_profile_running().
 
-prefix_binary(Prefix) when is_binary(Prefix), Prefix =/= <<>> ->
-    check_nul(Prefix, Prefix);
-prefix_binary(Prefix) when is_list(Prefix), Prefix =/= [] ->
-    try unicode:characters_to_binary(filename:flatten(Prefix), unicode,
-                                     file:native_name_encoding()) of
-        Bin when is_binary(Bin), Bin =/= <<>> -> check_nul(Bin, Prefix);
-        _ -> erlang:error(badarg, [Prefix])
-    catch
-        error:_ -> erlang:error(badarg, [Prefix])
-    end;
 prefix_binary(Prefix) ->
-    erlang:error(badarg, [Prefix]).
-
-check_nul(Bin, Prefix) ->
-    case binary:match(Bin, <<0>>) of
-        nomatch -> Bin;
-        _ -> erlang:error(badarg, [Prefix])
+    case mallocinfo:path_binary(Prefix, [Prefix]) of
+        <<>> -> erlang:error(badarg, [Prefix]);
+        Bin -> Bin
     end.

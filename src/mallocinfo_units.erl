@@ -5,15 +5,19 @@
 -export([bytes/1, count/1, age/1]).
 
 %% @doc Bytes with a binary unit and one decimal: `512 B', `1.5 KiB',
-%% `64.0 MiB', `1.8 GiB'.
+%% `64.0 MiB', `1.8 GiB'; `undefined' is `-'. Anything but an integer or
+%% `undefined' raises `badarg' (so do non-integers and negatives for
+%% count/1 and age/1).
 -spec bytes(integer() | undefined) -> io_lib:chars().
 bytes(undefined) -> "-";
+bytes(B) when not is_integer(B) -> erlang:error(badarg, [B]);
 bytes(B) when B < 0 -> "-" ++ bytes(-B);
 bytes(B) when B < 1024 -> integer_to_list(B) ++ " B";
 bytes(B) -> scaled(B, 1024, ["KiB", "MiB", "GiB", "TiB", "PiB"]).
 
 %% @doc A count: as is below 10,000, else `12.3 k', `160 k', `3.2 M'.
 -spec count(non_neg_integer()) -> io_lib:chars().
+count(N) when not is_integer(N); N < 0 -> erlang:error(badarg, [N]);
 count(N) when N < 10000 -> integer_to_list(N);
 count(N) -> scaled(N, 1000, ["k", "M", "G", "T"]).
 
@@ -27,6 +31,7 @@ scaled(V, Base, [Unit | Rest]) ->
 
 %% @doc An age: `850 ms', `42 s', `5.2 min', `5.0 h', `3.1 d'.
 -spec age(non_neg_integer()) -> io_lib:chars().
+age(Ms) when not is_integer(Ms); Ms < 0 -> erlang:error(badarg, [Ms]);
 age(Ms) when Ms < 1000 -> io_lib:format("~b ms", [Ms]);
 age(Ms) when Ms < 60000 -> io_lib:format("~b s", [Ms div 1000]);
 age(Ms) when Ms < 3600000 -> io_lib:format("~.1f min", [Ms / 60000]);

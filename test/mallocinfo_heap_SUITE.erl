@@ -150,9 +150,15 @@ tracker_sites_and_caches(Config) ->
     ?assertEqual(2 * 2501 + 3, maps:get(count, Frag)),
     ?assertEqual(2 * 2501 * 200 + 3 * 400000, maps:get(live_bytes, Frag)),
     #{live_chunks := LiveChunks, by_kind := #{tcache := Tc, fast := Fast},
-      mmap_chunks := MmapChunks, mmap_bytes := MmapBytes} = T,
+      tracked_mmap_chunks := MmapChunks, tracked_mmap_bytes := MmapBytes} = T,
     ?assert(MmapChunks >= 3),
     ?assert(MmapBytes >= 3 * 400000),
+    %% glibc's own count of every mmapped block, of which the tracker's are
+    %% a part.
+    #{mallinfo := #{hblks := Hblks, hblkhd := Hblkhd}} = S,
+    ?assertMatch(#{mmap_chunks := Hblks, mmap_bytes := Hblkhd}, T),
+    ?assert(Hblks >= MmapChunks),
+    ?assert(Hblkhd >= MmapBytes),
     ?assert(LiveChunks >= 5000),
     ?assert(Tc + Fast > 0),
     same_as_file(Path, S),

@@ -38,8 +38,20 @@ summary_of_this_node_test() ->
     ?assertEqual(maps:get(fordblks, M), maps:get(free_bytes, T)),
     ?assertEqual(length(Arenas), maps:get(arena_count, T)).
 
+%% mmap_bytes is glibc's own count of its mmapped blocks (mallinfo2 hblkhd of
+%% the same snapshot), not only the ones the tracker could point at: this
+%% node has no tracker, and the emulator's own large blocks are mmapped.
+mmapped_blocks_are_glibc_s_count_test() ->
+    {ok, #{total := T, mallinfo := #{hblks := N, hblkhd := B}} = S} = mallocinfo_heap:summary(),
+    ?assert(B > 0),
+    ?assertMatch(#{mmap_chunks := N, mmap_bytes := B}, T),
+    ?assertMatch(#{mmap_chunks := N, mmap_bytes := B}, S),
+    %% What the walker found through the tracker: nothing, without it.
+    ?assertMatch(#{tracked_mmap_chunks := 0, tracked_mmap_bytes := 0}, T).
+
 bad_arguments_test_() ->
     [?_assertError(badarg, mallocinfo_heap:dump(42)),
      ?_assertError(badarg, mallocinfo_heap:dump("")),
      ?_assertError(badarg, mallocinfo_heap:dump("/tmp/x", #{max_sites => many})),
-     ?_assertError(badarg, mallocinfo_heap:summary(#{timeout => -5}))].
+     ?_assertError(badarg, mallocinfo_heap:summary(#{timeout => -5})),
+     ?_assertError(badarg, mallocinfo_heap:summary(#{junk => 1}))].

@@ -19,7 +19,8 @@ stats_test() ->
     ?assertEqual(
        #{arenas => [#{arena => 0, system_bytes => 135168, in_use_bytes => 74560},
                     #{arena => 1, system_bytes => 139264, in_use_bytes => 3072}],
-         system_bytes => 4468736, in_use_bytes => 4271936,
+         system_bytes => 135168 + 139264, in_use_bytes => 74560 + 3072,
+         system_incl_mmap_bytes => 4468736, in_use_incl_mmap_bytes => 4271936,
          max_mmap_regions => 2, max_mmap_bytes => 4325376,
          mmap_regions => 1, mmap_bytes => 4194304},
        mallocinfo_parse:stats(?STATS)).
@@ -84,6 +85,37 @@ heaps_test() ->
                    free_bytes := 5064,
                    in_use_bytes := 130104}, H0),
     ?assertMatch(#{nr := 1, sizes := [], aspace := #{subheaps := 1}}, H1).
+
+%% malloc_stats() text of the heap ?XML describes: 135168 + 4096 bytes in
+%% the arenas, 130104 + 3096 in use, one mmapped block of 4 MiB.
+-define(SAME_HEAP_STATS, <<"Arena 0:\n"
+                           "system bytes     =     135168\n"
+                           "in use bytes     =     130104\n"
+                           "Arena 1:\n"
+                           "system bytes     =       4096\n"
+                           "in use bytes     =       3096\n"
+                           "Total (incl. mmap):\n"
+                           "system bytes     =    4333568\n"
+                           "in use bytes     =    4327504\n"
+                           "max mmap regions =          1\n"
+                           "max mmap bytes   =    4194304\n"
+                           "mmap regions     =          1\n"
+                           "mmap bytes       =    4194304\n">>).
+
+%% One name, one meaning: heaps/1 and stats/1 of the same heap agree on
+%% system_bytes (as heaps/1's system current) and in_use_bytes, in total
+%% and per arena; only the _incl_mmap figures count the mmapped block.
+same_heap_same_figures_test() ->
+    H = mallocinfo_parse:heaps(?XML),
+    S = mallocinfo_parse:stats(?SAME_HEAP_STATS),
+    ?assertEqual(maps:get(in_use_bytes, H), maps:get(in_use_bytes, S)),
+    ?assertEqual(maps:get(current, maps:get(system, H)), maps:get(system_bytes, S)),
+    ?assertEqual([{N, U} || #{nr := N, in_use_bytes := U} <- maps:get(heaps, H)],
+                 [{N, U} || #{arena := N, in_use_bytes := U} <- maps:get(arenas, S)]),
+    #{mmap := #{size := Mmap}} = maps:get(total, H),
+    ?assertEqual(maps:get(in_use_bytes, H) + Mmap, maps:get(in_use_incl_mmap_bytes, S)),
+    ?assertEqual(maps:get(current, maps:get(system, H)) + Mmap,
+                 maps:get(system_incl_mmap_bytes, S)).
 
 heaps_rejects_other_xml_test() ->
     ?assertError({bad_xml, not_malloc_info}, mallocinfo_parse:heaps(<<"<foo/>">>)),

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "atomic_file.h"
+
 namespace mi::glibc {
 
 Mallinfo read_mallinfo() {
@@ -43,30 +45,24 @@ std::string info_xml() {
 }
 
 int write_info_file(const std::string& path) {
-  if (path.empty()) return ENOENT;
   if (path.find('\0') != std::string::npos) return EINVAL;
-  // The temporary lives in the same directory as `path`, so rename(2) is atomic.
-  std::string tmp = path + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) return errno;
-  int err = 0;
-  // mkstemp creates 0600; the report is meant to be read by whoever reads
-  // the node's other logs.
-  if (::fchmod(fd, 0644) != 0) err = errno;
-  FILE* fp = err == 0 ? ::fdopen(fd, "w") : nullptr;
+  mi::file::AtomicFile file;
+  if (const int err = file.open(path)) return err;
+  // malloc_info writes to a FILE*; a duplicate of the descriptor keeps the
+  // temporary's own open for AtomicFile's fsync and rename.
+  const int dup_fd = ::fcntl(file.fd(), F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return errno;
+  FILE* fp = ::fdopen(dup_fd, "w");
   if (fp == nullptr) {
-    if (err == 0) err = errno;
-    ::close(fd);
-  } else {
-    if (::malloc_info(0, fp) != 0) err = errno;
-    if (::fflush(fp) != 0 && err == 0) err = errno;
-    // On disk before it replaces `path`: a crash never leaves an empty file.
-    if (err == 0 && ::fsync(::fileno(fp)) != 0) err = errno;
-    if (::fclose(fp) != 0 && err == 0) err = errno;
+    const int err = errno;
+    ::close(dup_fd);
+    return err;
   }
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) ::unlink(tmp.c_str());
-  return err;
+  int err = 0;
+  if (::malloc_info(0, fp) != 0) err = errno;
+  if (::fflush(fp) != 0 && err == 0) err = errno;
+  if (::fclose(fp) != 0 && err == 0) err = errno;
+  return err != 0 ? err : file.commit();
 }
 
 namespace {

@@ -27,9 +27,12 @@ Mallinfo read_mallinfo();
 // Allocates; throws std::system_error(errno) on failure.
 std::string info_xml();
 
-// Writes the same XML to `path` so that no reader ever sees half a document:
-// the XML goes to a mkstemp file beside `path`, is flushed, then renamed over
-// `path`. Returns 0 or an errno value; on failure nothing is left behind.
+// Writes the same XML to `path` so that no reader ever sees half a document
+// and nothing but a regular file is ever replaced (atomic_file.h): the XML
+// goes to a temporary file beside `path`, is flushed and fsynced, then
+// renamed over `path`. Returns 0 or an errno value (EISDIR for a directory,
+// EEXIST for a link, device, FIFO or socket, which are left untouched); on
+// failure nothing is left behind.
 int write_info_file(const std::string& path);
 
 // The text glibc `malloc_stats()` prints, taken from one frozen snapshot of

@@ -24,6 +24,7 @@
 #include <new>
 #include <type_traits>
 
+#include "../glibc/atomic_file.h"
 #include "dump_format.h"
 #include "ptmalloc.h"
 
@@ -1066,18 +1067,6 @@ uint64_t find_main_arena() {
 
 namespace {
 
-// The dump file until it is renamed into place: closed, and removed unless
-// committed, on every way out of dump() (including exceptions).
-struct TempFile {
-  int fd = -1;
-  std::string tmp;  // empty: /dev/null, nothing to remove
-  bool committed = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!committed && !tmp.empty()) ::unlink(tmp.c_str());
-  }
-};
-
 // The child: killed and reaped on every way out unless reaped already.
 struct ChildProcess {
   pid_t pid = -1;
@@ -1118,16 +1107,13 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   if (path.find('\0') != std::string::npos) return os_error(EINVAL, "path");
 
   // No path: no file at all (the child's writer skips fd -1), only the
-  // summary.
-  TempFile file;
+  // summary. A path is checked before the fork, so a target that will not be
+  // replaced (atomic_file.h) costs no walk; the file is closed and removed
+  // on every way out of dump() (including exceptions) until it is renamed
+  // into place.
+  mi::file::AtomicFile file;
   if (!path.empty()) {
-    file.tmp = path + ".tmp.XXXXXX";
-    file.fd = ::mkostemp(file.tmp.data(), O_CLOEXEC);
-    if (file.fd < 0) {
-      file.tmp.clear();
-      return os_error(errno, "open");
-    }
-    if (::fchmod(file.fd, 0644) != 0) return os_error(errno, "fchmod");
+    if (const int err = file.open(path)) return os_error(err, "open");
   }
 
   // malloc_info's XML goes to an unbuffered stream on a memfd made here,
@@ -1155,7 +1141,7 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   child.pid = ::fork();
   const uint64_t fork_ns = mono_ns() - fork_start;
   if (child.pid < 0) return os_error(errno, "fork");
-  if (child.pid == 0) child_main(options, file.fd, pipefd[1], xml.f, main_arena, parent);
+  if (child.pid == 0) child_main(options, file.fd(), pipefd[1], xml.f, main_arena, parent);
   ::close(writer.fd);
   writer.fd = -1;
   std::string reply;
@@ -1196,15 +1182,11 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   // The child wrote through the shared file description: the offset is at
   // the end of its part.
   uint64_t written = out.file_bytes;
-  const int err = append_tail(file.fd, out, label, written);
+  const int err = append_tail(file.fd(), out, label, written);
   if (err != 0) return os_error(err, "write");
   out.file_bytes = written;
-  if (::fsync(file.fd) != 0) return os_error(errno, "fsync");
-  const int fd = file.fd;
-  file.fd = -1;
-  if (::close(fd) != 0) return os_error(errno, "close");
-  if (::rename(file.tmp.c_str(), path.c_str()) != 0) return os_error(errno, "rename");
-  file.committed = true;
+  // fsync, the second look at the target, rename.
+  if (const int cerr = file.commit()) return os_error(cerr, "commit");
   return DumpStatus{};
 }
 

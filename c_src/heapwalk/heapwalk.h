@@ -61,6 +61,9 @@ struct DumpResult {
   std::vector<ArenaSummary> arenas;
   uint64_t chunks = 0;
   uint64_t segments = 0;
+  // mmapped blocks found through the tracker's live table (the MMAP
+  // records): glibc keeps no list of them, so without the tracker these are
+  // 0 while mallinfo.hblks/hblkhd count them all.
   uint64_t mmap_chunks = 0;
   uint64_t mmap_bytes = 0;
   uint64_t file_bytes = 0;
@@ -99,10 +102,14 @@ struct DumpStatus {
 // the parent after the child has exited (it may allocate and read files).
 using SiteLabeler = std::function<std::string(const std::vector<uint64_t>& frames)>;
 
-// Writes the dump to `path` atomically (a mkstemp file beside it, renamed
-// into place only when complete; nothing left behind on failure). An empty
-// path walks and summarises without writing a file. Blocks until the child
-// is done. See the file comment for the safety argument.
+// Writes the dump to `path` atomically (a temporary file beside it, fsynced
+// and renamed into place only when complete; nothing left behind on
+// failure). Only a missing name or a regular file is replaced: a directory
+// fails with os_error EISDIR, a symbolic link, device, FIFO or socket with
+// EEXIST, before anything is walked, and is left untouched
+// (../glibc/atomic_file.h). An empty path walks and summarises without
+// writing a file. Blocks until the child is done. See the file comment for
+// the safety argument.
 DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteLabeler& label,
                 DumpResult& out);
 

@@ -105,6 +105,8 @@
   X(segments, "segments")                         \
   X(mmap_chunks, "mmap_chunks")                   \
   X(mmap_bytes, "mmap_bytes")                     \
+  X(tracked_mmap_chunks, "tracked_mmap_chunks")   \
+  X(tracked_mmap_bytes, "tracked_mmap_bytes")     \
   X(file_bytes, "file_bytes")                     \
   X(tracker, "tracker")                           \
   X(mallinfo, "mallinfo")                         \

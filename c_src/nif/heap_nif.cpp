@@ -137,8 +137,13 @@ ERL_NIF_TERM heap_dump(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   m.put(atoms.arenas, enif_make_list_from_array(env, arenas.data(), arenas.size()))
       .put(atoms.chunks, u64(env, r.chunks))
       .put(atoms.segments, u64(env, r.segments))
-      .put(atoms.mmap_chunks, u64(env, r.mmap_chunks))
-      .put(atoms.mmap_bytes, u64(env, r.mmap_bytes))
+      // glibc knows how many blocks it mmapped, not where: mmap_* are its own
+      // counts (mallinfo2 of the same snapshot), tracked_mmap_* the blocks the
+      // walker found through the tracker (mmap.png), a subset.
+      .put(atoms.mmap_chunks, u64(env, r.mallinfo.hblks))
+      .put(atoms.mmap_bytes, u64(env, r.mallinfo.hblkhd))
+      .put(atoms.tracked_mmap_chunks, u64(env, r.mmap_chunks))
+      .put(atoms.tracked_mmap_bytes, u64(env, r.mmap_bytes))
       .put(atoms.file_bytes, u64(env, r.file_bytes))
       .put(atoms.tracker, make_bool(r.tracker))
       .put(atoms.mallinfo, mallinfo_term(env, r.mallinfo))

@@ -17,7 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "../glibc/atomic_file.h"
 #include "../glibc/glibc_introspect.h"
+#include "scratch_targets.h"
 
 namespace g = mi::glibc;
 namespace fs = std::filesystem;
@@ -105,6 +107,89 @@ TEST_CASE("write_info_file writes atomically and reports errno", "[glibc]") {
     CHECK(g::write_info_file(std::string("a\0b", 3)) == EINVAL);
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("write_info_file replaces only a regular file or a missing name", "[glibc][file]") {
+  mi::test::ScratchTargets scratch;
+  const auto before = scratch.entries();
+  for (const auto& t : scratch.targets()) {
+    INFO(t.kind);
+    const auto print = mi::test::ScratchTargets::fingerprint(t.path);
+    CHECK(g::write_info_file(t.path) == t.expected_errno);
+    CHECK(mi::test::ScratchTargets::fingerprint(t.path) == print);
+  }
+  // No temporary left beside any of them.
+  CHECK(scratch.entries() == before);
+
+  SECTION("a missing name is created") {
+    const std::string fresh = scratch.dir() + "/fresh.xml";
+    REQUIRE(g::write_info_file(fresh) == 0);
+    CHECK(slurp(fresh).find("</malloc>") != std::string::npos);
+  }
+  SECTION("a regular file is replaced whole, by a new inode") {
+    const std::string plain = scratch.dir() + "/plain.xml";
+    std::ofstream(plain) << "old contents";
+    const auto old = mi::test::ScratchTargets::fingerprint(plain);
+    REQUIRE(g::write_info_file(plain) == 0);
+    const auto now = mi::test::ScratchTargets::fingerprint(plain);
+    CHECK(now.ino != old.ino);
+    CHECK(S_ISREG(now.mode));
+    CHECK(now.content.rfind("<malloc", 0) == 0);
+    CHECK(now.content.find("</malloc>") != std::string::npos);
+  }
+}
+
+TEST_CASE("AtomicFile checks the target again right before the rename", "[glibc][file]") {
+  mi::test::ScratchTargets scratch;
+  const std::string path = scratch.dir() + "/late";
+  auto temporaries = [&] {
+    size_t n = 0;
+    for (const auto& e : scratch.entries()) n += e.rfind("late.tmp.", 0) == 0;
+    return n;
+  };
+  mi::file::AtomicFile f;
+  REQUIRE(f.open(path) == 0);
+  REQUIRE(::write(f.fd(), "new", 3) == 3);
+  CHECK(temporaries() == 1);
+
+  SECTION("a FIFO that took the free name meanwhile stays") {
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    const auto print = mi::test::ScratchTargets::fingerprint(path);
+    CHECK(f.commit() == EEXIST);
+    CHECK(mi::test::ScratchTargets::fingerprint(path) == print);
+  }
+  SECTION("a symlink that took the free name meanwhile stays, and so does its target") {
+    REQUIRE(::symlink("link-target", path.c_str()) == 0);
+    const auto print = mi::test::ScratchTargets::fingerprint(path);
+    CHECK(f.commit() == EEXIST);
+    CHECK(mi::test::ScratchTargets::fingerprint(path) == print);
+  }
+  SECTION("a regular file that appeared meanwhile is replaced") {
+    std::ofstream(path) << "someone else's";
+    CHECK(f.commit() == 0);
+    CHECK(slurp(path) == "new");
+  }
+  SECTION("the name still free") {
+    CHECK(f.commit() == 0);
+    CHECK(slurp(path) == "new");
+  }
+  CHECK(temporaries() == 0);
+}
+
+TEST_CASE("check_target names what it finds", "[glibc][file]") {
+  mi::test::ScratchTargets scratch;
+  for (const auto& t : scratch.targets()) {
+    INFO(t.kind);
+    CHECK(mi::file::check_target(t.path.c_str()) == t.expected_errno);
+  }
+  bool exists = true;
+  CHECK(mi::file::check_target((scratch.dir() + "/none").c_str(), &exists) == 0);
+  CHECK_FALSE(exists);
+  CHECK(mi::file::check_target((scratch.dir() + "/link-target").c_str(), &exists) == 0);
+  CHECK(exists);
+  CHECK(mi::file::check_target((scratch.dir() + "/link-target/x").c_str()) == ENOTDIR);
+  CHECK(mi::file::check_target((scratch.dir() + "/no/x").c_str()) == 0);  // the open fails later
+  CHECK(mi::file::check_target("") == ENOENT);
 }
 
 TEST_CASE("capture_stats equals malloc_stats() for the same heap state", "[glibc]") {

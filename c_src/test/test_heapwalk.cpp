@@ -21,6 +21,7 @@
 #include "../heapwalk/dump_format.h"
 #include "../heapwalk/heapwalk.h"
 #include "../heapwalk/ptmalloc.h"
+#include "scratch_targets.h"
 
 namespace hw = mi::heapwalk;
 namespace hd = mi::heapdump;
@@ -305,6 +306,31 @@ TEST_CASE("a dump never leaves a partial file behind", "[glibc][heapwalk]") {
     ::unlink(target.c_str());
   }
   ::rmdir(dir.c_str());
+}
+
+TEST_CASE("a dump replaces only a regular file or a missing name", "[glibc][heapwalk][file]") {
+  mi::test::ScratchTargets scratch;
+  const auto before = scratch.entries();
+  hw::DumpResult r;
+  for (const auto& t : scratch.targets()) {
+    INFO(t.kind);
+    const auto print = mi::test::ScratchTargets::fingerprint(t.path);
+    const hw::DumpStatus st = hw::dump(t.path, hw::DumpOptions{}, nullptr, r);
+    CHECK(st.failure == hw::Failure::os_error);
+    CHECK(st.err == t.expected_errno);
+    CHECK(mi::test::ScratchTargets::fingerprint(t.path) == print);
+  }
+  CHECK(scratch.entries() == before);
+
+  const std::string fresh = scratch.dir() + "/fresh.heapdump";
+  REQUIRE(hw::dump(fresh, hw::DumpOptions{}, nullptr, r).failure == hw::Failure::none);
+  CHECK(parse(fresh).ok);
+  const auto first = mi::test::ScratchTargets::fingerprint(fresh);
+  REQUIRE(hw::dump(fresh, hw::DumpOptions{}, nullptr, r).failure == hw::Failure::none);
+  const Parsed again = parse(fresh);
+  INFO(again.error);
+  CHECK(again.ok);
+  CHECK(mi::test::ScratchTargets::fingerprint(fresh).ino != first.ino);
 }
 
 // Fills a thread arena's current 64 MiB heap until exactly `left` bytes of

@@ -1,0 +1,391 @@
+%% Every exported function of every public module raises `badarg' (an
+%% `error:badarg' exception) for every wrong argument: wrong types, improper
+%% lists, tuples, negative numbers, maps with unknown keys or wrong values,
+%% binaries where lists belong. Runtime conditions are `{error, Reason}' and
+%% are tested elsewhere.
+%%
+%% The exports are enumerated with `Mod:module_info(exports)' over the
+%% modules listed in mallocinfo.app, so a new export (or a new module)
+%% without a case here fails `every_export_has_a_case_test'. Functions that
+%% take no arguments need none; the few that take any term in some
+%% position, and the modules left out, are listed with the reason.
+%%
+%% Each case gives, per argument, a valid value and the wrong ones; every
+%% wrong value is tried in its position with the valid values elsewhere, so
+%% each argument's check is exercised on its own. Valid values are harmless:
+%% functions with side effects (an HTTP server, trim, mallopt, set_mode, the
+%% demo) are only ever called with one argument wrong, and file names point
+%% into a scratch directory the test makes (and is the working directory
+%% while the calls run).
+-module(mallocinfo_badarg_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+%%% What is not checked, and why ---------------------------------------------
+
+%% Modules of the application left out entirely.
+excluded_modules() ->
+    [{mallocinfo_nif, "the NIF stubs: internal, called only by the modules below with arguments "
+                      "they checked; the NIFs decode with guarded<>, which raises badarg too"},
+     {mallocinfo_demo_nif, "@private NIF stubs of the demo workload, called by mallocinfo_demo"},
+     {mallocinfo_heapmap_cli, "main/1 is the escript's entry point: it answers a usage error with "
+                              "exit status 2 (and halts the VM), tested by mallocinfo_heapmap_SUITE"},
+     {mallocinfo_report_build, "@private: the report's pure internals, exported for their EUnit "
+                               "tests; mallocinfo_report:collect/0 is their only caller"}].
+
+%% {Module, Function, Arity, Position, Reason}: a position that accepts any
+%% term. Every other position of that function is still checked.
+any_term() ->
+    [{mallocinfo, path_binary, 2, 2, "the arguments to put in the badarg it raises"},
+     {mallocinfo_proc, in_process, 3, 1, "the inspected process's OTP state: any term"},
+     {mallocinfo_proc, in_process, 3, 3, "the reply alias: unused but passed through"}].
+
+%%% The cases -------------------------------------------------------------------
+
+%% Values that are wrong for almost everything.
+junk() ->
+    [junk, [a | b], {a, b}, -1, 1.5, <<"junk">>, #{junk => 1}, "junk", self(), make_ref(),
+     fun() -> ok end].
+
+%% Wrong file names: a file name is a string, an atom, a binary, or a deep
+%% list of characters, atoms and binaries (as the file module takes them),
+%% without NUL.
+not_a_path() ->
+    [[a | b], "x" ++ y, {a, b}, -1, 1.5, #{junk => 1}, self(), make_ref(), "a\0b", <<"a", 0, "b">>,
+     [1.5], [[a | b]], [<<"a", 0>>], [-1], [<<1:1>>]].
+
+%% Option maps: anything that is not a map, and maps with an unknown key.
+not_opts() ->
+    [junk, [a | b], {a, b}, -1, <<"junk">>, "junk", [{junk, 1}], #{junk => 1}].
+
+%% {Module, Function, [{Valid, [Wrong]}]} for every export with arguments.
+cases(S) ->
+    Path = filename:join(S, "out"),
+    Dump = filename:join(S, "valid.heapdump"),
+    HeapOpts = not_opts() ++ [#{max_sites => -1}, #{max_sites => 65535}, #{max_sites => many},
+                              #{timeout => 0}, #{timeout => -5}, #{timeout => 1 bsl 31},
+                              #{timeout => 1.5}, #{info_xml => yes}],
+    ProcOpts = not_opts() ++ [#{max_terms => 0}, #{max_words => -1}, #{size_budget => -1},
+                              #{timeout => 1.5}, #{max_heap_words => junk}],
+    TraceOpts = [junk, [a | b], {a, b}, -1, <<"junk">>, [junk], [{demangle, yes}],
+                 #{junk => 1}, #{demangle => 1}],
+    OldsOpts = TraceOpts ++ [#{min_size => -1}, #{min_age_ms => 1.5}, [{min_size, junk}],
+                             #{min_size => 1 bsl 64}],
+    Count = [junk, -1, 1.5, [a | b], <<"1">>, "1", {1}, 1 bsl 64],
+    Arenas = [junk, [a | b], {a, b}, #{}, [junk], [#{}], [(arena())#{system_bytes => -1}],
+              [(arena())#{by_kind => #{}}], [maps:remove(pinned_bytes, arena())],
+              [arena() | junk], [arena(), (arena())#{in_use_bytes => <<"1">>}]],
+    Summary = #{arenas => [(arena())#{arena => 0}],
+                total => (arena())#{arena_count => 1, chunk_count => 1}},
+    Header = #{pid => 1, time_ms => 0, glibc => <<"2.36">>, page_size => 4096, heap_max => 1,
+               tracker => false},
+    Report = mallocinfo_report:collect(),
+    Png = #{width => 1, height => 1, format => rgb},
+    {ok, Image} = mallocinfo_png:decode(iolist_to_binary(
+                                          mallocinfo_png:encode(Png, #{pixels => <<1, 2, 3>>}))),
+    Family = #{name => <<"x">>, type => gauge, help => <<"h">>, samples => [{[], 1}]},
+    HttpOpts = not_opts() ++ [#{port => -1}, #{port => 65536}, #{port => "80"},
+                              #{ip => junk}, #{ip => {1, 2, 3}}, #{ip => "127.0.0.1"}],
+    [%% mallocinfo
+     {mallocinfo, info, [{Path, not_a_path()}]},
+     {mallocinfo, trim, [{0, Count}]},
+     {mallocinfo, mallopt, [{arena_max, [junk, "arena_max", <<"arena_max">>, 1, [a | b], {a}]},
+                            {0, [1.5, junk, "1", <<"1">>, [a | b]]}]},
+     {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1],
+                                 #{}, -1]}]},
+     {mallocinfo, path_binary, [{Path, not_a_path()}, {[], []}]},
+     {mallocinfo, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
+                                          <<"junk">>, [""]]}]},
+     {mallocinfo, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
+     {mallocinfo, lib_candidates, [{xmerl, ["xmerl", <<"xmerl">>, 1, {a}]},
+                                   {[], [junk, [a | b], [junk], {a}]}]},
+     %% mallocinfo_demo: valid options would start the workload; only
+     %% wrong ones are ever passed.
+     {mallocinfo_demo, run, [{#{}, not_opts() ++ [#{leak_blocks => -1}, #{threads => 0},
+                                                   #{leak_size => 1.5}, #{hoard_terms => junk}]}]},
+     {mallocinfo_demo, make_run, [{Path, not_a_path()}]},
+     %% mallocinfo_heap
+     {mallocinfo_heap, dump, [{Path, not_a_path() ++ ["", <<>>]}]},
+     {mallocinfo_heap, dump, [{Path, not_a_path() ++ ["", <<>>]}, {#{}, HeapOpts}]},
+     {mallocinfo_heap, summary, [{#{}, HeapOpts}]},
+     {mallocinfo_heap, render, [{Dump, not_a_path()}, {Path, not_a_path()}]},
+     {mallocinfo_heap, totals, [{[arena()], Arenas}]},
+     %% mallocinfo_heapmap
+     {mallocinfo_heapmap, read_summary, [{Dump, not_a_path()}]},
+     {mallocinfo_heapmap, render, [{Dump, not_a_path()}, {Path, not_a_path()}]},
+     {mallocinfo_heapmap, render_report, [{Dump, not_a_path()}, {Path, not_a_path()}]},
+     {mallocinfo_heapmap, format_summary,
+      [{Summary, junk() ++ [#{}, Summary#{arenas => junk}, Summary#{arenas => [a | b]},
+                            Summary#{arenas => [#{}]}, Summary#{total => #{}},
+                            Summary#{total => (maps:get(total, Summary))#{live_bytes => 1}},
+                            Summary#{total => (maps:get(total, Summary))#{free_chunks => -1}}]}]},
+     {mallocinfo_heapmap, format_header,
+      [{Header, junk() ++ [#{}, Header#{pid => -1}, Header#{tracker => 1},
+                           Header#{glibc => 2.36}, Header#{glibc => [a | b]},
+                           Header#{page_size => 0}, maps:remove(time_ms, Header)]}]},
+     %% mallocinfo_http: valid options would start a server; only wrong
+     %% ones are ever passed.
+     {mallocinfo_http, start, [{#{}, HttpOpts}]},
+     {mallocinfo_http, stop, [{1, [junk, -1, 0, 65536, 1.5, "80", <<"80">>, [a | b], {80}]}]},
+     {mallocinfo_http, do, [{valid_mod, junk() ++ [{mod}, {mod, a, b}]}]},
+     %% mallocinfo_jemalloc
+     {mallocinfo_jemalloc, profile_active, [{false, [junk, 1, 0, "true", <<"true">>, [true | b],
+                                                     {true}, [true]]}]},
+     %% mallocinfo_json
+     {mallocinfo_json, encode, [{#{a => [1, <<"b">>]},
+                                 [{a, b}, [a | b], [1 | 2], self(), make_ref(), fun() -> ok end,
+                                  <<255>>, #{1 => 2}, #{{a} => 1}, [{a, b}], #{a => {b}},
+                                  <<1:1>>]}]},
+     %% mallocinfo_parse
+     {mallocinfo_parse, stats, [{<<"">>, [junk, "text", [a | b], {a, b}, -1, #{}]}]},
+     {mallocinfo_parse, heaps, [{<<"<malloc version=\"1\"></malloc>">>,
+                                 [junk, "<malloc/>", [a | b], {a, b}, -1, #{}]}]},
+     %% mallocinfo_png
+     {mallocinfo_png, open, [{Png, junk() ++ [Png#{width => 0}, Png#{height => -1},
+                                               Png#{width => 1.5}, Png#{format => junk},
+                                               Png#{format => {palette, []}},
+                                               Png#{format => {palette, [junk]}},
+                                               Png#{format => {palette, [{256, 0, 0}]}},
+                                               Png#{format => {palette, [{0, 0, 0} | b]}},
+                                               maps:remove(format, Png)]}]},
+     {mallocinfo_png, write, [{writer, junk() ++ [{png_writer, junk}]},
+                              {[], [junk, [a | b], {a, b}, -1, 1.5, #{}, [256], [-1]]}]},
+     {mallocinfo_png, close, [{writer, junk() ++ [{png_writer, junk}]}]},
+     {mallocinfo_png, encode, [{Png, junk() ++ [Png#{width => 0}, Png#{format => junk}]},
+                               {#{pixels => <<1, 2, 3>>},
+                                junk() ++ [#{}, #{pixels => <<1, 2>>}, #{pixels => "abc"},
+                                           #{pixels => <<1, 2, 3>>, filter => junk},
+                                           #{pixels => <<1, 2, 3>>, junk => 1}]}]},
+     {mallocinfo_png, decode, [{<<>>, [junk, [a | b], {a, b}, -1, 1.5, #{}, "\x89PNG", [<<>>]]}]},
+     {mallocinfo_png, pixel, [{Image, junk() ++ [#{}, Image#{pixels => <<>>},
+                                                 Image#{color_type => junk}]},
+                              {0, [junk, -1, 1, 1.5, [a | b], <<0>>]},
+                              {0, [junk, -1, 1, 1.5, [a | b], <<0>>]}]},
+     %% mallocinfo_pprof
+     {mallocinfo_pprof, heap_profile,
+      [{[{1, 8, [16#1000]}], [junk, [a | b], [{1, 8, [16#1000]} | b], [junk], [{1, 8}],
+                              [{-1, 8, [1]}], [{1, -8, [1]}], [{1, 8, [-1]}], [{1, 8, [a | b]}],
+                              [{1, 8, [1 bsl 64]}], [{1, 8, junk}], {a, b}, <<"s">>]},
+       {<<>>, [junk, "maps", [a | b], {a, b}, -1, #{}]}]},
+     %% mallocinfo_proc
+     {mallocinfo_proc, inspect_heap, [{self(), not_pid()}]},
+     {mallocinfo_proc, inspect_heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_proc, inspect, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_proc, heap, [{self(), not_pid()}]},
+     {mallocinfo_proc, heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     %% top/2: any count is valid (more than there are processes gives them all).
+     {mallocinfo_proc, top, [{1, Count -- [1 bsl 64]},
+                             {memory, [junk, "memory", <<"memory">>, 1, [a | b]]}]},
+     {mallocinfo_proc, print, [{self(), not_pid()}]},
+     {mallocinfo_proc, print, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_proc, in_process, [{state, []}, {#{}, ProcOpts}, {ref, []}]},
+     {mallocinfo_proc, remote, [{report_local, [junk, inspect, heap, "report_local", 1]},
+                                {self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_proc, report_local, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_proc, verdict, [{heap_figures(), junk() ++ [#{}, maps:remove(complete,
+                                                                             heap_figures())]}]},
+     %% mallocinfo_prom
+     {mallocinfo_prom, families, [{#{}, (junk() -- [#{junk => 1}]) ++
+                                        [#{junk => 1}, #{allocator => "glibc"}, #{rss => -1},
+                                         #{rss => junk}, #{mallinfo => [a]},
+                                         #{heaps => #{heaps => junk}},
+                                         #{tracker => #{preloaded => true, calls => junk}}]}]},
+     {mallocinfo_prom, render, [{[Family], [junk, [a | b], [Family | b], {a, b}, [junk],
+                                            [Family#{type => histogram}], [Family, Family],
+                                            [Family#{name => <<"1x">>}],
+                                            [Family#{samples => [{[], junk}]}], #{}]}]},
+     %% mallocinfo_report
+     {mallocinfo_report, collect, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["n"], [1],
+                                         #{}, -1]}]},
+     {mallocinfo_report, collect, [{[], [junk, [a | b], [junk | b], ["n"]]},
+                                   {#{}, not_opts() ++ [#{timeout => 0}, #{timeout => -1},
+                                                        #{timeout => 1.5},
+                                                        #{timeout => 1 bsl 32}]}]},
+     {mallocinfo_report, format, [{Report, bad_reports(Report)}]},
+     {mallocinfo_report, format_cluster, [{[{node(), {ok, Report}}], bad_clusters(Report)}]},
+     {mallocinfo_report_text, format, [{Report, bad_reports(Report)}]},
+     {mallocinfo_report_text, format_cluster, [{[{node(), {ok, Report}}], bad_clusters(Report)}]},
+     %% mallocinfo_tcmalloc: a valid prefix answers {error, {wrong_allocator, glibc}} here.
+     {mallocinfo_tcmalloc, profile_start, [{Path, not_a_path() ++ ["", <<>>]}]},
+     %% mallocinfo_trace
+     {mallocinfo_trace, set_mode, [{off, [junk, "full", <<"full">>, 1, [a | b], {full}]}]},
+     {mallocinfo_trace, olds, [{1, Count}]},
+     {mallocinfo_trace, olds, [{1, Count}, {#{}, OldsOpts}]},
+     {mallocinfo_trace, sites, [{1, Count}]},
+     {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}]}]},
+     {mallocinfo_trace, preload_env, [{#{}, not_opts() ++ [#{mode => junk}, #{table_size => 1},
+                                                            #{stack_depth => 129},
+                                                            #{exe => ""}, #{exe => junk},
+                                                            #{exe => [a | b]},
+                                                            #{sample_bytes => 0},
+                                                            #{unwind => fast}]}]},
+     %% mallocinfo_units
+     {mallocinfo_units, bytes, [{0, [junk, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
+     {mallocinfo_units, count, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
+     {mallocinfo_units, age, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
+     %% module_info/1, which the compiler adds to every module
+     {'*', module_info, [{exports, [junk, "exports", 1, [a | b], {exports}]}]}].
+
+not_pid() ->
+    [junk, [a | b], {a, b}, -1, <<"<0.1.0>">>, "<0.1.0>", #{}, make_ref(), hd(erlang:ports())].
+
+%% An arena summary as mallocinfo_heap returns it.
+arena() ->
+    #{arena => 0, address => 4096, system_bytes => 1000, in_use_bytes => 600, free_bytes => 400,
+      by_kind => #{in_use => 500, free => 300, fast => 50, tcache => 20, top => 50, meta => 0},
+      chunks => 10, free_chunks => 4, largest_free => 100, resident_bytes => 800,
+      trimmable_bytes => 0, pinned_bytes => 250, segments => 1}.
+
+%% What mallocinfo_proc:verdict/1 reads.
+heap_figures() ->
+    #{total_heap_size => 100, live_words => 50, stack_size => 10, message_queue_len => 0,
+      complete => true, binaries => #{bytes => 0, count => 0, shared_bytes => 0}}.
+
+bad_reports(Report) ->
+    junk() ++ [#{}, maps:remove(resident, Report), maps:remove(verdicts, Report),
+               Report#{verdicts => junk}, Report#{verdicts => [junk]},
+               Report#{verdicts => [<<"v">> | b]}, Report#{resident => junk},
+               Report#{erts => #{}}, Report#{libc => #{mallinfo => junk}}].
+
+bad_clusters(Report) ->
+    [junk, [a | b], [{node(), {ok, Report}} | b], [junk], [{node(), Report}],
+     [{"node", {ok, Report}}], [{node(), {ok, #{}}}], [{node(), {weird, 1}}],
+     [{node(), {ok, Report#{verdicts => junk}}}], {a, b}, #{}].
+
+%%% The tests -------------------------------------------------------------------
+
+every_export_has_a_case_test() ->
+    with_scratch(
+      fun(S) ->
+              Covered = lists:usort([{M, F, length(Args)} || {M, F, Args} <- cases(S), M =/= '*']),
+              Missing = [MFA || {M, _, _} = MFA <- exports_with_args(),
+                                element(2, MFA) =/= module_info,
+                                not lists:member(MFA, Covered),
+                                not lists:keymember(M, 1, excluded_modules())],
+              ?assertEqual([], Missing),
+              %% No case for something that is not exported (a stale entry).
+              ?assertEqual([], Covered -- exports_with_args())
+      end).
+
+%% An argument that accepts any term is listed with a reason, and is one.
+any_term_positions_are_listed_test() ->
+    with_scratch(
+      fun(S) ->
+              AnyTerm = [{M, F, length(Args), I}
+                         || {M, F, Args} <- cases(S), {I, {_, []}} <- enumerate(Args)],
+              ?assertEqual(lists:usort(AnyTerm),
+                           lists:usort([{M, F, A, I} || {M, F, A, I, _} <- any_term()]))
+      end).
+
+every_wrong_argument_raises_badarg_test_() ->
+    {timeout, 300,
+     fun() ->
+             with_scratch(
+               fun(S) ->
+                       Writer = element(1, mallocinfo_png:open(#{width => 1, height => 1,
+                                                                 format => rgb})),
+                       try
+                           Calls = [{M, F, Args} || {M0, F, Specs} <- cases(S),
+                                                    M <- modules(M0),
+                                                    Args <- vectors(Specs, Writer)],
+                           Results = [{M, F, Args, outcome(M, F, Args)} || {M, F, Args} <- Calls],
+                           Wrong = [R || {_, _, _, O} = R <- Results, O =/= badarg],
+                           ?assertEqual([], Wrong),
+                           %% Some hundreds of calls: a table that shrank by
+                           %% mistake would say so.
+                           ?assert(length(Results) > 700)
+                       after
+                           mallocinfo_png:close(Writer)
+                       end
+               end)
+     end}.
+
+%% The valid values are valid: with none of them wrong, a call does not
+%% raise badarg (for the functions that are safe to call for real).
+valid_values_are_valid_test_() ->
+    {timeout, 120,
+     fun() ->
+             with_scratch(
+               fun(S) ->
+                       Unsafe = [{mallocinfo_demo, run}, {mallocinfo_demo, make_run},
+                                 {mallocinfo_http, start}, {mallocinfo_http, do},
+                                 {mallocinfo, mallopt}, {mallocinfo, trim},
+                                 {mallocinfo_trace, set_mode}, {mallocinfo_jemalloc, profile_active},
+                                 {mallocinfo_png, write}, {mallocinfo_png, close},
+                                 {mallocinfo_heap, render}, {mallocinfo_heapmap, render},
+                                 {mallocinfo_heapmap, render_report},
+                                 {mallocinfo_heapmap, read_summary}],
+                       {ok, _} = mallocinfo_heap:dump(filename:join(S, "valid.heapdump")),
+                       Outcomes = [{M, F, outcome(M, F, [Good || {Good, _} <- Specs])}
+                                   || {M0, F, Specs} <- cases(S), M <- modules(M0),
+                                      not lists:member({M, F}, Unsafe)],
+                       ?assertEqual([], [O || {_, _, badarg} = O <- Outcomes])
+               end)
+     end}.
+
+%%% Helpers ---------------------------------------------------------------------
+
+app_modules() ->
+    {ok, Mods} = application:get_key(mallocinfo, modules),
+    Mods.
+
+exports_with_args() ->
+    _ = application:load(mallocinfo),
+    lists:usort([{M, F, A} || M <- app_modules(), {F, A} <- M:module_info(exports), A > 0]).
+
+%% '*' stands for every module checked (module_info/1 is in all of them).
+modules('*') -> app_modules() -- [M || {M, _} <- excluded_modules()];
+modules(M) -> [M].
+
+enumerate(L) -> lists:zip(lists:seq(1, length(L)), L).
+
+%% Every argument vector with exactly one wrong value.
+vectors(Specs, Writer) ->
+    Valid = [valid(Good, Writer) || {Good, _} <- Specs],
+    [setnth(I, Valid, valid(Bad, Writer)) || {I, {_, Bads}} <- enumerate(Specs), Bad <- Bads].
+
+%% Placeholders for values that must be made fresh.
+valid(writer, Writer) -> Writer;
+valid(valid_mod, _) -> junk;  % do/1 has no valid value a test can make
+valid(V, _) -> V.
+
+setnth(I, L, V) ->
+    {Before, [_ | After]} = lists:split(I - 1, L),
+    Before ++ [V | After].
+
+%% badarg, or what happened instead (in a process of its own, so that a
+%% call that links or traps cannot disturb the test).
+outcome(M, F, Args) ->
+    Parent = self(),
+    {Pid, Ref} = spawn_monitor(
+                   fun() ->
+                           R = try apply(M, F, Args) of
+                                   V -> {returned, V}
+                               catch
+                                   error:badarg -> badarg;
+                                   Class:Reason -> {Class, Reason}
+                               end,
+                           Parent ! {self(), R}
+                   end),
+    receive
+        {Pid, R} ->
+            erlang:demonitor(Ref, [flush]),
+            R;
+        {'DOWN', Ref, process, Pid, Why} ->
+            {died, Why}
+    after 60000 ->
+            exit(Pid, kill),
+            timeout
+    end.
+
+%% The calls run with a scratch directory (mktemp -d) as the working
+%% directory: a wrong file name that slipped through could only land there.
+with_scratch(Fun) ->
+    Dir = string:trim(os:cmd("mktemp -d")),
+    {ok, Cwd} = file:get_cwd(),
+    ok = file:set_cwd(Dir),
+    try
+        Fun(Dir)
+    after
+        ok = file:set_cwd(Cwd),
+        ok = file:del_dir_r(Dir)
+    end.

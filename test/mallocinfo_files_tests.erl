@@ -1,0 +1,155 @@
+%% Every writer of a file the caller names (mallocinfo:info/1,
+%% mallocinfo_heap:dump/1, mallocinfo_heapmap:render/2) replaces a regular
+%% file or fills a missing name, and refuses anything else, leaving it
+%% exactly as it was: a directory with `eisdir'; a symbolic link (to a file,
+%% or dangling), a character or block device, a FIFO and a unix socket with
+%% `eexist'. Every target is made inside a scratch directory made by
+%% `mktemp -d' for the test and removed after it; nothing else is touched.
+-module(mallocinfo_files_tests).
+-include_lib("eunit/include/eunit.hrl").
+-include_lib("kernel/include/file.hrl").
+
+%%% Fixtures -----------------------------------------------------------------
+
+%% Runs Fun(Dir, Targets) in a fresh scratch directory holding one target of
+%% each kind: [{Kind, Path, ExpectedReason}].
+with_targets(Fun) ->
+    Dir = string:trim(os:cmd("mktemp -d")),
+    true = lists:prefix(string:trim(os:cmd("dirname $(mktemp -u)")), Dir),
+    {ok, Sock} = socket:open(local, stream),
+    try
+        Fun(Dir, make_targets(Dir, Sock))
+    after
+        socket:close(Sock),
+        ok = file:del_dir_r(Dir)
+    end.
+
+make_targets(Dir, Sock) ->
+    At = fun(Name) -> filename:join(Dir, Name) end,
+    ok = file:make_dir(At("directory")),
+    ok = file:write_file(At("directory/inside"), <<"kept">>),
+    ok = file:write_file(At("link-target"), <<"the link's target">>),
+    ok = file:make_symlink("link-target", At("symlink")),
+    ok = file:make_symlink("nothing-here", At("dangling")),
+    %% Device nodes with /dev/null's numbers (and a RAM disk's for the block
+    %% device): made here, never opened. mknod needs root.
+    "" = os:cmd("mknod " ++ At("char-device") ++ " c 1 3 2>&1"),
+    "" = os:cmd("mknod " ++ At("block-device") ++ " b 1 3 2>&1"),
+    "" = os:cmd("mkfifo " ++ At("fifo") ++ " 2>&1"),
+    ok = socket:bind(Sock, #{family => local, path => At("socket")}),
+    Targets = [{directory, At("directory"), eisdir},
+               {symlink, At("symlink"), eexist},
+               {dangling_symlink, At("dangling"), eexist},
+               {char_device, At("char-device"), eexist},
+               {block_device, At("block-device"), eexist},
+               {fifo, At("fifo"), eexist},
+               {socket, At("socket"), eexist}],
+    %% Each is what its name says.
+    Types = [{K, (info(P))#file_info.type} || {K, P, _} <- Targets],
+    ?assertEqual([{directory, directory}, {symlink, symlink}, {dangling_symlink, symlink},
+                  {char_device, device}, {block_device, device}, {fifo, other},
+                  {socket, other}], Types),
+    Targets.
+
+info(Path) ->
+    {ok, I} = file:read_link_info(Path, [raw]),
+    I.
+
+%% What identifies an entry: inode, type, mode, device numbers, and what it
+%% holds (a link's text and its target's bytes, a file's bytes, a
+%% directory's names).
+fingerprint(Path) ->
+    #file_info{inode = Ino, type = Type, mode = Mode, major_device = Maj,
+               minor_device = Min} = info(Path),
+    Content = case Type of
+                  symlink ->
+                      {ok, To} = file:read_link(Path),
+                      {To, file:read_file(Path)};
+                  regular -> file:read_file(Path);
+                  directory -> file:list_dir(Path);
+                  _ -> none
+              end,
+    {Ino, Type, Mode, Maj, Min, Content}.
+
+entries(Dir) ->
+    {ok, Names} = file:list_dir(Dir),
+    lists:sort(Names).
+
+%% Every target refused with its reason and left as it was, and nothing new
+%% in the directory (no temporary left beside a target).
+refuses_all(Write, Check) ->
+    with_targets(
+      fun(Dir, Targets) ->
+              Before = entries(Dir),
+              [begin
+                   Print = fingerprint(Path),
+                   ?assertEqual({Kind, {error, Reason}}, {Kind, Write(Path)}),
+                   ?assertEqual({Kind, Print}, {Kind, fingerprint(Path)})
+               end || {Kind, Path, Reason} <- Targets],
+              ?assertEqual(Before, entries(Dir)),
+              %% A missing name is filled, a regular file replaced by a new
+              %% file (another inode), whole.
+              Fresh = filename:join(Dir, "fresh"),
+              ok = ok_of(Write(Fresh)),
+              ?assertEqual(regular, (info(Fresh))#file_info.type),
+              Plain = filename:join(Dir, "plain"),
+              ok = file:write_file(Plain, <<"old contents">>),
+              Old = info(Plain),
+              ok = ok_of(Write(Plain)),
+              New = info(Plain),
+              ?assertEqual(regular, New#file_info.type),
+              ?assertNotEqual(Old#file_info.inode, New#file_info.inode),
+              Check(Fresh),
+              Check(Plain)
+      end).
+
+ok_of(ok) -> ok;
+ok_of({ok, _}) -> ok.
+
+%%% The writers --------------------------------------------------------------
+
+info_file_test() ->
+    refuses_all(fun mallocinfo:info/1,
+                fun(P) -> ?assertMatch({ok, <<"<malloc version=", _/binary>>},
+                                       file:read_file(P))
+                end).
+
+heap_dump_test_() ->
+    {timeout, 60,
+     fun() ->
+             refuses_all(fun mallocinfo_heap:dump/1,
+                         fun(P) -> ?assertMatch({ok, _}, mallocinfo_heapmap:read_summary(P)) end)
+     end}.
+
+%% render/2 writes index.html and the PNGs into OutDir: any of those names
+%% taken by something that is not a regular file refuses the whole render,
+%% before anything is drawn.
+heapmap_render_test_() ->
+    {timeout, 300, fun heapmap_render/0}.
+
+heapmap_render() ->
+    with_targets(
+      fun(Dir, Targets) ->
+              Dump = filename:join(Dir, "node.heapdump"),
+              {ok, _} = mallocinfo_heap:dump(Dump),
+              Out = filename:join(Dir, "out"),
+              {ok, [Index, FirstPng | _] = Files} = mallocinfo_heapmap:render(Dump, Out),
+              ?assertEqual("index.html", filename:basename(Index)),
+              [begin
+                   %% The target takes the place of a file render/2 wrote.
+                   _ = file:delete(Name),
+                   ok = file:rename(Path, Name),
+                   Print = fingerprint(Name),
+                   Listing = entries(Out),
+                   ?assertEqual({Kind, Name, {error, Reason}},
+                                {Kind, Name, mallocinfo_heapmap:render(Dump, Out)}),
+                   ?assertEqual({Kind, Print}, {Kind, fingerprint(Name)}),
+                   ?assertEqual(Listing, entries(Out)),
+                   ok = file:rename(Name, Path)
+               end || {Kind, Path, Reason} <- Targets, Name <- [Index, FirstPng]],
+              %% With the names free again, or regular files, it renders.
+              {ok, Files} = mallocinfo_heapmap:render(Dump, Out),
+              Old = info(Index),
+              {ok, Files} = mallocinfo_heapmap:render(Dump, Out),
+              ?assertNotEqual(Old#file_info.inode, (info(Index))#file_info.inode)
+      end).
