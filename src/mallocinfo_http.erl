@@ -301,14 +301,18 @@ response_default_headers() ->
 %% are. (Without it inets calls the missing function for every header and
 %% catches the undef.)
 -spec response_header({string(), string()}) -> {true, {string(), string()}}.
-response_header(Header) ->
-    {true, Header}.
+response_header({_, _} = Header) ->
+    {true, Header};
+response_header(Other) ->
+    erlang:error(badarg, [Other]).
 
 %% @private httpd's `customize' callback: request headers are kept as they
 %% are.
 -spec request_header({string(), string()}) -> {true, {string(), string()}}.
-request_header(Header) ->
-    {true, Header}.
+request_header({_, _} = Header) ->
+    {true, Header};
+request_header(Other) ->
+    erlang:error(badarg, [Other]).
 
 route(Method, Uri) ->
     case uri_string:parse(Uri) of

@@ -525,17 +525,25 @@ blown_up(_) -> false.
 -spec binaries([{non_neg_integer(), non_neg_integer(), non_neg_integer()}]) ->
           #{count := non_neg_integer(), bytes := non_neg_integer(),
             shared_bytes := non_neg_integer()}.
-binaries(Entries) ->
-    ById = lists:foldl(fun({Id, Size, Refc}, Acc) ->
-                               case Acc of
-                                   #{Id := {S, R, N}} -> Acc#{Id := {S, R, N + 1}};
-                                   #{} -> Acc#{Id => {Size, Refc, 1}}
-                               end
-                       end, #{}, Entries),
+binaries(Entries) when is_list(Entries) ->
+    Add = fun({Id, Size, Refc}, Acc) when is_integer(Size), Size >= 0, is_integer(Refc),
+                                          Refc >= 0 ->
+                  case Acc of
+                      #{Id := {S, R, N}} -> Acc#{Id := {S, R, N + 1}};
+                      #{} -> Acc#{Id => {Size, Refc, 1}}
+                  end;
+             (_, _) ->
+                  erlang:error(badarg, [Entries])
+          end,
+    ById = try lists:foldl(Add, #{}, Entries)
+           catch error:function_clause -> erlang:error(badarg, [Entries])
+           end,
     Unique = maps:values(ById),
     #{count => map_size(ById),
       bytes => lists:sum([S || {S, _, _} <- Unique]),
-      shared_bytes => lists:sum([S || {S, Refc, N} <- Unique, Refc > N])}.
+      shared_bytes => lists:sum([S || {S, Refc, N} <- Unique, Refc > N])};
+binaries(Entries) ->
+    erlang:error(badarg, [Entries]).
 
 %% What a limit kept from being measured: which kind of term, why (an atom
 %% and a sentence) and the options that would measure it (empty when none

@@ -127,6 +127,18 @@ cases(S) ->
      {mallocinfo_http, start, [{#{}, HttpOpts}]},
      {mallocinfo_http, stop, [{1, [junk, -1, 0, 65536, 1.5, "80", <<"80">>, [a | b], {80}]}]},
      {mallocinfo_http, do, [{valid_mod, junk() ++ [{mod}, {mod, a, b}]}]},
+     {mallocinfo_http, request_header, [{{"a", "b"}, [junk, {a}, {a, b, c}, [a | b], -1]}]},
+     {mallocinfo_http, response_header, [{{"a", "b"}, [junk, {a}, {a, b, c}, [a | b], -1]}]},
+     %% mallocinfo_trace:attach/1: valid options would attach this node;
+     %% only wrong ones are ever passed.
+     {mallocinfo_trace, attach, [{#{}, not_opts() ++ [#{mode => off}, #{mode => junk},
+                                                      #{table_size => 0}, #{stack_depth => 129},
+                                                      #{sample_bytes => 0}, #{mode => "full"},
+                                                      #{stack_table_size => 1.5}]}]},
+     {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1]]},
+                           {#{}, not_opts() ++ [#{attach => yes}, #{timeout => 0}]}]},
+     {mallocinfo_proc, binaries, [{[], [junk, [a | b], {a, b}, -1, [{1, -1, 1}], [{1, 2}],
+                                        [{1, 2, three}], [junk]]}]},
      %% mallocinfo_jemalloc
      {mallocinfo_jemalloc, profile_active, [{false, [junk, 1, 0, "true", <<"true">>, [true | b],
                                                      {true}, [true]]}]},

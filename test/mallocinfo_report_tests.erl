@@ -879,7 +879,9 @@ assert_80_columns(IoData) ->
 %% A tracker attached at run time: the native section says since when it
 %% looks, and a node never attached is told how to attach.
 native_attached_text_test() ->
-    R = with_site(site(64 * ?MiB, 1000, 12000, [frame(<<"/x/demo.so">>, <<"demo_leak">>)])),
+    %% A report as collect/0 makes it has its verdicts (format/1 checks).
+    R0 = with_site(site(64 * ?MiB, 1000, 12000, [frame(<<"/x/demo.so">>, <<"demo_leak">>)])),
+    R = R0#{verdicts => ?R:verdicts(R0)},
     At = 1795496600158,
     Attached = R#{native := (maps:get(native, R))#{attached => true, attached_at => At}},
     %% Paragraphs wrap at 80 columns: compare with spaces normalised.
