@@ -63,16 +63,7 @@ class LiveTable {
   uint64_t for_each(F&& f) const;
 
   // Removes every live entry; returns how many, and their bytes in *bytes.
-  // Safe while other threads insert and remove.
   uint64_t clear(uint64_t* bytes);
-  // The same, then gives every page back to the kernel (the table then
-  // costs no resident memory until written again). Precondition: no thread
-  // inserts or removes meanwhile (the tracker makes sure of it); readers may
-  // run (a zeroed slot reads as empty, a slot zeroed mid-read fails its
-  // sequence check and is retried).
-  uint64_t clear_and_release(uint64_t* bytes);
-  // Resident bytes of the table's mapping (mincore). Thread-safe.
-  size_t resident_bytes() const;
 
   size_t capacity() const { return mask_ + 1; }
   size_t bytes_reserved() const { return bytes_; }
