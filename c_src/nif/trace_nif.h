@@ -23,11 +23,15 @@ const mi_preload_abi* recording_tracker();
 ERL_NIF_TERM trace_status(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_reset(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// {ok, StacksFreed} | {error, enotsup} (an interposer without reclamation).
+ERL_NIF_TERM trace_reclaim(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_olds(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, [{Count, Bytes, [ReturnAddress]}]}: every live site, raw addresses.
 ERL_NIF_TERM trace_profile(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// #{lookups, cache_hits, objects_loaded, rescans, maps_reads, cached_addresses}
+ERL_NIF_TERM trace_symbolizer_stats(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 
 }  // namespace mi::nif
 
