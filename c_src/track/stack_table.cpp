@@ -80,7 +80,17 @@ bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintpt
   const Header& h = headers_[slot];
   if (depth_of(w) != n || h.hash.load(std::memory_order_acquire) != hash) return false;
   const std::atomic<uintptr_t>* f = frames_ + slot * depth_;
-  for (unsigned i = 0; i < n; ++i)
+  // Four frames per branch: atomic loads are not vectorized, and this is
+  // the hot path of every recorded allocation.
+  unsigned i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uintptr_t d = (f[i].load(std::memory_order_acquire) ^ frames[i]) |
+                        (f[i + 1].load(std::memory_order_acquire) ^ frames[i + 1]) |
+                        (f[i + 2].load(std::memory_order_acquire) ^ frames[i + 2]) |
+                        (f[i + 3].load(std::memory_order_acquire) ^ frames[i + 3]);
+    if (d != 0) return false;
+  }
+  for (; i < n; ++i)
     if (f[i].load(std::memory_order_acquire) != frames[i]) return false;
   // The slot may have been freed and rewritten while we compared: only a
   // state word unchanged since `w` proves the frames were this stack's. A

@@ -82,6 +82,11 @@ class StackTable {
   // here); then stamps its slot with epoch `e` (never lowers a stamp).
   // False when the stack was reclaimed (or id is 0 or malformed).
   bool hold(uint32_t id, uint32_t e);
+  // True when `id` names a READY stack (one load; no stamp, no revival).
+  bool ready(uint32_t id) const {
+    const uint32_t w = headers_[id & mask_].state.load(std::memory_order_acquire);
+    return kind(w) == kReady && gen(w) == id >> slot_bits_;
+  }
 
   // True when the table asks for a sweep: enough new stacks since the last
   // one, or a stack was dropped. Two relaxed loads.

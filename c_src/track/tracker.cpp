@@ -198,8 +198,8 @@ uint32_t Tracker::pin_id(std::atomic<uint32_t>* pin, uint32_t id, uint32_t e,
     pin->store(id, std::memory_order_relaxed);
     compiler_barrier();
     const uint32_t now = stacks_.epoch();
-    if (now == e && stacks_.hold(id, e)) [[likely]]
-      return id;
+    // hold() also revives a FREEING stack.
+    if (now == e && stacks_.hold(id, e)) return id;
     if (round == kPinRounds) break;
     // A sweep started since e was read: stamp the stack with its epoch
     // (the stamp must precede the next pending store), or, if the sweep
@@ -218,8 +218,13 @@ void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   uint32_t id = capture(ts);
   if (test_hook_ != nullptr) [[unlikely]]
     test_hook_(TestPoint::kInterned, test_ctx_);
-  if (pin != nullptr) {
-    id = pin_id(pin, id, e, ts);
+  if (pin != nullptr && id != 0) [[likely]] {
+    // pin_id()'s first round, inline: no sweep started since e was read
+    // and the stack still READY (intern stamped it) is the common case.
+    pin->store(id, std::memory_order_relaxed);
+    compiler_barrier();
+    if (stacks_.epoch() != e || !stacks_.ready(id)) [[unlikely]]
+      id = pin_id(pin, id, e, ts);
   } else if (id != 0) {
     id = 0;  // no pending slot: the id could be reclaimed before insertion
     stacks_lost_.fetch_add(1, std::memory_order_relaxed);
@@ -234,7 +239,9 @@ void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   }
   // Release: a sweep that reads the cleared slot also sees the entry.
   if (pin != nullptr) pin->store(0, std::memory_order_release);
-  if (sweep_active() || (hooks_sweep_ && stacks_.wants_sweep())) [[unlikely]]
+  // Hooks help only sweeps the table asked for (it keeps asking until the
+  // sweep ends); a sweep reclaim() started is carried by its caller.
+  if (hooks_sweep_ && stacks_.wants_sweep()) [[unlikely]]
     sweep_hook_step();
 }
 

@@ -27,9 +27,9 @@
 // Marking a stack stamps it with E. A sweep starts when the table asks for
 // one (StackTable::wants_sweep: a quarter full, then every eighth of the
 // table added, or a dropped stack) and advances one chunk at the end of
-// each recorded allocation, so no hook pauses for more than a chunk (1024
-// slots, a few us) or a membarrier call; reset() and reclaim() run a whole
-// sweep from the caller's thread.
+// each recorded allocation while the table still asks, so no hook pauses
+// for more than a chunk (1024 slots, a few us) or a membarrier call;
+// reset() and reclaim() run a whole sweep from the caller's thread.
 //
 // The race with the hot path. Between interning a stack and inserting the
 // entry that references it, a hook holds an id no table shows. It
