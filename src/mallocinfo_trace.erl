@@ -11,7 +11,7 @@
 -module(mallocinfo_trace).
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
-         reset/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
+         reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
 -export_type([mode/0, frame/0, old/0, site/0]).
 
@@ -53,8 +53,11 @@
 %% `MALLOCINFO_TRACE_EXE'.
 %% Other keys (with the interposer): `table_capacity', `table_bytes',
 %% `live_entries', `live_bytes', `dropped' (allocations the full table
-%% could not record), `stacks', `stack_capacity', `stack_bytes',
-%% `stacks_dropped', `stack_depth', `sample_bytes', `unwinder'
+%% could not record), `stacks' (distinct call stacks stored now),
+%% `stack_capacity', `stack_bytes', `stacks_dropped' (allocations recorded
+%% without a stack because the stack table had no room), `stacks_reclaimed'
+%% (stacks freed because no live block used them any more), `stack_sweeps'
+%% (reclamation passes done), `stack_depth', `sample_bytes', `unwinder'
 %% (`cached' | `libunwind'), `frees_untracked', `bytes_allocated',
 %% `bytes_freed', `calls' (per function).
 -spec status() -> #{preloaded := boolean(), recording := boolean(), mode := mode(),
@@ -73,14 +76,18 @@ set_mode(Mode) ->
     erlang:error(badarg, [Mode]).
 
 %% @equiv olds(N, #{})
--spec olds(non_neg_integer()) -> [old()] | {error, not_preloaded | not_recording}.
+-spec olds(non_neg_integer()) -> [old()] | {error, not_preloaded | not_recording | eagain}.
 olds(N) ->
     olds(N, #{}).
 
 %% @doc The `N' oldest live blocks, oldest first, each with its size, age
 %% and allocation stack. `Opts': `demangle' (C++ names), `min_age_ms',
-%% `min_size' (bytes).
--spec olds(non_neg_integer(), opts()) -> [old()] | {error, not_preloaded | not_recording}.
+%% `min_size' (bytes). A block whose call stack could not be stored has
+%% `stack => []'. `{error, eagain}' (in theory only) when so many stacks
+%% were reclaimed while it ran that a stack id could have been reused,
+%% three times in a row (README, "Tracking allocations").
+-spec olds(non_neg_integer(), opts()) ->
+          [old()] | {error, not_preloaded | not_recording | eagain}.
 olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} =
         options(Opts, [demangle, min_age_ms, min_size], [N, Opts]),
@@ -89,15 +96,20 @@ olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
 %% @equiv sites(N, #{})
--spec sites(non_neg_integer()) -> [site()] | {error, not_preloaded | not_recording}.
+-spec sites(non_neg_integer()) -> [site()] | {error, not_preloaded | not_recording | eagain}.
 sites(N) ->
     sites(N, #{}).
 
 %% @doc Live blocks grouped by allocation stack, largest total first: the
 %% call sites holding memory now. In `sample' mode (or for blocks recorded
 %% while sampling) `count' and `bytes' are unbiased estimates and the site
-%% says `estimated => true'. `Opts': `demangle'.
--spec sites(non_neg_integer(), opts()) -> [site()] | {error, not_preloaded | not_recording}.
+%% says `estimated => true'. `Opts': `demangle'. One call site is one row,
+%% even when the tracker stored its stack twice (two threads meeting on a
+%% new stack); blocks without a stored stack form one row with
+%% `stack => []'. Only the `N' stacks returned are symbolized. `{error,
+%% eagain}' as for {@link olds/2}.
+-spec sites(non_neg_integer(), opts()) ->
+          [site()] | {error, not_preloaded | not_recording | eagain}.
 sites(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D} = options(Opts, [demangle], [N, Opts]),
     unwrap(mallocinfo_nif:trace_sites(N, D));
@@ -112,7 +124,8 @@ sites(N, Opts) ->
 %% (`beam.smp') as the program. In `sample' mode the figures are the same
 %% unbiased estimates {@link sites/1} gives. The file is built in memory;
 %% nothing is written to disk.
--spec heap_profile() -> {ok, binary()} | {error, not_preloaded | not_recording | posix()}.
+-spec heap_profile() ->
+          {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
 heap_profile() ->
     case mallocinfo_nif:trace_profile() of
         {ok, Sites} ->
@@ -143,7 +156,8 @@ stats() ->
     end.
 
 %% @doc Forgets every recorded live block (e.g. after start-up, to see only
-%% what is allocated from now on). Returns how many were forgotten.
+%% what is allocated from now on), then frees every stored call stack (as
+%% {@link reclaim/0}). Returns how many blocks were forgotten.
 -spec reset() -> non_neg_integer() | {error, not_preloaded | not_recording}.
 reset() ->
     unwrap(mallocinfo_nif:trace_reset()).
@@ -197,6 +211,18 @@ attach(Opts) ->
 detach() ->
     mallocinfo_nif:trace_detach().
 
+%% @doc Frees every stored call stack that no live block uses any more, now,
+%% and returns how many. The tracker also does this by itself as its stack
+%% table fills (see `stacks_reclaimed' and `stack_sweeps' in
+%% {@link status/0}); this call is for tests and for an operator who wants
+%% the table compact before a long quiet period. It waits (on a dirty
+%% scheduler, up to 5 s) while other `sites'/`olds'/`heap_profile' calls
+%% are reading stacks. `{error, enotsup}' when the preloaded interposer is
+%% older than this function.
+-spec reclaim() -> non_neg_integer() | {error, not_preloaded | not_recording | enotsup}.
+reclaim() ->
+    unwrap(mallocinfo_nif:trace_reclaim()).
+
 %% @doc Absolute path of the interposer shared object.
 -spec preload_path() -> file:filename().
 preload_path() ->
@@ -210,14 +236,14 @@ preload_env() ->
 %% @doc Environment for a node that should be tracked: for `peer:start/1'
 %% (`env'), a release's `env.sh', or a shell. `Opts': `mode' (`full' |
 %% `sample' | `counters' | `off'), `table_size' (64..2^32 entries),
-%% `stack_table_size' (64..2^30), `sample_bytes' (1..2^40), `stack_depth'
+%% `stack_table_size' (64..2^28), `sample_bytes' (1..2^40), `stack_depth'
 %% (1..128), `exe' (the `MALLOCINFO_TRACE_EXE' glob, a string), `unwind'
 %% (`cached' | `libunwind'). Anything else raises `badarg'.
 -spec preload_env(map()) -> [{string(), string()}].
 preload_env(Opts) when is_map(Opts) ->
     Knobs = [{mode, "MALLOCINFO_TRACE", {one_of, [full, sample, counters, off]}},
              {table_size, "MALLOCINFO_TABLE_SIZE", {range, 64, 1 bsl 32}},
-             {stack_table_size, "MALLOCINFO_STACK_TABLE_SIZE", {range, 64, 1 bsl 30}},
+             {stack_table_size, "MALLOCINFO_STACK_TABLE_SIZE", {range, 64, 1 bsl 28}},
              {sample_bytes, "MALLOCINFO_SAMPLE_BYTES", {range, 1, 1 bsl 40}},
              {stack_depth, "MALLOCINFO_STACK_DEPTH", {range, 1, 128}},
              {exe, "MALLOCINFO_TRACE_EXE", glob},

@@ -9,11 +9,13 @@
          end_per_testcase/2]).
 -export([not_preloaded/1, not_recording/1, status_when_preloaded/1, sites_name_the_leak/1, olds_age/1,
          reset_clears/1, set_mode_live/1, sample_mode_estimates/1, bad_arguments/1,
-         million_entries/1]).
+         million_entries/1, stack_table_cycles/1, racing_threads_one_site/1,
+         sites_full_stack_table/1, reclaim_and_status/1]).
 
 all() ->
     [not_preloaded, not_recording, status_when_preloaded, sites_name_the_leak, olds_age, reset_clears,
-     set_mode_live, sample_mode_estimates, bad_arguments, million_entries].
+     set_mode_live, sample_mode_estimates, bad_arguments, million_entries, stack_table_cycles,
+     racing_threads_one_site, sites_full_stack_table, reclaim_and_status].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -63,6 +65,11 @@ call(Config, M, F, A) ->
 leak_sites(Sites) ->
     [S || #{stack := [#{symbol := <<"mi_test_leak_here">>} | _]} = S <- Sites].
 
+%% Sites of mi_leaky_nif:paths/4 and race_paths/4 (malloc's caller is one
+%% of the two path functions).
+path_sites(Sites) ->
+    [S || #{stack := [#{symbol := <<"mi_test_path_", _/binary>>} | _]} = S <- Sites].
+
 %%% Cases --------------------------------------------------------------------
 
 %% This CT node runs without LD_PRELOAD.
@@ -74,6 +81,7 @@ not_preloaded(_Config) ->
     ?assertEqual({error, not_preloaded}, mallocinfo_trace:reset()),
     ?assertEqual({error, not_preloaded}, mallocinfo_trace:set_mode(full)),
     ?assertEqual({error, not_preloaded}, mallocinfo_trace:stats()),
+    ?assertEqual({error, not_preloaded}, mallocinfo_trace:reclaim()),
     %% Bad arguments are still badarg, preloaded or not.
     ?assertError(badarg, mallocinfo_trace:set_mode(loud)).
 
@@ -85,7 +93,8 @@ not_recording(Config) ->
     ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, set_mode, [full])),
     ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, sites, [5])),
     ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, olds, [5])),
-    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, reset, [])).
+    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, reset, [])),
+    ?assertEqual({error, not_recording}, call(Config, mallocinfo_trace, reclaim, [])).
 
 status_when_preloaded(Config) ->
     S = call(Config, mallocinfo_trace, status, []),
@@ -198,3 +207,99 @@ million_entries(Config) ->
     ok = file:write_file(filename:join(?config(priv_dir, Config), "million.txt"),
                          io_lib:format("~p ~p ~p~n", [Live, TSites div 1000, TOlds div 1000])),
     ok = call(Config, mi_leaky_nif, release, []).
+
+%% Ten times the stack table's capacity of distinct call stacks, each block
+%% freed at once: the tracker frees the stacks as it goes (its hooks sweep
+%% in small steps), drops none, and names a leak that starts afterwards
+%% exactly.
+stack_table_cycles(Config) ->
+    _ = call(Config, mallocinfo_trace, reset, []),
+    #{stack_capacity := Cap, stacks_dropped := 0} = call(Config, mallocinfo_trace, status, []),
+    ?assertEqual(65536, Cap),
+    {T, ok} = timer:tc(fun() -> call(Config, mi_leaky_nif, paths, [0, 10 * Cap, 0, 16]) end),
+    S = call(Config, mallocinfo_trace, status, []),
+    ct:pal("~p stacks in ~p ms: ~p", [10 * Cap, T div 1000,
+                                      maps:with([stacks, stacks_dropped, stacks_reclaimed,
+                                                 stack_sweeps, dropped], S)]),
+    #{stacks := Stacks, stacks_reclaimed := Reclaimed, stack_sweeps := Sweeps} = S,
+    ?assertMatch(#{stacks_dropped := 0, dropped := 0}, S),
+    ?assert(Reclaimed >= 9 * Cap),
+    ?assert(Sweeps >= 9 * 4),
+    ?assert(Stacks < Cap div 2),
+    ok = call(Config, mi_leaky_nif, leak, [1000, 100]),
+    [Site] = leak_sites(call(Config, mallocinfo_trace, sites, [10])),
+    ?assertMatch(#{count := 1000, bytes := 100000, estimated := false}, Site),
+    ?assertMatch(#{stacks_dropped := 0}, call(Config, mallocinfo_trace, status, [])),
+    ok = call(Config, mi_leaky_nif, release, []).
+
+%% Four threads released together allocate from the same 2000 new call
+%% stacks in the same order, meeting on each: whether or not the stack
+%% table stored some stack twice, sites/1 shows each call site once, with
+%% all its blocks.
+racing_threads_one_site(Config) ->
+    _ = call(Config, mallocinfo_trace, reset, []),
+    #{stacks := Before} = call(Config, mallocinfo_trace, status, []),
+    ok = call(Config, mi_leaky_nif, race_paths, [4, 2000, 2, 16]),
+    #{stacks := After} = call(Config, mallocinfo_trace, status, []),
+    Paths = path_sites(call(Config, mallocinfo_trace, sites, [100000])),
+    ct:pal("stacks stored: ~p more for 2000 call sites", [After - Before]),
+    ?assertEqual(2000, length(Paths)),
+    ?assertEqual([{8, 128}], lists:usort([{C, B} || #{count := C, bytes := B} <- Paths])),
+    %% One row per distinct stack: no two rows with the same frames.
+    Stacks = [[A || #{address := A} <- St] || #{stack := St} <- Paths],
+    ?assertEqual(2000, length(lists:usort(Stacks))),
+    ok = call(Config, mi_leaky_nif, release, []).
+
+%% sites(20) over a full stack table (64K stacks of depth 32, half a
+%% million live blocks), the ten biggest sites allocated from a NIF called
+%% from Erlang, so their stacks end in JIT code (no symbol file: looked up
+%% in /proc/self/maps, uncached). Only the 20 stacks shown are symbolized,
+%% in one batch that reads /proc/self/maps once. Times are reported (README,
+%% BENCHMARKS.md), not asserted.
+sites_full_stack_table(Config) ->
+    _ = call(Config, mallocinfo_trace, reset, []),
+    %% The ten first: a table this full drops some new stacks.
+    ok = call(Config, mi_leaky_nif, paths_jit, [100000, 10, 100, 40000]),
+    ok = call(Config, mi_leaky_nif, paths, [0, 64000, 8, 16]),
+    #{stacks := Stacks, stack_capacity := Cap, live_entries := Live} =
+        call(Config, mallocinfo_trace, status, []),
+    ?assert(Stacks >= Cap * 9 div 10),
+    ?assert(Live >= 512000),
+    Stats = fun() -> call(Config, mallocinfo_nif, trace_symbolizer_stats, []) end,
+    Before = Stats(),
+    {T1, Sites} = timer:tc(fun() -> call(Config, mallocinfo_trace, sites, [20]) end),
+    After = Stats(),
+    {T2, _} = timer:tc(fun() -> call(Config, mallocinfo_trace, sites, [20]) end),
+    Delta = maps:map(fun(K, V) -> V - maps:get(K, Before) end, After),
+    Frames = lists:sum([length(St) || #{stack := St} <- Sites]),
+    ct:pal("sites(20) over ~p stacks, ~p live blocks: ~p ms (cold symbolizer), ~p ms (warm); "
+           "~p frames; symbolizer ~p", [Stacks, Live, T1 div 1000, T2 div 1000, Frames, Delta]),
+    ok = file:write_file(filename:join(?config(priv_dir, Config), "sites_full.txt"),
+                         io_lib:format("~p ~p ~p ~p~n", [Stacks, Live, T1 div 1000, T2 div 1000])),
+    ?assertEqual(20, length(Sites)),
+    %% Among them the ten 4 MB ones (the query's own buffers are live
+    %% blocks too, and may rank above them).
+    Jit = [S || #{bytes := 4000000} = S <- path_sites(Sites)],
+    ?assertEqual(10, length(Jit)),
+    [?assertMatch(#{count := 100}, S) || S <- Jit],
+    %% Each of them ends in a frame outside any ELF object (the JIT's).
+    [?assertEqual(nomatch, binary:match(O, <<".so">>)) || #{stack := St} <- Jit,
+                                                          #{object := O} <- [lists:last(St)]],
+    ?assertEqual(Frames, maps:get(lookups, Delta)),
+    ?assert(maps:get(maps_reads, Delta) =< 1),
+    ok = call(Config, mi_leaky_nif, release, []).
+
+%% reclaim/0 and the status keys that count reclamation.
+reclaim_and_status(Config) ->
+    _ = call(Config, mallocinfo_trace, reset, []),
+    #{stacks_reclaimed := R0, stack_sweeps := W0} = call(Config, mallocinfo_trace, status, []),
+    ok = call(Config, mi_leaky_nif, paths, [0, 500, 1, 16]),
+    ok = call(Config, mi_leaky_nif, release, []),
+    N = call(Config, mallocinfo_trace, reclaim, []),
+    ?assert(N >= 500),
+    #{stacks_reclaimed := R1, stack_sweeps := W1} = call(Config, mallocinfo_trace, status, []),
+    ?assert(R1 - R0 >= N),
+    ?assert(W1 > W0),
+    %% Nothing new is unreferenced: a second reclaim frees only what the
+    %% node itself allocated and freed meanwhile.
+    ?assert(call(Config, mallocinfo_trace, reclaim, []) < 500).

@@ -73,17 +73,22 @@ typedef struct mi_abi_status {
   uint64_t table_capacity;
   uint64_t table_bytes; /* memory reserved for the live table */
   uint64_t live_entries;
-  uint64_t live_bytes; /* sum of recorded sizes still live */
-  uint64_t dropped;    /* allocations that could not be recorded (table full) */
-  uint64_t stacks;
-  uint64_t stack_capacity;
-  uint64_t stack_bytes; /* memory reserved for the stack table */
-  uint64_t stacks_dropped;
-  uint64_t sample_bytes; /* mean sampling interval */
+  uint64_t live_bytes;     /* sum of recorded sizes still live */
+  uint64_t dropped;        /* allocations that could not be recorded (table full) */
+  uint64_t stacks;         /* distinct stacks stored now */
+  uint64_t stack_capacity; /* a power of two; stack id & (capacity - 1) is its slot */
+  uint64_t stack_bytes;    /* memory reserved for the stack table */
+  uint64_t stacks_dropped; /* captured stacks that could not be stored (blocks without one) */
+  uint64_t sample_bytes;   /* mean sampling interval */
   uint64_t frees_untracked;
   uint64_t bytes_allocated; /* requested bytes, every recording mode */
   uint64_t bytes_freed;     /* recorded bytes of blocks freed while recorded */
   uint64_t calls[MI_FN_COUNT];
+  /* Filled by interposers that have mi_preload_abi.reclaim; older ones
+   * copy only the fields above, leaving the caller's zeros. */
+  uint64_t stacks_reclaimed;  /* stacks freed because no live block used them */
+  uint64_t stack_sweeps;      /* completed reclamation sweeps */
+  uint64_t stack_generations; /* a freed slot's ids repeat after this many sweeps */
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;
@@ -140,9 +145,16 @@ typedef struct mi_preload_abi {
   /* Streams every live entry to sink; returns the number streamed. */
   uint64_t (*snapshot)(mi_abi_sink sink, void* ctx);
   /* Copies stack `id`'s return addresses (innermost first) into frames;
-   * returns the stack's depth (which may exceed max), 0 for an unknown id. */
+   * returns the stack's depth (which may exceed max), 0 for an unknown id
+   * (never stored, or freed since: ids carry a generation). A reader that
+   * keeps ids from a snapshot gets each id's own frames or 0 as long as
+   * fewer than status.stack_generations sweeps completed meanwhile (it
+   * compares stack_sweeps before and after). One call site can have more
+   * than one id (two threads storing a new stack at once): readers that
+   * group by call site merge ids by their frames. */
   uint32_t (*stack)(uint32_t id, uint64_t* frames, uint32_t max);
-  /* Forgets every recorded live block; returns how many were forgotten. */
+  /* Forgets every recorded live block, then frees every stack (as
+   * reclaim); returns how many blocks were forgotten. */
   uint64_t (*reset)(void);
   /* The clock the timestamps use, in ns. */
   uint64_t (*now_ns)(void);
@@ -160,6 +172,18 @@ typedef struct mi_preload_abi {
   /* Restores every slot attach changed. 0, or -1 when not attached. */
   int (*detach)(void);
   void (*attach_status)(struct mi_attach_status* out, size_t out_size);
+
+  /* --- stack reclamation: check struct_size before use --- */
+  /* Frees every stack no live block references (a whole sweep, run by the
+   * caller's thread, which also helps a sweep already running to its end).
+   * Returns how many stacks were freed. Stacks are otherwise freed by
+   * sweeps the hooks run in small steps as the stack table fills. */
+  uint64_t (*reclaim)(void);
+  /* A hash of stack `id`'s frames (equal frames, equal hash; never 0), or
+   * 0 for an unknown id, read from the stack table without copying the
+   * frames: readers merging ids by content fetch frames only for ids whose
+   * hashes are equal. */
+  uint64_t (*stack_hash)(uint32_t id);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

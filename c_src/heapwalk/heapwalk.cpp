@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "../glibc/atomic_file.h"
+#include "../sites/stack_merge.h"
 #include "dump_format.h"
 #include "ptmalloc.h"
 
@@ -226,6 +227,20 @@ struct StackAgg {
   uint64_t bytes;
   uint64_t count;
 };
+
+// The tracker's stacks for mi::sites::canonicalize (ctx: the ABI).
+uint32_t abi_stack(void* abi, uint32_t id, uint64_t* out, uint32_t max) {
+  return static_cast<const mi_preload_abi*>(abi)->stack(id, out, max);
+}
+uint64_t abi_stack_hash(void* abi, uint32_t id) {
+  return static_cast<const mi_preload_abi*>(abi)->stack_hash(id);
+}
+mi::sites::HashStack abi_stack_hasher(const mi_preload_abi* abi) {
+  const bool has =
+      abi->struct_size >= offsetof(mi_preload_abi, stack_hash) + sizeof(abi->stack_hash) &&
+      abi->stack_hash != nullptr;
+  return has ? abi_stack_hash : nullptr;
+}
 
 // The pipe to the parent, for the fault handler.
 volatile int g_reply_fd = -1;
@@ -590,12 +605,31 @@ bool Child::collect_tracker() {
       &ctx);
   if (!ctx.ok) return fail(kOsError, "mmap");
 
+  // One call site may have several stack ids (stored twice by racing
+  // threads); an id whose stack was freed meanwhile names none. Map every
+  // id to its canonical one (0 for none) before grouping.
+  auto by_stack_id = [](const Live& x, const Live& y) { return x.stack < y.stack; };
+  std::sort(live_.begin(), live_.end(), by_stack_id);
+  MapArray<mi::sites::StackKey> keys;
+  if (!keys.reserve(live_.size() + 1)) return fail(kOsError, "mmap");
+  for (const Live& l : live_)
+    if (keys.size() == 0 || keys[keys.size() - 1].id != l.stack)
+      keys.push(mi::sites::StackKey{l.stack});
+  mi::sites::canonicalize(keys.begin(), keys.size(), abi_stack, abi_stack_hasher(abi),
+                          const_cast<mi_preload_abi*>(abi));
+  std::sort(keys.begin(), keys.end(),
+            [](const mi::sites::StackKey& x, const mi::sites::StackKey& y) { return x.id < y.id; });
+  size_t k = 0;
+  for (Live& l : live_) {
+    while (keys[k].id < l.stack) ++k;
+    l.stack = keys[k].canonical;
+  }
+  std::sort(live_.begin(), live_.end(), by_stack_id);
+
   // Group by stack, keep the biggest max_sites as numbered sites; every
   // other live block is "other".
   MapArray<StackAgg> all;
   if (!all.reserve(live_.size() + 1)) return fail(kOsError, "mmap");
-  std::sort(live_.begin(), live_.end(),
-            [](const Live& x, const Live& y) { return x.stack < y.stack; });
   for (const Live& l : live_) {
     if (all.size() > 0 && all[all.size() - 1].stack == l.stack) {
       all[all.size() - 1].bytes += l.size;

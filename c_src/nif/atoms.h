@@ -48,6 +48,17 @@
   X(stack_capacity, "stack_capacity")             \
   X(stack_bytes, "stack_bytes")                   \
   X(stacks_dropped, "stacks_dropped")             \
+  X(stacks_reclaimed, "stacks_reclaimed")         \
+  X(stack_sweeps, "stack_sweeps")                 \
+  X(enotsup, "enotsup")                           \
+  X(eagain, "eagain")                             \
+  /* symbolizer counters */                       \
+  X(lookups, "lookups")                           \
+  X(cache_hits, "cache_hits")                     \
+  X(objects_loaded, "objects_loaded")             \
+  X(rescans, "rescans")                           \
+  X(maps_reads, "maps_reads")                     \
+  X(cached_addresses, "cached_addresses")         \
   X(stack_depth, "stack_depth")                   \
   X(sample_bytes, "sample_bytes")                 \
   X(unwinder, "unwinder")                         \

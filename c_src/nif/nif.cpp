@@ -40,9 +40,13 @@ ErlNifFunc nif_funcs[] = {
     // Tracker: status sums at most 1024 per-thread counter blocks (~10 us)
     // with no lock: regular.
     {"trace_status", 0, guarded<n::trace_status>, 0},
-    // set_mode(off) and reset walk the whole live table.
+    // set_mode(off) and reset walk the whole live table (and reset then
+    // runs a reclamation sweep).
     {"trace_set_mode", 1, guarded<n::trace_set_mode>, kCpu},
     {"trace_reset", 0, guarded<n::trace_reset>, kCpu},
+    // A whole reclamation sweep: walks the live table and the stack table,
+    // and may wait (yielding) for a sweep in progress or pinned readers.
+    {"trace_reclaim", 0, guarded<n::trace_reclaim>, kCpu},
     // Snapshot of up to millions of entries, sorting, symbolization (reads
     // ELF files on a cold cache).
     {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
@@ -55,6 +59,9 @@ ErlNifFunc nif_funcs[] = {
     // and I/O because the loader lock can be held by a slow dlopen.
     {"trace_attach", 5, guarded<n::trace_attach>, kIo},
     {"trace_detach", 0, guarded<n::trace_detach>, kIo},
+    // The symbolizer's counters: takes its mutex, which a resolve holds
+    // while it parses an object's symbol table from disk.
+    {"trace_symbolizer_stats", 0, guarded<n::trace_symbolizer_stats>, kIo},
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).
     {"heap_dump", 4, guarded<n::heap_dump>, kIo},

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "../sites/stack_merge.h"
 #include "../symbolize/symbolize.h"
 #include "term.h"
 
@@ -136,29 +137,94 @@ ERL_NIF_TERM frame_term(ErlNifEnv* env, const mi::symbolize::Frame& f) {
       .build(env);
 }
 
-// Symbolized stacks, memoized per call: many entries share a stack.
-class StackCache {
- public:
-  StackCache(const mi_preload_abi* abi, bool demangle) : abi_(abi), demangle_(demangle) {}
+// True when the interposer has reclamation (mi_preload_abi.reclaim and the
+// status fields after calls[]).
+bool has_reclaim(const mi_preload_abi* abi) {
+  return abi->struct_size >= offsetof(mi_preload_abi, reclaim) + sizeof(abi->reclaim);
+}
 
-  ERL_NIF_TERM term(ErlNifEnv* env, uint32_t id) {
-    auto it = terms_.find(id);
-    if (it != terms_.end()) return it->second;
-    uint64_t frames[256];
-    const uint32_t n = std::min<uint32_t>(abi_->stack(id, frames, 256), 256);
-    std::vector<ERL_NIF_TERM> list;
-    list.reserve(n);
-    for (uint32_t i = 0; i < n; ++i)
-      list.push_back(frame_term(env, symbolizer().resolve(frames[i], demangle_)));
-    const ERL_NIF_TERM t = enif_make_list_from_array(env, list.data(), n);
-    terms_.emplace(id, t);
-    return t;
+// Runs body(st) (which reads stack ids from a snapshot and looks them up
+// later) until no stack id it used can have been reused for another stack
+// meanwhile: fewer than stack_generations sweeps completed since st was
+// read (see mi_abi.h). Thousands of sweeps during one read are needed to
+// fail once; after three failures, {error, eagain}.
+template <class Body>
+ERL_NIF_TERM with_stable_ids(ErlNifEnv* env, const mi_preload_abi* abi, mi_abi_status st,
+                             Body&& body) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const ERL_NIF_TERM result = body(st);
+    mi_abi_status after{};
+    abi->status(&after, sizeof after);
+    if (st.stack_generations == 0 || after.stack_sweeps - st.stack_sweeps < st.stack_generations)
+      return result;
+    st = after;
+  }
+  return error_tuple(env, atoms.eagain);
+}
+
+uint32_t fetch_stack(void* abi, uint32_t id, uint64_t* out, uint32_t max) {
+  return static_cast<const mi_preload_abi*>(abi)->stack(id, out, max);
+}
+
+uint64_t hash_stack(void* abi, uint32_t id) {
+  return static_cast<const mi_preload_abi*>(abi)->stack_hash(id);
+}
+
+// The interposer's stack hashes, when it has them.
+mi::sites::HashStack stack_hasher(const mi_preload_abi* abi) {
+  const bool has =
+      abi->struct_size >= offsetof(mi_preload_abi, stack_hash) + sizeof(abi->stack_hash) &&
+      abi->stack_hash != nullptr;
+  return has ? hash_stack : nullptr;
+}
+
+// Symbolized stacks of a few ids, resolved in one batch: the symbolizer
+// reads /proc/self/maps and the JIT's perf map once per batch rather than
+// once per frame (per frame, a sites(20) through Erlang code re-read a
+// perf map of a few MB some 600 times: seconds).
+class StackTerms {
+ public:
+  StackTerms(const mi_preload_abi* abi, bool demangle) : abi_(abi), demangle_(demangle) {}
+
+  // Queues a stack; call before resolve().
+  void want(uint32_t id) {
+    if (index_.count(id) != 0) return;
+    Span span{static_cast<uint32_t>(addresses_.size()), 0};
+    if (id != 0) {
+      uint64_t frames[mi::sites::kMaxFrames];
+      span.n =
+          std::min<uint32_t>(abi_->stack(id, frames, mi::sites::kMaxFrames), mi::sites::kMaxFrames);
+      addresses_.insert(addresses_.end(), frames, frames + span.n);
+    }
+    index_.emplace(id, spans_.size());
+    spans_.push_back(span);
   }
 
+  // Symbolizes every queued stack and makes their terms.
+  void resolve(ErlNifEnv* env) {
+    const std::vector<mi::symbolize::Frame> frames =
+        symbolizer().resolve_all(addresses_, demangle_);
+    std::vector<ERL_NIF_TERM> list;
+    terms_.clear();
+    for (const Span& sp : spans_) {
+      list.clear();
+      for (uint32_t i = 0; i < sp.n; ++i) list.push_back(frame_term(env, frames[sp.first + i]));
+      terms_.push_back(enif_make_list_from_array(env, list.data(), sp.n));
+    }
+  }
+
+  ERL_NIF_TERM term(uint32_t id) const { return terms_[index_.at(id)]; }
+
  private:
+  struct Span {
+    uint32_t first, n;
+  };
   const mi_preload_abi* abi_;
   bool demangle_;
-  std::unordered_map<uint32_t, ERL_NIF_TERM> terms_;
+  std::vector<uint64_t> addresses_;
+  std::vector<Span> spans_;
+  std::unordered_map<uint32_t, size_t> index_;
+  std::vector<ERL_NIF_TERM> terms_;
 };
 
 // Streams a snapshot into `consume(const mi_abi_entry*, size_t)`. The sink is
@@ -197,19 +263,7 @@ uint64_t age_ms(uint64_t now, uint64_t ts) {
   return now > ts ? (now - ts) / 1000000 : 0;
 }
 
-// The first n of v in `before` order, each made a term by `to_term`, as
-// {ok, List}. Partial sort: O(size log n).
-template <class T, class Before, class ToTerm>
-ERL_NIF_TERM first_n(ErlNifEnv* env, std::vector<T>& v, uint64_t n, Before before, ToTerm to_term) {
-  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, v.size()));
-  std::partial_sort(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end(), before);
-  std::vector<ERL_NIF_TERM> out;
-  out.reserve(k);
-  for (size_t i = 0; i < k; ++i) out.push_back(to_term(v[i]));
-  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
-}
-
-// Live blocks grouped by allocation stack. Sampled entries count 1/p(size)
+// Live blocks grouped by call site. Sampled entries count 1/p(size)
 // blocks and size/p(size) bytes, p(n) = 1 - exp(-n / sample_bytes).
 struct Site {
   uint32_t stack;
@@ -218,14 +272,75 @@ struct Site {
   bool estimated;
 };
 
-std::vector<Site> group_by_stack(const mi_preload_abi* abi, const mi_abi_status& st) {
+void merge_into(Site& to, const Site& from) {
+  to.count += from.count;
+  to.bytes += from.bytes;
+  to.oldest = std::min(to.oldest, from.oldest);
+  to.estimated = to.estimated || from.estimated;
+}
+
+// Stack id -> index into a vector of sites. Ids are (generation << bits) |
+// slot: a vector indexed by slot answers almost every lookup in one load
+// (a million entries group in a few ms, against ~100 ms through a hash
+// map); a slot seen with two generations (reused during the snapshot) and
+// tables too large for a flat index fall back to the hash map.
+class SiteIndex {
+ public:
+  explicit SiteIndex(uint64_t capacity) {
+    if (capacity != 0 && (capacity & (capacity - 1)) == 0 && capacity <= kMaxFlat) {
+      mask_ = capacity - 1;
+      flat_.assign(capacity, Cell{0, kNone});
+    }
+  }
+  // The index stored for id, or kNone.
+  uint32_t find(uint32_t id) const {
+    if (!flat_.empty()) {
+      const Cell& c = flat_[id & mask_];
+      if (c.site != kNone && c.id == id) return c.site;
+    }
+    auto it = other_.find(id);
+    return it == other_.end() ? kNone : it->second;
+  }
+  void add(uint32_t id, uint32_t site) {
+    if (!flat_.empty()) {
+      Cell& c = flat_[id & mask_];
+      if (c.site == kNone) {
+        c = Cell{id, site};
+        return;
+      }
+    }
+    other_.emplace(id, site);
+  }
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+ private:
+  static constexpr uint64_t kMaxFlat = uint64_t{1} << 20;
+  struct Cell {
+    uint32_t id, site;
+  };
+  std::vector<Cell> flat_;
+  uint64_t mask_ = 0;
+  std::unordered_map<uint32_t, uint32_t> other_;
+};
+
+// Every live block grouped by call site: by stack id first, then ids with
+// the same frames merged (mi::sites::canonicalize), and ids whose stack is
+// unknown merged into the "no stack" site (stack 0). Inside
+// with_stable_ids, so ids keep their meaning.
+std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st) {
   const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
-  std::unordered_map<uint32_t, Site> by_stack;
-  by_stack.reserve(st.stacks + 16);
+  std::vector<Site> sites;
+  sites.reserve(std::min<uint64_t>(st.stacks, 1 << 20) + 16);
+  SiteIndex index(st.stack_capacity);
   stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
     for (size_t i = 0; i < count; ++i) {
-      Site& s = by_stack.try_emplace(e[i].stack_id, Site{e[i].stack_id, 0, 0, UINT64_MAX, false})
-                    .first->second;
+      uint32_t at = index.find(e[i].stack_id);
+      if (at == SiteIndex::kNone) {
+        at = static_cast<uint32_t>(sites.size());
+        sites.push_back(Site{e[i].stack_id, 0, 0, UINT64_MAX, false});
+        index.add(e[i].stack_id, at);
+      }
+      Site& s = sites[at];
       const double size = static_cast<double>(e[i].size);
       if (e[i].flags & MI_ENTRY_SAMPLED) {
         const double prob = -std::expm1(-size / mean);
@@ -240,9 +355,29 @@ std::vector<Site> group_by_stack(const mi_preload_abi* abi, const mi_abi_status&
       s.oldest = std::min(s.oldest, e[i].timestamp_ns);
     }
   });
-  std::vector<Site> sites;
-  sites.reserve(by_stack.size());
-  for (auto& [id, site] : by_stack) sites.push_back(site);
+
+  std::vector<mi::sites::StackKey> keys(sites.size());
+  for (size_t i = 0; i < sites.size(); ++i) keys[i].id = sites[i].stack;
+  mi::sites::canonicalize(keys.data(), keys.size(), fetch_stack, stack_hasher(abi),
+                          const_cast<mi_preload_abi*>(abi));
+  std::vector<bool> gone(sites.size(), false);
+  for (const mi::sites::StackKey& k : keys) {
+    if (k.canonical == k.id) continue;
+    const uint32_t from = index.find(k.id);
+    uint32_t to = index.find(k.canonical);
+    if (to == SiteIndex::kNone) {  // an unknown stack, and no block had none
+      to = static_cast<uint32_t>(sites.size());
+      sites.push_back(Site{0, 0, 0, UINT64_MAX, false});
+      gone.push_back(false);
+      index.add(0, to);
+    }
+    merge_into(sites[to], sites[from]);
+    gone[from] = true;
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < sites.size(); ++i)
+    if (!gone[i]) sites[kept++] = sites[i];
+  sites.resize(kept);
   return sites;
 }
 
@@ -314,6 +449,8 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.stack_capacity, u64(env, s.stack_capacity))
       .put(atoms.stack_bytes, u64(env, s.stack_bytes))
       .put(atoms.stacks_dropped, u64(env, s.stacks_dropped))
+      .put(atoms.stacks_reclaimed, u64(env, s.stacks_reclaimed))
+      .put(atoms.stack_sweeps, u64(env, s.stack_sweeps))
       .put(atoms.stack_depth, u64(env, s.stack_depth))
       .put(atoms.sample_bytes, u64(env, s.sample_bytes))
       .put(atoms.unwinder, s.unwinder != 0 ? atoms.cached : atoms.libunwind)
@@ -351,6 +488,16 @@ ERL_NIF_TERM trace_reset(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   return enif_make_tuple2(env, atoms.ok, u64(env, abi->reset()));
 }
 
+ERL_NIF_TERM trace_reclaim(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  ERL_NIF_TERM error;
+  mi_abi_status st;
+  const mi_preload_abi* abi = recording_abi(env, &error, &st);
+  if (abi == nullptr) return error;
+  // An interposer from before reclamation (preloaded from an older build).
+  if (!has_reclaim(abi)) return error_tuple(env, atoms.enotsup);
+  return enif_make_tuple2(env, atoms.ok, u64(env, abi->reclaim()));
+}
+
 // olds(N, MinAgeMs, MinSize, Demangle): the N oldest live blocks.
 ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
@@ -358,79 +505,116 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t min_size = get_u64(env, argv[2]);
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
   ERL_NIF_TERM error;
-  mi_abi_status st;
-  const mi_preload_abi* abi = recording_abi(env, &error, &st);
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
   if (abi == nullptr) return error;
-  std::vector<mi_abi_entry> entries = snapshot(abi, st);
-  const uint64_t now = abi->now_ns();
-  std::erase_if(entries, [&](const mi_abi_entry& e) {
-    return e.size < min_size || age_ms(now, e.timestamp_ns) < min_age;
+  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+    std::vector<mi_abi_entry> entries = snapshot(abi, st);
+    const uint64_t now = abi->now_ns();
+    std::erase_if(entries, [&](const mi_abi_entry& e) {
+      return e.size < min_size || age_ms(now, e.timestamp_ns) < min_age;
+    });
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
+    std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
+                      [](const mi_abi_entry& a, const mi_abi_entry& b) {
+                        return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
+                                                                : a.address < b.address;
+                      });
+    StackTerms stacks(abi, demangle);
+    for (size_t i = 0; i < k; ++i) stacks.want(entries[i].stack_id);
+    stacks.resolve(env);
+    std::vector<ERL_NIF_TERM> out;
+    out.reserve(k);
+    for (size_t i = 0; i < k; ++i) {
+      const mi_abi_entry& e = entries[i];
+      out.push_back(MapBuilder()
+                        .put(atoms.address, u64(env, e.address))
+                        .put(atoms.size, u64(env, e.size))
+                        .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
+                        .put(atoms.stack, stacks.term(e.stack_id))
+                        .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
+                        .build(env));
+    }
+    return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
   });
-  StackCache stacks(abi, demangle);
-  return first_n(
-      env, entries, n,
-      [](const mi_abi_entry& a, const mi_abi_entry& b) {
-        return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
-                                                : a.address < b.address;
-      },
-      [&](const mi_abi_entry& e) {
-        return MapBuilder()
-            .put(atoms.address, u64(env, e.address))
-            .put(atoms.size, u64(env, e.size))
-            .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
-            .put(atoms.stack, stacks.term(env, e.stack_id))
-            .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
-            .build(env);
-      });
 }
 
-// sites(N, Demangle): live blocks grouped by stack, the N largest by bytes.
+// sites(N, Demangle): live blocks grouped by call site, the N largest by
+// bytes. Only those N stacks are symbolized, in one batch.
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
   ERL_NIF_TERM error;
-  mi_abi_status st;
-  const mi_preload_abi* abi = recording_abi(env, &error, &st);
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
   if (abi == nullptr) return error;
-  const uint64_t now = abi->now_ns();
-  std::vector<Site> sites = group_by_stack(abi, st);
-  StackCache stacks(abi, demangle);
-  return first_n(env, sites, n, larger_site, [&](const Site& s) {
-    return MapBuilder()
-        .put(atoms.stack, stacks.term(env, s.stack))
-        .put(atoms.count, u64(env, rounded(s.count)))
-        .put(atoms.bytes, u64(env, rounded(s.bytes)))
-        .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
-        .put(atoms.estimated, make_bool(s.estimated))
-        .build(env);
+  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+    const uint64_t now = abi->now_ns();
+    std::vector<Site> sites = group_by_site(abi, st);
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
+    std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
+                      larger_site);
+    StackTerms stacks(abi, demangle);
+    for (size_t i = 0; i < k; ++i) stacks.want(sites[i].stack);
+    stacks.resolve(env);
+    std::vector<ERL_NIF_TERM> out;
+    out.reserve(k);
+    for (size_t i = 0; i < k; ++i) {
+      const Site& s = sites[i];
+      out.push_back(MapBuilder()
+                        .put(atoms.stack, stacks.term(s.stack))
+                        .put(atoms.count, u64(env, rounded(s.count)))
+                        .put(atoms.bytes, u64(env, rounded(s.bytes)))
+                        .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
+                        .put(atoms.estimated, make_bool(s.estimated))
+                        .build(env));
+    }
+    return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
   });
 }
 
 // profile(): every site as {Count, Bytes, [ReturnAddress]}, largest first,
 // with raw addresses and no symbols: the heap profile text carries them,
 // and pprof/jeprof symbolize them from the mapped objects themselves.
-// Blocks recorded without a stack (stack id 0) have no frames to show and
-// are left out.
+// Blocks recorded without a stack (or with one freed since) have no frames
+// to show and are left out.
 ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   ERL_NIF_TERM error;
-  mi_abi_status st;
-  const mi_preload_abi* abi = recording_abi(env, &error, &st);
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
   if (abi == nullptr) return error;
-  std::vector<Site> sites = group_by_stack(abi, st);
-  std::sort(sites.begin(), sites.end(), larger_site);
-  std::vector<ERL_NIF_TERM> out;
-  out.reserve(sites.size());
-  std::vector<ERL_NIF_TERM> frames;
-  for (const Site& s : sites) {
-    uint64_t pcs[256];
-    const uint32_t depth = std::min<uint32_t>(abi->stack(s.stack, pcs, 256), 256);
-    if (depth == 0) continue;
-    frames.clear();
-    for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
-    out.push_back(enif_make_tuple3(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
-                                   enif_make_list_from_array(env, frames.data(), depth)));
-  }
-  return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), out.size()));
+  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+    std::vector<Site> sites = group_by_site(abi, st);
+    std::sort(sites.begin(), sites.end(), larger_site);
+    std::vector<ERL_NIF_TERM> out;
+    out.reserve(sites.size());
+    std::vector<ERL_NIF_TERM> frames;
+    for (const Site& s : sites) {
+      uint64_t pcs[mi::sites::kMaxFrames];
+      const uint32_t depth = std::min<uint32_t>(abi->stack(s.stack, pcs, mi::sites::kMaxFrames),
+                                                mi::sites::kMaxFrames);
+      if (depth == 0) continue;
+      frames.clear();
+      for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
+      out.push_back(enif_make_tuple3(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
+                                     enif_make_list_from_array(env, frames.data(), depth)));
+    }
+    return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), out.size()));
+  });
+}
+
+// symbolizer_stats(): the process-wide symbolizer's counters, so tests can
+// check how much work a query did (not how long it took).
+ERL_NIF_TERM trace_symbolizer_stats(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  const mi::symbolize::SymbolizerStats s = symbolizer().stats();
+  return MapBuilder()
+      .put(atoms.lookups, u64(env, s.lookups))
+      .put(atoms.cache_hits, u64(env, s.cache_hits))
+      .put(atoms.objects_loaded, u64(env, s.objects_loaded))
+      .put(atoms.rescans, u64(env, s.rescans))
+      .put(atoms.maps_reads, u64(env, s.maps_reads))
+      .put(atoms.cached_addresses, u64(env, s.cached_addresses))
+      .build(env);
 }
 
 // symbolize([Address], Demangle) -> [Frame]: for callers holding raw

@@ -23,6 +23,8 @@ const mi_preload_abi* recording_tracker();
 ERL_NIF_TERM trace_status(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_reset(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// {ok, StacksFreed} | {error, enotsup} (an interposer without reclamation).
+ERL_NIF_TERM trace_reclaim(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_olds(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, [{Count, Bytes, [ReturnAddress]}]}: every live site, raw addresses.
@@ -33,6 +35,8 @@ ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]
 // {load_failed, Msg} | Posix}. detach(): ok | {error, not_attached}.
 ERL_NIF_TERM trace_attach(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_detach(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// #{lookups, cache_hits, objects_loaded, rescans, maps_reads, cached_addresses}
+ERL_NIF_TERM trace_symbolizer_stats(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 
 }  // namespace mi::nif
 

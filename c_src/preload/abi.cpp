@@ -59,6 +59,16 @@ uint64_t abi_now_ns() {
   return mi::track::coarse_monotonic_ns();
 }
 
+uint64_t abi_reclaim() {
+  if (!ensure_init() || !g_recording) return 0;
+  return g_tracker.reclaim();
+}
+
+uint64_t abi_stack_hash(uint32_t id) {
+  if (!ensure_init() || !g_recording) return 0;
+  return g_tracker.stack_hash(id);
+}
+
 constexpr mi_preload_abi kAbi = {
     MI_ABI_VERSION,
     sizeof(mi_preload_abi),
@@ -72,6 +82,9 @@ constexpr mi_preload_abi kAbi = {
     abi_attach,
     abi_detach,
     abi_attach_status,
+    // stack reclamation
+    abi_reclaim,
+    abi_stack_hash,
 };
 
 }  // namespace

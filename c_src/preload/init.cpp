@@ -152,7 +152,7 @@ void configure() {
            depth = config.stack_depth, sample = config.sample_bytes;
   const Knob knobs[] = {
       {"MALLOCINFO_TABLE_SIZE", 64, uint64_t{1} << 32, &table},
-      {"MALLOCINFO_STACK_TABLE_SIZE", 64, uint64_t{1} << 30, &stacks},
+      {"MALLOCINFO_STACK_TABLE_SIZE", 64, mi::track::StackTable::kMaxCapacity, &stacks},
       {"MALLOCINFO_STACK_DEPTH", 1, mi::track::kMaxStackDepth, &depth},
       {"MALLOCINFO_SAMPLE_BYTES", 1, uint64_t{1} << 40, &sample},
   };

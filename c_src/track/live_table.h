@@ -62,6 +62,14 @@ class LiveTable {
   template <class F>
   uint64_t for_each(F&& f) const;
 
+  // Calls f(uint32_t stack_id) for every slot in [lo, hi) that holds a
+  // published entry, with the stack field as last written (bit 31 is
+  // kSampledBit). Cheaper than for_each: no per-slot consistency check,
+  // which the stack sweep does not need (an entry being rewritten is
+  // covered by its writer's pending id, see tracker.h). Thread-safe.
+  template <class F>
+  void for_each_stack(size_t lo, size_t hi, F&& f) const;
+
   // Removes every live entry; returns how many, and their bytes in *bytes.
   uint64_t clear(uint64_t* bytes);
 
@@ -116,6 +124,16 @@ uint64_t LiveTable::for_each(F&& f) const {
     }
   }
   return n;
+}
+
+template <class F>
+void LiveTable::for_each_stack(size_t lo, size_t hi, F&& f) const {
+  for (size_t i = lo; i < hi && i <= mask_; ++i) {
+    // Acquire on the key: the stack field written before it was published
+    // is visible (or a later one, if the slot was reused meanwhile).
+    if (slots_[i].key.load(std::memory_order_acquire) <= kBusy) continue;
+    f(slots_[i].stack.load(std::memory_order_relaxed));
+  }
 }
 
 }  // namespace mi::track

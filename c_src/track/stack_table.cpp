@@ -31,20 +31,40 @@ inline void cpu_relax() {
   __builtin_ia32_pause();
 #endif
 }
+
+// Claiming a slot can lose a race to another new stack; each loss means
+// another thread made progress, so a few retries of the whole probe bound
+// the work without dropping stacks under ordinary contention.
+constexpr int kClaimAttempts = 4;
 }  // namespace
 
 bool StackTable::init(size_t capacity, unsigned depth) {
+  if (capacity > kMaxCapacity) capacity = kMaxCapacity;
+  if (depth > kMaxDepth) depth = kMaxDepth;
+  if (depth == 0) depth = 1;
   size_t cap = kWindow;
-  while (cap < capacity) cap <<= 1;
+  unsigned bits = 6;
+  while (cap < capacity) {
+    cap <<= 1;
+    ++bits;
+  }
   const size_t header_bytes = cap * sizeof(Header);
   const size_t frame_bytes = cap * depth * sizeof(uintptr_t);
   void* mem = os_map(header_bytes + frame_bytes);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
-  frames_ = reinterpret_cast<uintptr_t*>(static_cast<char*>(mem) + header_bytes);
+  frames_ = reinterpret_cast<std::atomic<uintptr_t>*>(static_cast<char*>(mem) + header_bytes);
   mask_ = cap - 1;
+  slot_bits_ = bits;
+  // The state word has 21 bits of generation; an id has 31 - slot_bits.
+  const unsigned gen_bits = 31 - bits < 21 ? 31 - bits : 21;
+  gen_max_ = (uint32_t{1} << gen_bits) - 1;
   depth_ = depth;
   bytes_ = header_bytes + frame_bytes;
+  // The first sweep is wanted at a quarter full: early enough that the
+  // probe windows stay short, late enough that a node with few call sites
+  // never sweeps.
+  sweep_at_.store(cap / 4, std::memory_order_relaxed);
   return true;
 }
 
@@ -55,13 +75,56 @@ void StackTable::destroy() {
   bytes_ = 0;
 }
 
-bool StackTable::equal(size_t slot, uint64_t hash, const uintptr_t* frames, unsigned n) const {
+bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
+                            unsigned n) const {
   const Header& h = headers_[slot];
-  if (h.hash != hash || h.depth != n) return false;
-  const uintptr_t* f = frames_ + slot * depth_;
-  for (unsigned i = 0; i < n; ++i)
-    if (f[i] != frames[i]) return false;
-  return true;
+  if (depth_of(w) != n || h.hash.load(std::memory_order_acquire) != hash) return false;
+  const std::atomic<uintptr_t>* f = frames_ + slot * depth_;
+  // Four frames per branch: atomic loads are not vectorized, and this is
+  // the hot path of every recorded allocation.
+  unsigned i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uintptr_t d = (f[i].load(std::memory_order_acquire) ^ frames[i]) |
+                        (f[i + 1].load(std::memory_order_acquire) ^ frames[i + 1]) |
+                        (f[i + 2].load(std::memory_order_acquire) ^ frames[i + 2]) |
+                        (f[i + 3].load(std::memory_order_acquire) ^ frames[i + 3]);
+    if (d != 0) return false;
+  }
+  for (; i < n; ++i)
+    if (f[i].load(std::memory_order_acquire) != frames[i]) return false;
+  // The slot may have been freed and rewritten while we compared: only a
+  // state word unchanged since `w` proves the frames were this stack's. A
+  // sequence lock without fences (which TSan cannot model): a rewriter's
+  // frame stores are release and come after its WRITING CAS, so an acquire
+  // load that saw one of them makes this load see WRITING or later.
+  return h.state.load(std::memory_order_relaxed) == w;
+}
+
+void StackTable::stamp(Header& h, uint32_t e) {
+  // Raised at most once per slot per epoch: an RMW only when a sweep has
+  // started since the stack was last interned.
+  uint32_t s = h.stamp.load(std::memory_order_relaxed);
+  while (s < e && !h.stamp.compare_exchange_weak(s, e, std::memory_order_relaxed)) {
+  }
+}
+
+uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
+                           unsigned n) {
+  Header& h = headers_[slot];
+  const uint32_t g = kind(w) == kEmpty ? 1 : gen(w);
+  if (!h.state.compare_exchange_strong(w, word(kWriting, 0, g), std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+    return 0;
+  // Release stores (plain moves on x86): see same_stack().
+  h.hash.store(hash, std::memory_order_release);
+  h.stamp.store(epoch(), std::memory_order_relaxed);
+  std::atomic<uintptr_t>* f = frames_ + slot * depth_;
+  for (unsigned j = 0; j < n; ++j) f[j].store(frames[j], std::memory_order_release);
+  if (park_hook_ != nullptr) [[unlikely]]
+    park_hook_(park_ctx_);
+  h.state.store(word(kReady, n, g), std::memory_order_release);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  return make_id(slot, g);
 }
 
 uint32_t StackTable::intern(const uintptr_t* frames, unsigned n) {
@@ -69,42 +132,164 @@ uint32_t StackTable::intern(const uintptr_t* frames, unsigned n) {
   if (n > depth_) n = depth_;
   const uint64_t hash = hash_frames(frames, n);
   const size_t start = static_cast<size_t>(hash * 0x9E3779B97F4A7C15ull >> 17) & mask_;
-  for (size_t i = 0; i < kWindow; ++i) {
-    const size_t slot = (start + i) & mask_;
-    Header& h = headers_[slot];
-    uint32_t st = h.state.load(std::memory_order_acquire);
-    if (st == kEmpty) {
-      if (h.state.compare_exchange_strong(st, kWriting, std::memory_order_acquire,
-                                          std::memory_order_acquire)) {
-        h.hash = hash;
-        h.depth = n;
-        uintptr_t* f = frames_ + slot * depth_;
-        for (unsigned j = 0; j < n; ++j) f[j] = frames[j];
-        h.state.store(kReady, std::memory_order_release);
-        count_.fetch_add(1, std::memory_order_relaxed);
-        return static_cast<uint32_t>(slot + 1);
+  const uint32_t e = epoch();
+  const uint32_t spin_limit = spin_limit_.load(std::memory_order_relaxed);
+  for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
+    size_t claim = SIZE_MAX;  // the first reusable slot of the probe
+    uint32_t claim_word = 0;
+    for (size_t i = 0; i < kWindow; ++i) {
+      const size_t slot = (start + i) & mask_;
+      Header& h = headers_[slot];
+      uint32_t w = h.state.load(std::memory_order_acquire);
+      // A writer holds a slot for a few dozen instructions, but can be
+      // preempted there: wait a bounded time, then treat it as another
+      // stack (at worst this stack gets a second slot).
+      for (uint32_t spin = 0; kind(w) == kWriting && spin < spin_limit; ++spin) {
+        cpu_relax();
+        w = h.state.load(std::memory_order_acquire);
       }
-      // Lost the race: st now holds the winner's state; examine it below.
+      const uint32_t k = kind(w);
+      if (k == kEmpty) {
+        if (claim == SIZE_MAX) {
+          claim = slot;
+          claim_word = w;
+        }
+        break;  // nothing was ever stored past an EMPTY slot
+      }
+      if (k == kFree) {
+        if (claim == SIZE_MAX) {
+          claim = slot;
+          claim_word = w;
+        }
+        continue;
+      }
+      if ((k == kReady || k == kFreeing) && same_stack(slot, w, hash, frames, n)) {
+        // A condemned copy is revived rather than duplicated; if the sweep
+        // finished it first, the CAS fails and hold() says so.
+        const uint32_t id = make_id(slot, gen(w));
+        if (k == kReady) {
+          stamp(h, e);
+          return id;
+        }
+        if (stamp_if_current(id, e, true)) return id;
+      }
     }
-    for (int spin = 0; st == kWriting && spin < 256; ++spin) {
-      cpu_relax();
-      st = h.state.load(std::memory_order_acquire);
-    }
-    if (st == kReady && equal(slot, hash, frames, n)) return static_cast<uint32_t>(slot + 1);
+    if (claim == SIZE_MAX) break;
+    if (const uint32_t id = store(claim, claim_word, hash, frames, n); id != 0) return id;
   }
   dropped_.fetch_add(1, std::memory_order_relaxed);
+  // A drop asks for a sweep, unless one ran since fewer than a window's
+  // worth of stacks ago (then the table is full of live stacks, and
+  // sweeping again would free nothing).
+  const uint64_t c = count_.load(std::memory_order_relaxed);
+  if (c >= count_after_sweep_.load(std::memory_order_relaxed) + kWindow &&
+      sweep_at_.load(std::memory_order_relaxed) > c)
+    sweep_at_.store(c, std::memory_order_relaxed);
   return 0;
 }
 
+bool StackTable::stamp_if_current(uint32_t id, uint32_t e, bool revive) {
+  const size_t slot = id & mask_;
+  const uint32_t g = id >> slot_bits_;
+  if (g == 0 || g > gen_max_) return false;
+  Header& h = headers_[slot];
+  uint32_t w = h.state.load(std::memory_order_acquire);
+  for (;;) {
+    if (gen(w) != g) return false;
+    const uint32_t k = kind(w);
+    if (k == kFreeing && revive) {
+      if (!h.state.compare_exchange_weak(w, word(kReady, depth_of(w), g), std::memory_order_acq_rel,
+                                         std::memory_order_acquire))
+        continue;
+    } else if (k != kReady && k != kFreeing) {
+      return false;
+    }
+    stamp(h, e);
+    return true;
+  }
+}
+
+bool StackTable::hold(uint32_t id, uint32_t e) {
+  return stamp_if_current(id, e, true);
+}
+
 unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
-  if (id == 0 || id > mask_ + 1) return 0;
-  const size_t slot = id - 1;
+  const size_t slot = id & mask_;
+  const uint32_t g = id >> slot_bits_;
+  if (g == 0 || g > gen_max_ || headers_ == nullptr) return 0;
   const Header& h = headers_[slot];
-  if (h.state.load(std::memory_order_acquire) != kReady) return 0;
-  const unsigned n = h.depth;
-  const uintptr_t* f = frames_ + slot * depth_;
-  for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i];
+  const uint32_t w = h.state.load(std::memory_order_acquire);
+  if (gen(w) != g || (kind(w) != kReady && kind(w) != kFreeing)) return 0;
+  const unsigned n = depth_of(w);
+  const std::atomic<uintptr_t>* f = frames_ + slot * depth_;
+  for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
+  // Frames change only after the slot is freed, which changes the
+  // generation: READY and FREEING of the same generation hold the same
+  // frames. Acquire frame loads keep this check after them (see
+  // same_stack()).
+  const uint32_t w2 = h.state.load(std::memory_order_relaxed);
+  if (gen(w2) != g || (kind(w2) != kReady && kind(w2) != kFreeing)) return 0;
   return n;
+}
+
+uint64_t StackTable::hash_of(uint32_t id) const {
+  const size_t slot = id & mask_;
+  const uint32_t g = id >> slot_bits_;
+  if (g == 0 || g > gen_max_ || headers_ == nullptr) return 0;
+  const Header& h = headers_[slot];
+  const uint32_t w = h.state.load(std::memory_order_acquire);
+  if (gen(w) != g || (kind(w) != kReady && kind(w) != kFreeing)) return 0;
+  const uint64_t hash = h.hash.load(std::memory_order_acquire);
+  const uint32_t w2 = h.state.load(std::memory_order_relaxed);
+  if (gen(w2) != g || (kind(w2) != kReady && kind(w2) != kFreeing)) return 0;
+  return hash != 0 ? hash : 1;
+}
+
+uint32_t StackTable::begin_sweep() {
+  return epoch_.fetch_add(1, std::memory_order_seq_cst) + 1;
+}
+
+size_t StackTable::condemn(size_t lo, size_t hi, uint32_t e) {
+  size_t n = 0;
+  for (size_t slot = lo; slot < hi && slot <= mask_; ++slot) {
+    Header& h = headers_[slot];
+    uint32_t w = h.state.load(std::memory_order_acquire);
+    if (kind(w) != kReady || h.stamp.load(std::memory_order_relaxed) >= e) continue;
+    if (h.state.compare_exchange_strong(w, word(kFreeing, depth_of(w), gen(w)),
+                                        std::memory_order_acq_rel, std::memory_order_relaxed))
+      ++n;
+  }
+  return n;
+}
+
+size_t StackTable::finish(size_t lo, size_t hi, uint32_t e) {
+  size_t freed = 0;
+  for (size_t slot = lo; slot < hi && slot <= mask_; ++slot) {
+    Header& h = headers_[slot];
+    uint32_t w = h.state.load(std::memory_order_acquire);
+    if (kind(w) != kFreeing) continue;
+    const bool keep = h.stamp.load(std::memory_order_relaxed) >= e;
+    const uint32_t next =
+        keep ? word(kReady, depth_of(w), gen(w)) : word(kFree, 0, next_gen(gen(w)));
+    // A failed CAS means a hook revived the slot meanwhile: it stays.
+    if (h.state.compare_exchange_strong(w, next, std::memory_order_acq_rel,
+                                        std::memory_order_relaxed) &&
+        !keep)
+      ++freed;
+  }
+  return freed;
+}
+
+void StackTable::end_sweep(uint64_t freed) {
+  const uint64_t c = count_.fetch_sub(freed, std::memory_order_relaxed) - freed;
+  reclaimed_.fetch_add(freed, std::memory_order_relaxed);
+  count_after_sweep_.store(c, std::memory_order_relaxed);
+  // Hysteresis: the next sweep once an eighth of the table has been added
+  // (and never below a quarter full), so a table full of live stacks is not
+  // swept over and over for nothing.
+  const uint64_t cap = mask_ + 1;
+  const uint64_t next = c + cap / 8 > cap / 4 ? c + cap / 8 : cap / 4;
+  sweep_at_.store(next, std::memory_order_relaxed);
 }
 
 }  // namespace mi::track

@@ -1,18 +1,45 @@
 // Deduplicated call stacks: a stack (raw return addresses, innermost first)
-// is stored once and named by a 32-bit id, so live entries carry 4 bytes of
+// is stored once and named by a 31-bit id, so live entries carry 4 bytes of
 // stack and aggregation by call site is a group-by on an integer.
 //
-// Open addressing on the stack's hash, bounded probing. Lock-free: a slot is
-// claimed by CAS (EMPTY -> WRITING), filled, then published (READY) with
-// release order; readers only trust READY slots. Stacks are never removed,
-// so an id stays valid, with the same content, for the life of the process:
-// no reader can see "the stack of a reused slot".
+// Layout. Open addressing on the stack's hash, linear probing bounded to
+// kWindow slots. Each slot has a 16-byte header (state word, epoch stamp,
+// hash) and room for depth() frames. The state word packs the slot's kind,
+// the stack's depth and a generation: ids are (generation << slot_bits) |
+// slot, generation >= 1, so id 0 never names a stack.
 //
-// If a racing thread is still writing the slot this stack hashes to, the
-// inserter waits a bounded number of spins and then probes on, at worst
-// storing the same stack twice (two ids for one stack; readers that group
-// by content merge them). It never spins unboundedly, including in a child
-// forked while another thread was mid-write.
+// Slot life cycle (every transition is one CAS or release store on the
+// state word; readers only trust READY and FREEING):
+//
+//   EMPTY --claim--> WRITING --publish--> READY <--revive-- FREEING
+//   FREE(g+1) <--finish-- FREEING(g) <--condemn-- READY(g)
+//   FREE --claim--> WRITING ...
+//
+// A slot never returns to EMPTY, so a probe that meets EMPTY can stop: no
+// stack was ever stored beyond it in that probe sequence. FREE slots are
+// reused by the next new stack whose probe passes them.
+//
+// Ids stay stable for readers: freeing a slot bumps its generation, so
+// get(id) of a reclaimed stack answers 0 ("unknown"), never the frames of
+// the stack that reuses the slot. A generation wraps after gen_period()
+// reuses of one slot, at most one per sweep: a reader holding an id across
+// fewer sweeps than that cannot be fooled (see tracker.h).
+//
+// Duplicates. If a racing thread is still writing the slot this stack
+// would match, the inserter waits up to spin_limit() polls and then probes
+// on, at worst storing the same stack twice (two ids for one stack). It
+// never waits unboundedly, including in a child forked while another thread
+// was mid-write. Duplicates are not merged here (that would need the
+// writer's cooperation on the hot path); readers that group by call site
+// merge stacks by content (c_src/sites/stack_merge.h).
+//
+// Reclamation (the sweep) is driven by Tracker, which knows which ids are
+// referenced: it calls begin_sweep(), mark() for every referenced id, then
+// condemn() and finish() over all slots, with process-wide memory barriers
+// in between (see tracker.h). intern() and hold() stamp a slot with the
+// epoch they read, and a sweep never frees a slot stamped with its own
+// epoch: that is what protects a stack interned while a sweep runs, before
+// the live entry that will reference it exists.
 //
 // Never allocates through malloc. Thread-safe unless noted.
 #ifndef MALLOCINFO_TRACK_STACK_TABLE_H
@@ -27,46 +54,146 @@ namespace mi::track {
 class StackTable {
  public:
   static constexpr size_t kWindow = 64;
+  // Keeps at least 3 generation bits in a 31-bit id.
+  static constexpr size_t kMaxCapacity = size_t{1} << 28;
+  static constexpr unsigned kMaxDepth = 255;
+  // Polls of a slot another thread is writing before probing on.
+  static constexpr uint32_t kDefaultSpinLimit = 256;
 
-  // Room for at least `capacity` stacks of up to `depth` frames. Not
-  // thread-safe. False when memory cannot be mapped.
+  // Room for at least `capacity` stacks (rounded up to a power of two, at
+  // least kWindow, at most kMaxCapacity) of up to `depth` frames (at most
+  // kMaxDepth). Not thread-safe. False when memory cannot be mapped.
   bool init(size_t capacity, unsigned depth);
   void destroy();  // tests only
 
-  // The id of this stack (1-based), storing it if new; 0 when it cannot be
-  // stored (table full around its hash; counted in dropped()). n is capped
-  // to depth(). An empty stack (n == 0) has id 0.
+  // --- hot path (inside hooks): no lock, no allocation, bounded waits ---
+
+  // The id of this stack, storing it if new; 0 when it cannot be stored
+  // (no free slot in its probe window; counted in dropped()). n is capped
+  // to depth(). An empty stack (n == 0) has id 0. The slot is stamped with
+  // the current epoch. A condemned (FREEING) copy is revived and reused.
   uint32_t intern(const uintptr_t* frames, unsigned n);
 
+  // The current sweep epoch. Relaxed: callers that compare epochs rely on
+  // the sweeper's process-wide barriers, not on this load's ordering.
+  uint32_t epoch() const { return epoch_.load(std::memory_order_relaxed); }
+
+  // True when `id` still names its stack (READY, or FREEING and revived
+  // here); then stamps its slot with epoch `e` (never lowers a stamp).
+  // False when the stack was reclaimed (or id is 0 or malformed).
+  bool hold(uint32_t id, uint32_t e);
+  // True when `id` names a READY stack (one load; no stamp, no revival).
+  bool ready(uint32_t id) const {
+    const uint32_t w = headers_[id & mask_].state.load(std::memory_order_acquire);
+    return kind(w) == kReady && gen(w) == id >> slot_bits_;
+  }
+
+  // True when the table asks for a sweep: enough new stacks since the last
+  // one, or a stack was dropped. Two relaxed loads.
+  bool wants_sweep() const {
+    return count_.load(std::memory_order_relaxed) >= sweep_at_.load(std::memory_order_relaxed);
+  }
+
+  // --- readers ---
+
   // Copies up to `max` frames of stack `id` to out; returns the stack's
-  // depth, or 0 for an unknown id.
+  // depth, or 0 when the id is unknown: never stored, malformed, or
+  // reclaimed (a stale generation). Never returns another stack's frames.
   unsigned get(uint32_t id, uint64_t* out, unsigned max) const;
+  // The hash of stack `id`'s frames (as intern computed it; never 0), or 0
+  // when the id is unknown. Equal frames have equal hashes.
+  uint64_t hash_of(uint32_t id) const;
+
+  // --- the sweep (one sweeper at a time; see tracker.h for the order) ---
+
+  // Starts a sweep: bumps the epoch and returns the new value E.
+  uint32_t begin_sweep();
+  // Keeps `id`'s stack through the sweep of epoch E. Returns false for an
+  // id that no longer names a stored stack (a stale reference).
+  bool mark(uint32_t id, uint32_t e) { return stamp_if_current(id, e, false); }
+  // READY slots in [lo, hi) stamped before E become FREEING. Returns how many.
+  size_t condemn(size_t lo, size_t hi, uint32_t e);
+  // FREEING slots in [lo, hi): stamped E (marked or held meanwhile) back
+  // to READY; the others FREE, with the next generation. Returns how many
+  // were freed.
+  size_t finish(size_t lo, size_t hi, uint32_t e);
+  // Ends a sweep that freed `freed` stacks: counts them and sets when the
+  // next sweep will be wanted.
+  void end_sweep(uint64_t freed);
+
+  // --- counters and shape ---
 
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  uint64_t reclaimed() const { return reclaimed_.load(std::memory_order_relaxed); }
   size_t capacity() const { return mask_ + 1; }
   unsigned depth() const { return depth_; }
   size_t bytes_reserved() const { return bytes_; }
+  unsigned slot_bits() const { return slot_bits_; }
+  // Distinct generations an id cycles through before repeating.
+  uint32_t gen_period() const { return gen_max_; }
+
+  // --- tests only ---
+
+  // Polls of a WRITING slot before probing on (0: never wait).
+  void set_spin_limit(uint32_t n) { spin_limit_.store(n, std::memory_order_relaxed); }
+  uint32_t spin_limit() const { return spin_limit_.load(std::memory_order_relaxed); }
+  // Called by a new stack's writer between claiming its slot and
+  // publishing it, so a test can hold a writer mid-write. Not thread-safe
+  // against concurrent interns; nullptr (the default) disables it.
+  using ParkHook = void (*)(void* ctx);
+  void set_park_hook(ParkHook hook, void* ctx) {
+    park_ctx_ = ctx;
+    park_hook_ = hook;
+  }
 
  private:
   struct Header {
-    std::atomic<uint32_t> state;  // kEmpty, kWriting, kReady
-    uint32_t depth;
-    uint64_t hash;
+    std::atomic<uint32_t> state;  // kind | depth << 3 | gen << 11
+    std::atomic<uint32_t> stamp;  // the latest epoch that interned or held it
+    std::atomic<uint64_t> hash;
   };
+  static_assert(sizeof(Header) == 16, "a stack slot's header costs 16 bytes");
+
   static constexpr uint32_t kEmpty = 0;
   static constexpr uint32_t kWriting = 1;
   static constexpr uint32_t kReady = 2;
+  static constexpr uint32_t kFreeing = 3;
+  static constexpr uint32_t kFree = 4;
 
-  bool equal(size_t slot, uint64_t hash, const uintptr_t* frames, unsigned n) const;
+  static uint32_t kind(uint32_t w) { return w & 7u; }
+  static uint32_t depth_of(uint32_t w) { return (w >> 3) & 0xFFu; }
+  static uint32_t gen(uint32_t w) { return w >> 11; }
+  static uint32_t word(uint32_t k, uint32_t depth, uint32_t g) { return k | depth << 3 | g << 11; }
+  uint32_t next_gen(uint32_t g) const { return g >= gen_max_ ? 1 : g + 1; }
+  uint32_t make_id(size_t slot, uint32_t g) const {
+    return g << slot_bits_ | static_cast<uint32_t>(slot);
+  }
+
+  bool same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
+                  unsigned n) const;
+  static void stamp(Header& h, uint32_t e);
+  bool stamp_if_current(uint32_t id, uint32_t e, bool revive);
+  uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n);
 
   Header* headers_ = nullptr;
-  uintptr_t* frames_ = nullptr;
+  std::atomic<uintptr_t>* frames_ = nullptr;
   size_t mask_ = 0;
+  unsigned slot_bits_ = 0;
+  uint32_t gen_max_ = 0;
   unsigned depth_ = 0;
   size_t bytes_ = 0;
-  std::atomic<uint64_t> count_{0};
+  std::atomic<uint32_t> spin_limit_{kDefaultSpinLimit};
+  ParkHook park_hook_ = nullptr;
+  void* park_ctx_ = nullptr;
+  // Read on every intern; written by sweeps only.
+  alignas(64) std::atomic<uint32_t> epoch_{1};
+  std::atomic<uint64_t> sweep_at_{0};
+  // Written when a stack is stored or dropped (rare once warm).
+  alignas(64) std::atomic<uint64_t> count_{0};
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> reclaimed_{0};
+  std::atomic<uint64_t> count_after_sweep_{0};
 };
 
 }  // namespace mi::track

@@ -24,6 +24,22 @@ inline void bump(ThreadState* ts, std::atomic<uint64_t>& c, uint64_t v) {
     c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
 }
 
+// Publishing a pending id and checking the epoch must stay in program
+// order: the sweeper's membarrier makes that order the one that counts.
+inline void compiler_barrier() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+// A realloc that took an entry and then did not put it back (success, or
+// realloc(p, 0)) releases the id it pinned.
+inline void unpin_taken(ThreadState* ts) {
+  if (ts->pending.load(std::memory_order_relaxed) != 0) [[unlikely]]
+    ts->pending.store(0, std::memory_order_release);
+}
+
+// Rounds of pin_id: each failed round means a sweep started meanwhile.
+constexpr int kPinRounds = 4;
+
 inline uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;
@@ -63,11 +79,17 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
     table_.destroy();
     return false;
   }
+  if (!sweep_init()) {
+    table_.destroy();
+    stacks_.destroy();
+    return false;
+  }
   states_bytes_ = kThreadStates * sizeof(ThreadState);
   states_ = static_cast<ThreadState*>(os_map(states_bytes_));
   if (states_ == nullptr) {
     table_.destroy();
     stacks_.destroy();
+    sweep_destroy();
     return false;
   }
   nstates_ = kThreadStates;
@@ -94,6 +116,7 @@ void Tracker::destroy() {
   nstates_ = 0;
   table_.destroy();
   stacks_.destroy();
+  sweep_destroy();
 }
 
 ThreadState* Tracker::acquire_state() {
@@ -156,14 +179,70 @@ uint32_t Tracker::capture(ThreadState* ts) {
   return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
 }
 
+std::atomic<uint32_t>* Tracker::pending_slot(ThreadState* ts) {
+  if (ts->shared == 0) [[likely]]
+    return &ts->pending;
+  for (std::atomic<uint32_t>& p : shared_pending_) {
+    uint32_t expected = 0;
+    if (p.load(std::memory_order_relaxed) == 0 &&
+        p.compare_exchange_strong(expected, kPendingClaimed, std::memory_order_relaxed))
+      return &p;
+  }
+  return nullptr;
+}
+
+uint32_t Tracker::pin_id(std::atomic<uint32_t>* pin, uint32_t id, uint32_t e,
+                         ThreadState* recapture) {
+  if (id == 0) return 0;  // nothing to pin (a dropped stack is counted as such)
+  for (int round = 0; id != 0; ++round) {
+    pin->store(id, std::memory_order_relaxed);
+    compiler_barrier();
+    const uint32_t now = stacks_.epoch();
+    // hold() also revives a FREEING stack.
+    if (now == e && stacks_.hold(id, e)) return id;
+    if (round == kPinRounds) break;
+    // A sweep started since e was read: stamp the stack with its epoch
+    // (the stamp must precede the next pending store), or, if the sweep
+    // freed it already, intern it again.
+    e = now;
+    if (!stacks_.hold(id, e)) id = recapture != nullptr ? capture(recapture) : 0;
+  }
+  pin->store(0, std::memory_order_relaxed);
+  stacks_lost_.fetch_add(1, std::memory_order_relaxed);
+  return 0;
+}
+
 void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled) {
-  const uint32_t id = capture(ts) | (sampled ? kSampledBit : 0u);
-  if (table_.insert(address, size, clock_(), id)) {
+  std::atomic<uint32_t>* pin = pending_slot(ts);
+  const uint32_t e = stacks_.epoch();
+  uint32_t id = capture(ts);
+  if (test_hook_ != nullptr) [[unlikely]]
+    test_hook_(TestPoint::kInterned, test_ctx_);
+  if (pin != nullptr && id != 0) [[likely]] {
+    // pin_id()'s first round, inline: no sweep started since e was read
+    // and the stack still READY (intern stamped it) is the common case.
+    pin->store(id, std::memory_order_relaxed);
+    compiler_barrier();
+    if (stacks_.epoch() != e || !stacks_.ready(id)) [[unlikely]]
+      id = pin_id(pin, id, e, ts);
+  } else if (id != 0) {
+    id = 0;  // no pending slot: the id could be reclaimed before insertion
+    stacks_lost_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (test_hook_ != nullptr) [[unlikely]]
+    test_hook_(TestPoint::kPinned, test_ctx_);
+  if (table_.insert(address, size, clock_(), id | (sampled ? kSampledBit : 0u))) {
     bump(ts, ts->inserts, 1);
     bump(ts, ts->insert_bytes, size);
   } else {
     bump(ts, ts->dropped, 1);
   }
+  // Release: a sweep that reads the cleared slot also sees the entry.
+  if (pin != nullptr) pin->store(0, std::memory_order_release);
+  // Hooks help only sweeps the table asked for (it keeps asking until the
+  // sweep ends); a sweep reclaim() started is carried by its caller.
+  if (hooks_sweep_ && stacks_.wants_sweep()) [[unlikely]]
+    sweep_hook_step();
 }
 
 void Tracker::on_alloc(mi_fn fn, void* p, size_t size) {
@@ -171,9 +250,15 @@ void Tracker::on_alloc(mi_fn fn, void* p, size_t size) {
   if (mode == MI_MODE_OFF) return;
   ThreadState* ts = thread_state();
   bump(ts, ts->calls[fn], 1);
-  if (p == nullptr) return;
+  if (p == nullptr) {
+    unpin_taken(ts);
+    return;
+  }
   bump(ts, ts->bytes_allocated, size);
-  if (mode == MI_MODE_COUNTERS) return;
+  if (mode == MI_MODE_COUNTERS) {
+    unpin_taken(ts);
+    return;
+  }
   const uint64_t address = reinterpret_cast<uintptr_t>(p);
   if (mode == MI_MODE_SAMPLE) {
     bool hit;
@@ -185,7 +270,10 @@ void Tracker::on_alloc(mi_fn fn, void* p, size_t size) {
       const double u = static_cast<double>(mix(address ^ clock_()) >> 11) * 0x1.0p-53;
       hit = u < sample_probability(size, config_.sample_bytes);
     }
-    if (!hit) return;
+    if (!hit) {
+      unpin_taken(ts);
+      return;
+    }
     record(ts, address, size, true);
     return;
   }
@@ -213,9 +301,19 @@ void Tracker::on_free(mi_fn fn, void* p) {
 bool Tracker::take(void* p, LiveEntry* out) {
   if (p == nullptr || mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return false;
   ThreadState* ts = thread_state();
+  const uint32_t e = stacks_.epoch();
   if (!table_.remove(reinterpret_cast<uintptr_t>(p), out)) return false;
   bump(ts, ts->removes, 1);
   bump(ts, ts->remove_bytes, out->size);
+  // Until restore() re-inserts it, the entry's stack is referenced only
+  // from here: pin it like a freshly interned one (stamp first). The
+  // shared state does not pin (its slots would leak on the success path);
+  // restore() then checks the id instead.
+  const uint32_t id = out->stack_id & ~kSampledBit;
+  if (id != 0 && ts->shared == 0) {
+    const uint32_t kept = stacks_.hold(id, e) ? pin_id(&ts->pending, id, e, nullptr) : 0;
+    out->stack_id = kept | (out->stack_id & kSampledBit);
+  }
   return true;
 }
 
@@ -223,18 +321,24 @@ void Tracker::restore(const LiveEntry& e) {
   // Switched off meanwhile: the table was cleared and frees are not seen.
   if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
   ThreadState* ts = thread_state();
-  if (table_.insert(e.address, e.size, e.timestamp_ns, e.stack_id)) {
+  LiveEntry entry = e;
+  const uint32_t id = e.stack_id & ~kSampledBit;
+  if (id != 0 && ts->shared != 0 && !stacks_.hold(id, stacks_.epoch()))
+    entry.stack_id &= kSampledBit;
+  if (table_.insert(entry.address, entry.size, entry.timestamp_ns, entry.stack_id)) {
     bump(ts, ts->inserts, 1);
     bump(ts, ts->insert_bytes, e.size);
   } else {
     bump(ts, ts->dropped, 1);
   }
+  unpin_taken(ts);
 }
 
 void Tracker::count(mi_fn fn) {
   if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
   ThreadState* ts = thread_state();
   bump(ts, ts->calls[fn], 1);
+  unpin_taken(ts);
 }
 
 uint64_t Tracker::reset() {
@@ -245,6 +349,7 @@ uint64_t Tracker::reset() {
   const uint64_t n = table_.clear(&bytes);
   cleared_.fetch_add(n, std::memory_order_relaxed);
   cleared_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  reclaim();
   return n;
 }
 
@@ -258,7 +363,10 @@ void Tracker::status(mi_abi_status* out) const {
   s.stacks = stacks_.count();
   s.stack_capacity = stacks_.capacity();
   s.stack_bytes = stacks_.bytes_reserved();
-  s.stacks_dropped = stacks_.dropped();
+  s.stacks_dropped = stacks_.dropped() + stacks_lost_.load(std::memory_order_relaxed);
+  s.stacks_reclaimed = stacks_.reclaimed();
+  s.stack_sweeps = sweeps_.load(std::memory_order_relaxed);
+  s.stack_generations = stacks_.gen_period();
   s.sample_bytes = config_.sample_bytes;
   uint64_t inserts = 0, insert_bytes = 0, removes = 0, remove_bytes = 0;
   for (size_t i = 0; i < nstates_; ++i) {

@@ -10,9 +10,53 @@
 // through malloc, never lock, never throw, and spin only boundedly.
 // Per-thread counters are plain loads and stores on the thread's own
 // cache-line-aligned state; readers sum them (exact once writers are
-// quiescent). Query methods (status, snapshot, stack, reset) are
+// quiescent). Query methods (status, snapshot, stack, reset, reclaim) are
 // thread-safe and may run concurrently with the hot path; they must not be
 // called from inside a hook.
+//
+// Stack reclamation (the sweep). The stack table would otherwise fill for
+// good on a long-running node. A sweep frees every stack that no live entry
+// references. It is a small state machine split into bounded chunks:
+//   start    bump the stack table's epoch to E; process-wide barrier (M1,
+//            membarrier(2)); mark every thread's pending id;
+//   scan     mark the stack of every live-table entry (chunks of slots);
+//   condemn  READY stacks not stamped E become FREEING (chunks);
+//   barrier  M2; mark every thread's pending id again;
+//   finish   FREEING stacks not stamped E become FREE, generation + 1;
+//            the others READY again (chunks).
+// Marking a stack stamps it with E. A sweep starts when the table asks for
+// one (StackTable::wants_sweep: a quarter full, then every eighth of the
+// table added, or a dropped stack) and advances one chunk at the end of
+// each recorded allocation while the table still asks, so no hook pauses
+// for more than a chunk (1024 slots, a few us) or a membarrier call;
+// reset() and reclaim() run a whole sweep from the caller's thread.
+//
+// The race with the hot path. Between interning a stack and inserting the
+// entry that references it, a hook holds an id no table shows. It
+// publishes that id in its thread state (`pending`, a plain store on its
+// own cache line; no fence, no RMW) and then checks that the epoch has not
+// moved since before it interned (intern stamps the slot with the epoch it
+// read) and that the stack is still stored (hold(), which also revives a
+// FREEING one). The two barriers make this enough: M1 splits every
+// thread's execution in two. A hook whose pending store came before M1 is
+// seen by start (or its entry, inserted before it cleared pending, is seen
+// by the scan); one whose store came after M1 reads the new epoch E in its
+// check, so it interned with a stamp of E (re-stamping if needed), which
+// condemn and finish respect. M2 does the same for condemn: a hook whose
+// hold() ran after M2 sees FREEING and revives the slot (finish's CAS then
+// fails); one whose pending store or stamp came before M2 is seen by the
+// second marking or by finish. If the stack was freed anyway (the hook was
+// descheduled across a whole sweep) the check fails and the hook interns
+// again. realloc's take/restore pin the taken entry's id the same way.
+// Without membarrier (or MADV_WIPEONFORK for the sweep's control page) no
+// hook starts a sweep; reset() and reclaim() still sweep, with the slower
+// global barrier.
+//
+// Readers that hold ids across calls (snapshot, then stack()) get each
+// id's own frames or nothing, as long as fewer than gen_period() sweeps
+// complete meanwhile (a slot's generation moves once per sweep at most);
+// they compare status' stack_sweeps before and after, and read again in
+// the (for a default table: 32767 sweeps during one read) unlikely case.
 #ifndef MALLOCINFO_TRACK_TRACKER_H
 #define MALLOCINFO_TRACK_TRACKER_H
 
@@ -64,6 +108,15 @@ struct alignas(64) ThreadState {
   std::atomic<uint64_t> frees_untracked;
   SamplerState sampler;
   UnwindCache* unwind_cache;
+  // The stack id this thread is about to insert (or re-insert) into the
+  // live table, 0 when none; read by sweeps. Not used by the shared state.
+  std::atomic<uint32_t> pending;
+};
+
+// Where a test can stop a recording thread (Tracker::set_test_hook).
+enum class TestPoint {
+  kInterned,  // stack interned, its id not yet published as pending
+  kPinned,    // id pending and checked, entry not yet inserted
 };
 
 class Tracker {
@@ -110,9 +163,32 @@ class Tracker {
   unsigned stack(uint32_t id, uint64_t* out, unsigned max) const {
     return stacks_.get(id, out, max);
   }
+  uint64_t stack_hash(uint32_t id) const { return stacks_.hash_of(id); }
+  // Forgets every live entry, then reclaims every stack (reclaim()).
+  // Returns how many entries were forgotten.
   uint64_t reset();
   uint64_t now_ns() const { return clock_(); }
   const Config& config() const { return config_; }
+
+  // Runs a whole sweep that starts after this call: every stack no live
+  // entry references when it starts is freed. Helps a sweep already
+  // running to its end first. Returns the stacks freed meanwhile (0 when
+  // this process cannot sweep, see above).
+  uint64_t reclaim();
+  // Stale ids the sweeps met in the live table (a protocol failure; 0).
+  uint64_t stale_stacks() const { return stale_.load(std::memory_order_relaxed); }
+  // False when no hook may start a sweep here (see above).
+  bool hooks_sweep() const { return hooks_sweep_; }
+
+  // --- tests only ---
+  using TestHook = void (*)(TestPoint point, void* ctx);
+  // Called by every recording thread at each TestPoint. Not thread-safe
+  // against recording threads; nullptr disables it.
+  void set_test_hook(TestHook hook, void* ctx) {
+    test_ctx_ = ctx;
+    test_hook_ = hook;
+  }
+  StackTable& stack_table() { return stacks_; }
 
  private:
   ThreadState* thread_state();
@@ -121,6 +197,36 @@ class Tracker {
   uint32_t capture(ThreadState* ts);
   void record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled);
   void forget(ThreadState* ts, uint64_t address, bool count_untracked);
+
+  // The pending slot for a recording thread: its own, or one of the shared
+  // state's (nullptr when all are taken).
+  std::atomic<uint32_t>* pending_slot(ThreadState* ts);
+  // Publishes `id` (stamped with an epoch >= e, e read before the id was
+  // obtained) in *pin and checks it is safe from sweeps (see above).
+  // Returns the id, possibly re-interned through `recapture` (when not
+  // nullptr), or 0 with *pin cleared when it was reclaimed.
+  uint32_t pin_id(std::atomic<uint32_t>* pin, uint32_t id, uint32_t e, ThreadState* recapture);
+  // The sweep (tracker_sweep.cpp). Its control block lives in one page of
+  // MADV_WIPEONFORK memory: a child forked mid-sweep starts with no sweep
+  // in progress (stacks left FREEING are resolved by its next sweep, and
+  // stay readable meanwhile).
+  struct SweepControl {
+    std::atomic<uint64_t> cursor;  // phase << 48 | next chunk to claim
+    std::atomic<uint64_t> done;    // phase << 48 | chunks completed
+    std::atomic<uint32_t> epoch;   // the running sweep's epoch
+    std::atomic<uint64_t> freed;   // stacks the running sweep freed so far
+  };
+  bool sweep_init();
+  void sweep_destroy();
+  bool sweep_active() const {
+    return sweep_ != nullptr && (sweep_->cursor.load(std::memory_order_relaxed) >> 48) != 0;
+  }
+  void sweep_hook_step();
+  bool sweep_start(bool from_hook, uint64_t* sweeps_before);
+  bool sweep_chunk(bool from_hook);
+  void sweep_advance(uint32_t phase, uint32_t e, bool from_hook);
+  void mark_pending(uint32_t e);
+  bool process_barrier(bool may_be_slow);
 
   Config config_;
   UnwindFn unwind_ = nullptr;
@@ -137,6 +243,21 @@ class Tracker {
   uintptr_t self_lo_ = 0, self_hi_ = 0;
   // Removals done by reset() and set_mode(off), outside any thread state.
   std::atomic<uint64_t> cleared_{0}, cleared_bytes_{0};
+  // Pending ids of threads on the shared overflow state; kPendingClaimed
+  // marks a slot taken before its id is known (not an id: its generation
+  // bits exceed any table's).
+  static constexpr size_t kSharedPending = 64;
+  static constexpr uint32_t kPendingClaimed = 0xFFFFFFFFu;
+  std::atomic<uint32_t> shared_pending_[kSharedPending]{};
+  // Stacks captured but not recorded: no pending slot, or reclaimed under
+  // a descheduled hook more than once (counted in stacks_dropped).
+  std::atomic<uint64_t> stacks_lost_{0};
+  SweepControl* sweep_ = nullptr;
+  bool hooks_sweep_ = false;
+  std::atomic<uint64_t> sweeps_{0};
+  std::atomic<uint64_t> stale_{0};
+  TestHook test_hook_ = nullptr;
+  void* test_ctx_ = nullptr;
 };
 
 }  // namespace mi::track

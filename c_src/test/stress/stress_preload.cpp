@@ -3,7 +3,9 @@
 // and reads it back through the ABI, as the NIF does. Checks glibc-exact
 // edge cases, C++ new/delete, a concurrency stress with a concurrent
 // snapshot/reset thread (afterwards counters are exact and the table holds
-// exactly the live blocks), and fork() from a multi-threaded process.
+// exactly the live blocks), stack reclamation under threads allocating from
+// more call stacks than the stack table holds (every kept block's stack
+// reads back as its own), and fork() from a multi-threaded process.
 // Prints "N passed, N failed"; exit status 1 on any failure.
 #include <dlfcn.h>
 #include <errno.h>
@@ -249,18 +251,21 @@ void test_stress(Snap& snap) {
       }
     }
   });
-  {
+  // Rounds of workers until the chaos thread has reset (and so swept the
+  // stack table) twice while they ran: on a loaded machine one round can be
+  // over before it took a single snapshot.
+  do {
     static WorkerResult res[kWorkers];
     std::vector<std::thread> ts;
     for (int w = 0; w < kWorkers; ++w) ts.emplace_back(worker, w, &res[w]);
     for (auto& t : ts) t.join();
-    for (auto& r : res)
+    for (auto& r : res) {
       for (size_t k = 0; k < r.nheld; ++k) free(r.held[k].first);
-  }
+      r = WorkerResult{};
+    }
+  } while (resets.load() < 2);
   stop = true;
   chaos.join();
-  CHECK(snapshots.load() > 0);
-  CHECK(resets.load() > 0);
 
   // Phase 2: from a clean table, the same traffic without interference.
   // Counters must move by exactly the workers' calls, and the table must
@@ -319,6 +324,110 @@ void test_stress(Snap& snap) {
   CHECK(m.size() <= 4 * kWorkers);
 }
 
+// Many distinct call stacks: path_a/path_b call each other `level` times,
+// bit k of `path` choosing the callee at level k (as the CT suite's test
+// NIF does). noipa: no clones, no folding of the two into one.
+__attribute__((noipa)) void* path_b(unsigned level, unsigned path, size_t n);
+__attribute__((noipa)) void* path_a(unsigned level, unsigned path, size_t n) {
+  void* p = level == 0   ? malloc(n)
+            : (path & 1) ? path_a(level - 1, path >> 1, n)
+                         : path_b(level - 1, path >> 1, n);
+  asm volatile("" : "+r"(p) : : "memory");
+  return p;
+}
+__attribute__((noipa)) void* path_b(unsigned level, unsigned path, size_t n) {
+  void* p = level == 0   ? malloc(n)
+            : (path & 1) ? path_a(level - 1, path >> 1, n)
+                         : path_b(level - 1, path >> 1, n);
+  asm volatile("nop" : "+r"(p) : : "memory");
+  return p;
+}
+
+// Three threads allocate from 65536 distinct call stacks each (three times
+// the 64K stack table), keep every 128th block and free the others, while
+// another thread keeps reclaiming stacks. Afterwards every kept block's
+// stack reads back as its own: blocks from one path have the same frames,
+// blocks from different paths different ones, and a block without a stack
+// is one the table counted as dropped.
+void test_reclaim_stress() {
+  constexpr int kThreads = 3;
+  constexpr unsigned kLevels = 18;
+  constexpr unsigned kPaths = 1u << 16;  // per thread
+  constexpr size_t kKept = 512;
+  struct Kept {
+    void* p;
+    unsigned path;
+  };
+  static Kept kept[kThreads][kKept];
+  g_abi->reset();
+  const mi_abi_status s0 = status();
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> reclaims{0};
+  std::thread chaos([&] {
+    while (!stop.load()) {
+      g_abi->reclaim();
+      ++reclaims;
+    }
+  });
+  std::vector<std::thread> ts;
+  for (int w = 0; w < kThreads; ++w)
+    ts.emplace_back([w] {
+      for (unsigned i = 0; i < kPaths; ++i) {
+        const unsigned path = static_cast<unsigned>(w) << 16 | i;
+        void* p = path_a(kLevels, path, 24);
+        // Every 128th block is kept; the others are freed at once.
+        if ((i & 127) == 0)
+          kept[w][i >> 7] = Kept{p, path};
+        else
+          free(p);
+      }
+    });
+  for (auto& t : ts) t.join();
+  stop = true;
+  chaos.join();
+  Snap snap;
+  auto m = snap.take();
+  std::map<unsigned, std::vector<uint64_t>> frames_of_path;
+  std::set<std::vector<uint64_t>> seen;
+  size_t checked = 0, mismatched = 0, unknown = 0;
+  for (auto& row : kept)
+    for (const Kept& k : row) {
+      auto it = m.find(reinterpret_cast<uintptr_t>(k.p));
+      if (it == m.end()) continue;
+      uint64_t f[64];
+      const uint32_t n = g_abi->stack(it->second.stack_id, f, 64);
+      if (n == 0) {
+        ++unknown;
+        continue;
+      }
+      std::vector<uint64_t> frames(f, f + std::min<uint32_t>(n, 64));
+      auto [pos, fresh] = frames_of_path.emplace(k.path, frames);
+      if (!fresh && pos->second != frames) ++mismatched;
+      if (fresh && !seen.insert(frames).second) ++mismatched;
+
+      ++checked;
+    }
+  const mi_abi_status s1 = status();
+  fprintf(stderr,
+          "reclaim stress: %zu kept blocks checked, %lu reclaims, %lu stacks freed, %lu dropped\n",
+          checked, static_cast<unsigned long>(reclaims.load()),
+          static_cast<unsigned long>(s1.stacks_reclaimed - s0.stacks_reclaimed),
+          static_cast<unsigned long>(s1.stacks_dropped - s0.stacks_dropped));
+  CHECK(checked + unknown == kThreads * kKept);
+  CHECK(mismatched == 0);
+  // A thread descheduled inside a sweep chunk can hold the sweep up while
+  // the others fill the table: their stacks are dropped and counted.
+  CHECK(unknown <= s1.stacks_dropped - s0.stacks_dropped);
+  // At most a table's worth of stacks is stored at the end; the rest of
+  // the three tables' worth was freed on the way.
+  CHECK(s1.stacks_reclaimed - s0.stacks_reclaimed + s1.stacks_dropped - s0.stacks_dropped +
+            s1.stacks >=
+        kThreads * kPaths);
+  m.clear();
+  for (auto& row : kept)
+    for (const Kept& k : row) free(k.p);
+}
+
 void test_fork() {
   // fork() while other threads allocate: the child must be able to
   // allocate, record and exit normally (no lock held across fork).
@@ -373,6 +482,7 @@ int main() {
   Snap snap;
   test_edge_cases(snap);
   test_stress(snap);
+  test_reclaim_stress();
   test_fork();
   printf("stress_preload: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

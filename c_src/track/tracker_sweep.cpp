@@ -1,0 +1,216 @@
+// The stack sweep: Tracker's reclamation of stacks no live entry
+// references. The protocol and why it is safe are in tracker.h.
+#include <errno.h>
+#include <linux/membarrier.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "os_mem.h"
+#include "tracker.h"
+
+namespace mi::track {
+
+namespace {
+
+enum : uint32_t { kIdle = 0, kStarting = 1, kScan = 2, kCondemn = 3, kFinish = 4 };
+constexpr uint64_t kLowMask = (uint64_t{1} << 48) - 1;
+// Slots per chunk: 1024 live-table slots are 32 KiB, a few us to scan.
+constexpr size_t kChunk = 1024;
+constexpr size_t kControlBytes = 4096;
+
+constexpr uint64_t phase_word(uint32_t phase) {
+  return uint64_t{phase} << 48;
+}
+
+size_t chunks_of(size_t slots) {
+  return (slots + kChunk - 1) / kChunk;
+}
+
+// Which membarrier(2) this process can use, probed once.
+enum : int { kBarrierUnknown, kBarrierExpedited, kBarrierGlobal, kBarrierNone };
+std::atomic<int> g_barrier{kBarrierUnknown};
+
+long membarrier(int cmd) {
+  return ::syscall(__NR_membarrier, cmd, 0, 0);
+}
+
+int barrier_kind() {
+  int k = g_barrier.load(std::memory_order_relaxed);
+  if (k != kBarrierUnknown) return k;
+  const int saved = errno;
+  const long mask = membarrier(MEMBARRIER_CMD_QUERY);
+  if (mask > 0 && (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
+      membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0)
+    k = kBarrierExpedited;
+  else if (mask > 0 && (mask & MEMBARRIER_CMD_GLOBAL) != 0)
+    k = kBarrierGlobal;
+  else
+    k = kBarrierNone;
+  errno = saved;
+  g_barrier.store(k, std::memory_order_relaxed);
+  return k;
+}
+
+}  // namespace
+
+bool Tracker::process_barrier(bool may_be_slow) {
+  const int k = barrier_kind();
+  // A hook may land here: leave errno as the caller's malloc found it.
+  const int saved = errno;
+  bool ok = false;
+  if (k == kBarrierExpedited) {
+    ok = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0;
+    // EPERM: not registered (a kernel that does not carry the
+    // registration into a forked child); register and try again.
+    if (!ok && errno == EPERM && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0)
+      ok = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0;
+  }
+  // The global barrier waits for an RCU grace period (ms): readers only.
+  if (!ok && may_be_slow && k != kBarrierNone) ok = membarrier(MEMBARRIER_CMD_GLOBAL) == 0;
+  errno = saved;
+  return ok;
+}
+
+bool Tracker::sweep_init() {
+  void* mem = os_map(kControlBytes);
+  if (mem == nullptr) return false;
+  // Without MADV_WIPEONFORK (Linux < 4.14) a child forked mid-sweep would
+  // inherit chunks claimed by threads it does not have: no sweeps at all.
+  if (::madvise(mem, kControlBytes, MADV_WIPEONFORK) != 0) {
+    os_unmap(mem, kControlBytes);
+    sweep_ = nullptr;
+    hooks_sweep_ = false;
+    return true;
+  }
+  sweep_ = static_cast<SweepControl*>(mem);
+  hooks_sweep_ = barrier_kind() == kBarrierExpedited;
+  return true;
+}
+
+void Tracker::sweep_destroy() {
+  os_unmap(sweep_, kControlBytes);
+  sweep_ = nullptr;
+}
+
+void Tracker::mark_pending(uint32_t e) {
+  // A pending id may already be stale (its hook is about to notice and
+  // intern again): mark() then does nothing, and that is no error.
+  for (size_t i = 0; i < nstates_; ++i) {
+    const uint32_t id = states_[i].pending.load(std::memory_order_acquire);
+    if (id != 0) stacks_.mark(id, e);
+  }
+  for (const std::atomic<uint32_t>& p : shared_pending_) {
+    const uint32_t id = p.load(std::memory_order_acquire);
+    if (id != 0 && id != kPendingClaimed) stacks_.mark(id, e);
+  }
+}
+
+bool Tracker::sweep_start(bool from_hook, uint64_t* sweeps_before) {
+  if (sweep_ == nullptr || (from_hook && !hooks_sweep_)) return false;
+  SweepControl& c = *sweep_;
+  uint64_t cur = c.cursor.load(std::memory_order_relaxed);
+  if ((cur >> 48) != kIdle) return false;
+  if (!c.cursor.compare_exchange_strong(cur, phase_word(kStarting), std::memory_order_acq_rel,
+                                        std::memory_order_relaxed))
+    return false;
+  if (sweeps_before != nullptr) *sweeps_before = sweeps_.load(std::memory_order_relaxed);
+  const uint32_t e = stacks_.begin_sweep();
+  // M1. On failure the epoch moved for nothing: hooks re-stamp and go on.
+  if (!process_barrier(!from_hook)) {
+    c.cursor.store(phase_word(kIdle), std::memory_order_release);
+    return false;
+  }
+  mark_pending(e);
+  c.epoch.store(e, std::memory_order_relaxed);
+  c.freed.store(0, std::memory_order_relaxed);
+  c.done.store(phase_word(kScan), std::memory_order_relaxed);
+  c.cursor.store(phase_word(kScan), std::memory_order_release);
+  return true;
+}
+
+bool Tracker::sweep_chunk(bool from_hook) {
+  SweepControl& c = *sweep_;
+  if ((c.cursor.load(std::memory_order_relaxed) >> 48) < kScan) return false;
+  // The phase travels with the chunk number, so a thread that read an old
+  // phase still does the work of the phase its chunk belongs to.
+  const uint64_t cur = c.cursor.fetch_add(1, std::memory_order_acq_rel);
+  const uint32_t phase = static_cast<uint32_t>(cur >> 48);
+  const size_t k = static_cast<size_t>(cur & kLowMask);
+  const size_t total = chunks_of(phase == kScan ? table_.capacity() : stacks_.capacity());
+  if (phase < kScan || k >= total) return false;
+  const uint32_t e = c.epoch.load(std::memory_order_relaxed);
+  const size_t lo = k * kChunk;
+  const size_t hi = lo + kChunk;
+  if (phase == kScan) {
+    table_.for_each_stack(lo, hi, [&](uint32_t id) {
+      id &= ~kSampledBit;
+      if (id != 0 && !stacks_.mark(id, e)) stale_.fetch_add(1, std::memory_order_relaxed);
+    });
+  } else if (phase == kCondemn) {
+    stacks_.condemn(lo, hi, e);
+  } else {
+    c.freed.fetch_add(stacks_.finish(lo, hi, e), std::memory_order_relaxed);
+  }
+  const uint64_t d = c.done.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if ((d & kLowMask) == total) sweep_advance(phase, e, from_hook);
+  return true;
+}
+
+void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
+  SweepControl& c = *sweep_;
+  if (phase == kScan) {
+    c.done.store(phase_word(kCondemn), std::memory_order_relaxed);
+    c.cursor.store(phase_word(kCondemn), std::memory_order_release);
+  } else if (phase == kCondemn) {
+    // M2: every condemnation is now visible to hooks, and every pending id
+    // and stamp a hook published before it is visible here. Without it,
+    // finish must keep everything (epoch 0: every stamp is >= 0).
+    uint32_t finish_epoch = 0;
+    if (process_barrier(!from_hook)) {
+      mark_pending(e);
+      finish_epoch = e;
+    }
+    c.epoch.store(finish_epoch, std::memory_order_relaxed);
+    c.done.store(phase_word(kFinish), std::memory_order_relaxed);
+    c.cursor.store(phase_word(kFinish), std::memory_order_release);
+  } else {
+    stacks_.end_sweep(c.freed.load(std::memory_order_relaxed));
+    sweeps_.fetch_add(1, std::memory_order_release);
+    c.cursor.store(phase_word(kIdle), std::memory_order_release);
+  }
+}
+
+void Tracker::sweep_hook_step() {
+  if (sweep_active())
+    sweep_chunk(true);
+  else if (stacks_.wants_sweep())
+    sweep_start(true, nullptr);
+}
+
+uint64_t Tracker::reclaim() {
+  if (sweep_ == nullptr || barrier_kind() == kBarrierNone) return 0;
+  const uint64_t freed_before = stacks_.reclaimed();
+  bool started = false;
+  uint64_t before = 0;  // completed sweeps when ours started
+  for (;;) {
+    if (started && sweeps_.load(std::memory_order_acquire) > before) break;
+    if (sweep_active()) {
+      // Help whichever sweep runs; when every chunk is claimed, the
+      // threads holding them finish in a few us.
+      if (!sweep_chunk(false)) ::sched_yield();
+      continue;
+    }
+    if (!started && sweep_start(false, &before)) {
+      started = true;
+      continue;
+    }
+    // Idle and not started: the barrier failed, nothing more to do here.
+    if (!started && !sweep_active()) break;
+    ::sched_yield();
+  }
+  return stacks_.reclaimed() - freed_before;
+}
+
+}  // namespace mi::track
