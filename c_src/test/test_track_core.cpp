@@ -1,5 +1,8 @@
 // Catch2 tests for the tracker core (track/): live table, stack table,
 // sampler, glob, and the Tracker with a fake unwinder and a fake clock.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -1056,5 +1059,55 @@ TEST_CASE("tracker: concurrent recording, freeing and sweeping keep every id's o
   CHECK(t.stale_stacks() == 0);
   // Only referenced stacks survive a quiescent sweep.
   CHECK(s.stacks <= live);
+  t.destroy();
+}
+
+TEST_CASE("tracker: a child forked mid-sweep starts with no sweep and frees what was condemned",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 13;  // 8 live-table chunks
+  c.stack_capacity = 256;      // one stack-table chunk; sweeps wanted from 64 stacks
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());
+  auto alloc_free = [&](uint64_t site) {
+    t_fake_stack = site_stack(site);
+    t.on_alloc(MI_FN_MALLOC, addr(0x100000), 8);
+    t.on_free(MI_FN_FREE, addr(0x100000));
+  };
+  t_fake_stack = site_stack(5);
+  t.on_alloc(MI_FN_MALLOC, addr(0x200000), 8);
+  const uint32_t condemned_id = live_of(t).at(0x200000).stack_id;
+  t.on_free(MI_FN_FREE, addr(0x200000));
+  for (uint64_t i = 0; i < 64; ++i) alloc_free(i);  // the 64th starts a sweep
+  for (int k = 0; k < 9; ++k) alloc_free(0);        // 8 scan chunks, 1 condemn chunk
+  // The sweep now waits in its finish phase with 63 stacks condemned (all
+  // but site 0, interned during the sweep).
+  uint64_t f[8];
+  REQUIRE(status_of(t).stack_sweeps == 0);
+  REQUIRE(t.stack(condemned_id, f, 8) == 4);  // FREEING still reads
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // The child: no sweep in progress (its control page was wiped), so
+    // reclaim() runs one of its own, which resolves the parent's
+    // condemned stacks. Every stack is unreferenced here.
+    int code = 0;
+    if (t.reclaim() != 64) code |= 1;
+    mi_abi_status s{};
+    t.status(&s);
+    if (s.stacks != 0) code |= 2;
+    if (t.stack(condemned_id, f, 8) != 0) code |= 4;
+    ::_exit(code);
+  }
+  REQUIRE(pid > 0);
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  // The parent's sweep goes on where it was (63 freed, site 0 kept), then
+  // reclaim() runs its own (site 0 freed).
+  CHECK(t.reclaim() == 64);
+  CHECK(status_of(t).stack_sweeps == 2);
+  CHECK(status_of(t).stacks == 0);
   t.destroy();
 }
