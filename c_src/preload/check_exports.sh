@@ -1,7 +1,8 @@
 #!/bin/sh
 # Proves the interposer's boundary (STYLE.md §2): it defines exactly the
 # malloc family and mallocinfo_preload_abi, needs nothing from the Erlang VM
-# (no enif_ symbol), and does not depend on libstdc++.
+# (no enif_ symbol), does not depend on libstdc++, and calls nothing that
+# takes the loader's or libunwind's lock (issue 15).
 set -eu
 so=$1
 expected="aligned_alloc calloc free malloc mallocinfo_preload_abi memalign posix_memalign pvalloc realloc reallocarray strdup strndup valloc"
@@ -17,5 +18,18 @@ if nm -D --undefined-only "$so" | grep -q ' enif_'; then
 fi
 if readelf -d "$so" | grep -q 'libstdc++'; then
   echo "check-exports: $so depends on libstdc++" >&2
+  exit 1
+fi
+# Hooks must never wait for a lock their caller may hold (track/unwind.h):
+# no libunwind (its global lock), and none of the loader calls that take the
+# loader lock. dlsym is used once, at start-up, before anything is recorded.
+if readelf -d "$so" | grep -q 'libunwind'; then
+  echo "check-exports: $so depends on libunwind" >&2
+  exit 1
+fi
+locking=$(nm -D --undefined-only "$so" | awk '{print $2}' | sed 's/@.*//' |
+  grep -E '^(_U|unw_|dl_iterate_phdr$|dladdr|dlopen$|dlinfo$|_Unwind_)' || true)
+if [ -n "$locking" ]; then
+  echo "check-exports: $so calls functions that take the loader's or libunwind's lock:" $locking >&2
   exit 1
 fi
