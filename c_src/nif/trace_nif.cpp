@@ -86,7 +86,9 @@ ERL_NIF_TERM frame_term(ErlNifEnv* env, const mi::symbolize::Frame& f) {
       .build(env);
 }
 
-// Symbolized stacks, memoized per call: many entries share a stack.
+// Symbolized stacks, memoized per call: many entries share a stack. One
+// symbolizer batch per call: /proc/self/maps is read at most once however
+// many frames lie outside every object (JIT code).
 class StackCache {
  public:
   StackCache(const mi_preload_abi* abi, bool demangle) : abi_(abi), demangle_(demangle) {}
@@ -99,7 +101,7 @@ class StackCache {
     std::vector<ERL_NIF_TERM> list;
     list.reserve(n);
     for (uint32_t i = 0; i < n; ++i)
-      list.push_back(frame_term(env, symbolizer().resolve(frames[i], demangle_)));
+      list.push_back(frame_term(env, symbolizer().resolve(frames[i], demangle_, true, batch_)));
     const ERL_NIF_TERM t = enif_make_list_from_array(env, list.data(), n);
     terms_.emplace(id, t);
     return t;
@@ -108,6 +110,7 @@ class StackCache {
  private:
   const mi_preload_abi* abi_;
   bool demangle_;
+  mi::symbolize::SymbolizeBatch batch_;
   std::unordered_map<uint32_t, ERL_NIF_TERM> terms_;
 };
 
@@ -373,11 +376,15 @@ ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   unsigned len;
   if (!enif_get_list_length(env, argv[0], &len)) throw BadArg{};
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
+  std::vector<uint64_t> addresses;
+  addresses.reserve(len);
+  ERL_NIF_TERM list = argv[0], head;
+  while (enif_get_list_cell(env, list, &head, &list)) addresses.push_back(get_u64(env, head));
+  // One batch: one read of /proc/self/maps at most, however many misses.
   std::vector<ERL_NIF_TERM> out;
   out.reserve(len);
-  ERL_NIF_TERM list = argv[0], head;
-  while (enif_get_list_cell(env, list, &head, &list))
-    out.push_back(frame_term(env, symbolizer().resolve(get_u64(env, head), demangle, false)));
+  for (const auto& f : symbolizer().resolve_all(addresses, demangle, false))
+    out.push_back(frame_term(env, f));
   return enif_make_list_from_array(env, out.data(), len);
 }
 
