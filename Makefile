@@ -4,7 +4,7 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build run test test-c eunit ct tarball bench fmt fmt-check clean
+.PHONY: deps build run test test-c eunit ct soak tarball bench fmt fmt-check clean
 
 # Install missing Debian packages (docker/packages.txt); a no-op when all are present.
 deps:
@@ -37,6 +37,15 @@ eunit: build
 
 ct: build tarball
 	@$(REBAR) ct
+
+# Liveness under load for a minute (issue 15; `make test` runs both for less):
+# threads allocating inside dl_iterate_phdr callbacks and from new call sites
+# under the interposer, then a preloaded node answering every query during an
+# allocation storm, with a watchdog.
+soak: build
+	@$(MAKE) -s -C c_src stress-bin
+	@LD_PRELOAD=$(PRELOAD) MALLOCINFO_TRACE_EXE=stress_loader_lock c_src/build/stress_loader_lock 60
+	@MALLOCINFO_STRESS_SECONDS=60 $(REBAR) ct --suite=test/mallocinfo_stress_SUITE
 
 # Tracker overhead side by side with glibc and heaptrack, then the heap map's
 # dump and render of a 1 GB fragmented heap; results go to BENCHMARKS.md.

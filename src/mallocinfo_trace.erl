@@ -58,8 +58,9 @@
 %% without a stack because the stack table had no room), `stacks_reclaimed'
 %% (stacks freed because no live block used them any more), `stack_sweeps'
 %% (reclamation passes done), `stack_depth', `sample_bytes', `unwinder'
-%% (`cached' | `libunwind'), `frees_untracked', `bytes_allocated',
-%% `bytes_freed', `calls' (per function).
+%% (`cached': lock-free CFI rules cached per thread; `libunwind' only from
+%% interposers older than this one, started with `MALLOCINFO_UNWIND=libunwind'),
+%% `frees_untracked', `bytes_allocated', `bytes_freed', `calls' (per function).
 -spec status() -> #{preloaded := boolean(), recording := boolean(), mode := mode(),
                     atom() => term()}.
 status() ->
@@ -238,7 +239,8 @@ preload_env() ->
 %% `sample' | `counters' | `off'), `table_size' (64..2^32 entries),
 %% `stack_table_size' (64..2^28), `sample_bytes' (1..2^40), `stack_depth'
 %% (1..128), `exe' (the `MALLOCINFO_TRACE_EXE' glob, a string), `unwind'
-%% (`cached' | `libunwind'). Anything else raises `badarg'.
+%% (`cached', the only unwinder: `libunwind' is gone, it could deadlock the
+%% node). Anything else raises `badarg'.
 -spec preload_env(map()) -> [{string(), string()}].
 preload_env(Opts) when is_map(Opts) ->
     Knobs = [{mode, "MALLOCINFO_TRACE", {one_of, [full, sample, counters, off]}},
@@ -247,7 +249,7 @@ preload_env(Opts) when is_map(Opts) ->
              {sample_bytes, "MALLOCINFO_SAMPLE_BYTES", {range, 1, 1 bsl 40}},
              {stack_depth, "MALLOCINFO_STACK_DEPTH", {range, 1, 128}},
              {exe, "MALLOCINFO_TRACE_EXE", glob},
-             {unwind, "MALLOCINFO_UNWIND", {one_of, [cached, libunwind]}}],
+             {unwind, "MALLOCINFO_UNWIND", {one_of, [cached]}}],
     case maps:keys(Opts) -- [K || {K, _, _} <- Knobs] of
         [] -> ok;
         _ -> erlang:error(badarg, [Opts])

@@ -32,8 +32,7 @@ cal_n=20000
 
 # glibc-control is glibc again, run last in each round: its distance from the
 # glibc row is the noise floor the small targets have to be read against.
-configs=(glibc mi-nomatch mi-off mi-counters mi-sample mi-full mi-full-libunwind heaptrack
-  glibc-control)
+configs=(glibc mi-nomatch mi-off mi-counters mi-sample mi-full heaptrack glibc-control)
 
 die() {
   echo "bench: $*" >&2
@@ -80,10 +79,6 @@ run_one() {
     mi-nomatch) envs=("LD_PRELOAD=$mi_so" MALLOCINFO_TRACE_EXE=nomatch MALLOCINFO_TRACE=full) ;;
     mi-off | mi-counters | mi-sample | mi-full)
       envs=("LD_PRELOAD=$mi_so" MALLOCINFO_TRACE_EXE=bench_alloc "MALLOCINFO_TRACE=${cfg#mi-}")
-      ;;
-    mi-full-libunwind)
-      envs=("LD_PRELOAD=$mi_so" MALLOCINFO_TRACE_EXE=bench_alloc MALLOCINFO_TRACE=full
-        MALLOCINFO_UNWIND=libunwind)
       ;;
     heaptrack)
       # What /usr/bin/heaptrack does, minus the FIFO and heaptrack_interpret:
@@ -140,15 +135,10 @@ run_one() {
         }
       else
         local want=${cfg#mi-}
-        want=${want%-libunwind}
         [[ $mode == "$want" && $rec == 1 ]] || {
           echo "fail asked for $want, interposer reports mode=$mode recording=$rec"
           return
         }
-      fi
-      if [[ $cfg == mi-full-libunwind && $unw != libunwind ]]; then
-        echo "fail MALLOCINFO_UNWIND=libunwind not honoured (unwinder=$unw)"
-        return
       fi
       [[ $cfg == mi-full && $unw != cached ]] && notes+=" unwinder=$unw"
       if [[ $cfg == mi-full* ]]; then

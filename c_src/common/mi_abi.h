@@ -34,6 +34,12 @@ enum mi_mode {
   MI_MODE_FULL = 3      /* + every live block */
 };
 
+/* Stack capture back ends (mi_abi_status.unwinder). Interposers since
+ * issue 15 have only MI_UNWINDER_CACHED (lock-free CFI rules cached per
+ * thread); MI_UNWINDER_LIBUNWIND is what older ones report when started with
+ * MALLOCINFO_UNWIND=libunwind. */
+enum mi_unwinder { MI_UNWINDER_LIBUNWIND = 0, MI_UNWINDER_CACHED = 1 };
+
 /* Interposed functions, the index of their call counters. */
 enum mi_fn {
   MI_FN_MALLOC = 0,
@@ -69,7 +75,7 @@ typedef struct mi_abi_status {
   uint32_t mode;      /* enum mi_mode */
   uint32_t recording; /* 1 when this executable matched MALLOCINFO_TRACE_EXE */
   uint32_t stack_depth;
-  uint32_t unwinder; /* 0 libunwind, 1 cached */
+  uint32_t unwinder; /* enum mi_unwinder */
   uint64_t table_capacity;
   uint64_t table_bytes; /* memory reserved for the live table */
   uint64_t live_entries;

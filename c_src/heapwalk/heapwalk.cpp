@@ -104,6 +104,9 @@ struct LibcData {
   uint64_t lo = 0, hi = 0;
 };
 
+// A dl_iterate_phdr callback: runs under the loader's lock, so it only
+// writes the caller's POD (an allocation here would reach malloc's hooks
+// with that lock held).
 int find_libc_data(dl_phdr_info* info, size_t, void* ctx) {
   const char* name = info->dlpi_name;
   if (name == nullptr || std::strstr(name, "/libc.so.6") == nullptr) return 0;

@@ -6,7 +6,9 @@
 //    would delete that thread's entry.
 // Hooks never allocate through malloc (the tracker's memory is mmapped),
 // never recurse (t_in_hook: anything allocated while inside a hook, by
-// libunwind or dlsym, is forwarded untracked), never throw, never lock.
+// dlsym at start-up say, is forwarded untracked), never throw, never lock,
+// and never wait for a lock their caller may hold: stack capture calls
+// neither libunwind nor the loader (track/unwind.h).
 // A process whose executable did not match MALLOCINFO_TRACE_EXE (or with
 // tracking off) pays one load, one compare and a tail call per call.
 #include <errno.h>

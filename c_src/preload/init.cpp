@@ -169,17 +169,12 @@ void configure() {
   config.stack_capacity = stacks;
   config.stack_depth = static_cast<unsigned>(depth);
   config.sample_bytes = sample;
-  if (const char* u = env_find("MALLOCINFO_UNWIND"); u != nullptr) {
-    if (std::strcmp(u, "libunwind") == 0)
-      config.cached_unwinder = false;
-    else if (std::strcmp(u, "cached") != 0)
-      warn("MALLOCINFO_UNWIND", u);
-  }
-  if (!g_tracker.init(
-          config,
-          config.cached_unwinder ? mi::track::unwind_with_cache : mi::track::unwind_libunwind_only,
-          mi::track::coarse_monotonic_ns))
-    return;
+  // One unwinder: libunwind (the former MALLOCINFO_UNWIND=libunwind) takes
+  // locks a hook's caller may hold, so it is never called from a hook;
+  // "libunwind" is now an unknown value like any other.
+  if (const char* u = env_find("MALLOCINFO_UNWIND"); u != nullptr && std::strcmp(u, "cached") != 0)
+    warn("MALLOCINFO_UNWIND", u);
+  if (!g_tracker.init(config, mi::track::capture_cached, mi::track::coarse_monotonic_ns)) return;
   g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
                            reinterpret_cast<uintptr_t>(&etext));
   g_recording = true;
@@ -260,10 +255,7 @@ bool start_attached(const Next& next, const mi::track::Config& config) {
   g_next = next;
   bool ok = true;
   if (!g_recording) {
-    ok = g_tracker.init(
-        config,
-        config.cached_unwinder ? mi::track::unwind_with_cache : mi::track::unwind_libunwind_only,
-        mi::track::coarse_monotonic_ns);
+    ok = g_tracker.init(config, mi::track::capture_cached, mi::track::coarse_monotonic_ns);
     if (ok) {
       g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
                                reinterpret_cast<uintptr_t>(&etext));

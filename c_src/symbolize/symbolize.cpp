@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
-#include <exception>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -39,7 +39,8 @@ bool has_counters(size_t size) {
 }
 
 // The counters are global, so the first object is enough: one step of
-// dl_iterate_phdr (about 25 ns), cheap enough to do on every call.
+// dl_iterate_phdr (about 25 ns), cheap enough to do on every call. Writes
+// the caller's POD only: it runs under the loader's lock (see ScanBuffer).
 int generation_callback(dl_phdr_info* info, size_t size, void* data) {
   if (has_counters(size)) {
     *static_cast<Generation*>(data) = Generation{info->dlpi_adds, info->dlpi_subs};
@@ -60,34 +61,95 @@ struct LoadedObject {
   bool first = false;
 };
 
-struct ScanResult {
-  std::vector<LoadedObject> objects;
-  Generation generation;
-  std::exception_ptr error;
+// What scan_callback copies out of the loader. The loader holds its lock
+// around the callback, and an allocation there would reach malloc's hooks
+// with that lock held (the tracker's, or any other interposer's: issue 15),
+// so the callback only appends to storage reserved before the walk, after
+// checking that it fits; sizes never pass capacities, so nothing
+// reallocates. An object that does not fit stops the walk, which is redone
+// with more room (rescan).
+struct RawObject {
+  uint64_t bias;
+  size_t name_begin, name_end;        // in ScanBuffer::names
+  size_t segment_begin, segment_end;  // in ScanBuffer::segments
 };
 
-int scan_callback(dl_phdr_info* info, size_t size, void* data) {
-  auto* scan = static_cast<ScanResult*>(data);
-  // Nothing may unwind through the loader: it holds its lock around us.
-  try {
-    LoadedObject object;
-    object.name = info->dlpi_name != nullptr ? info->dlpi_name : "";
-    object.bias = info->dlpi_addr;
-    object.first = scan->objects.empty();
-    for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
-      const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-      if (ph.p_type == PT_LOAD && ph.p_memsz > 0) {
-        const uint64_t start = info->dlpi_addr + ph.p_vaddr;
-        object.segments.emplace_back(start, start + ph.p_memsz);
-      }
-    }
-    if (has_counters(size)) scan->generation = Generation{info->dlpi_adds, info->dlpi_subs};
-    scan->objects.push_back(std::move(object));
-  } catch (...) {
-    scan->error = std::current_exception();
+struct ScanBuffer {
+  std::vector<RawObject> objects;
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+  std::vector<char> names;
+  Generation generation;
+  bool full = false;
+
+  void clear() {
+    objects.clear();
+    segments.clear();
+    names.clear();
+    full = false;
+  }
+  // Room for at least `objects_at_least` objects (4 segments and 128 name
+  // bytes each), else doubles every capacity. Never during a walk.
+  void grow(size_t objects_at_least) {
+    const size_t n = std::max<size_t>({1, objects_at_least, 2 * objects.capacity()});
+    objects.reserve(n);
+    segments.reserve(std::max(4 * n, 2 * segments.capacity()));
+    names.reserve(std::max(128 * n, 2 * names.capacity()));
+  }
+};
+
+int scan_callback(dl_phdr_info* info, size_t size, void* data) noexcept {
+  auto* scan = static_cast<ScanBuffer*>(data);
+  const char* name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  const size_t len = std::strlen(name);
+  size_t loads = 0;
+  for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i)
+    if (info->dlpi_phdr[i].p_type == PT_LOAD && info->dlpi_phdr[i].p_memsz > 0) ++loads;
+  if (scan->objects.size() == scan->objects.capacity() ||
+      scan->segments.capacity() - scan->segments.size() < loads ||
+      scan->names.capacity() - scan->names.size() < len) {
+    scan->full = true;
     return 1;
   }
+  const RawObject object{info->dlpi_addr, scan->names.size(), scan->names.size() + len,
+                         scan->segments.size(), scan->segments.size() + loads};
+  scan->names.insert(scan->names.end(), name, name + len);
+  for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type == PT_LOAD && ph.p_memsz > 0) {
+      const uint64_t start = info->dlpi_addr + ph.p_vaddr;
+      scan->segments.emplace_back(start, start + ph.p_memsz);
+    }
+  }
+  scan->objects.push_back(object);
+  if (has_counters(size)) scan->generation = Generation{info->dlpi_adds, info->dlpi_subs};
   return 0;
+}
+
+// The loaded objects, through scan_callback into `buffer` (kept between
+// calls, so a steady object list allocates nothing), then copied into
+// allocating structures once the loader's lock is released.
+std::vector<LoadedObject> scan_objects(ScanBuffer& buffer, size_t initial_objects,
+                                       Generation* generation) {
+  if (buffer.objects.capacity() == 0) buffer.grow(initial_objects);
+  for (;;) {
+    buffer.clear();
+    dl_iterate_phdr(scan_callback, &buffer);
+    if (!buffer.full) break;
+    buffer.grow(0);
+  }
+  std::vector<LoadedObject> objects;
+  objects.reserve(buffer.objects.size());
+  for (const RawObject& raw : buffer.objects) {
+    LoadedObject object;
+    object.name.assign(buffer.names.data() + raw.name_begin, raw.name_end - raw.name_begin);
+    object.bias = raw.bias;
+    object.segments.assign(buffer.segments.begin() + static_cast<ptrdiff_t>(raw.segment_begin),
+                           buffer.segments.begin() + static_cast<ptrdiff_t>(raw.segment_end));
+    object.first = objects.empty();
+    objects.push_back(std::move(object));
+  }
+  *generation = buffer.generation;
+  return objects;
 }
 
 std::string self_exe_path() {
@@ -134,14 +196,27 @@ struct Resolved {
   uint64_t symbol_start = 0;
 };
 
-// Sources read at most once per resolve/resolve_all call.
-struct Batch {
-  bool maps_read = false;
-  std::vector<Mapping> maps;
-  bool perf_map_refreshed = false;
+// An address outside every loaded object, as /proc/self/maps placed it,
+// and which read of that file said so.
+struct Missed {
+  Resolved resolved;
+  uint64_t maps_epoch = 0;
 };
 
 }  // namespace
+
+// Sources read at most once per batch.
+struct SymbolizeBatch::State {
+  bool maps_read = false;
+  std::vector<Mapping> maps;
+  uint64_t maps_epoch = 0;  // the Symbolizer's count of maps reads, at ours
+  bool perf_map_refreshed = false;
+};
+
+SymbolizeBatch::SymbolizeBatch() : state_(std::make_unique<State>()) {}
+SymbolizeBatch::~SymbolizeBatch() = default;
+
+using Batch = SymbolizeBatch::State;
 
 struct Symbolizer::Impl {
   explicit Impl(SymbolizerOptions o) : options(std::move(o)) {}
@@ -155,7 +230,9 @@ struct Symbolizer::Impl {
   std::vector<Range> ranges;  // sorted by start
   std::map<std::pair<std::string, uint64_t>, std::unique_ptr<TableSlot>> tables;
   std::unordered_map<uint64_t, Resolved> cache;  // keyed by looked-up address
+  std::unordered_map<uint64_t, Missed> misses;   // outside every object, ditto
   detail::PerfMap perf_map;
+  ScanBuffer scan_buffer;
   SymbolizerStats stats;
 
   // All below: `mutex` held.
@@ -170,16 +247,16 @@ struct Symbolizer::Impl {
   }
 
   void rescan() {
-    ScanResult scan;
-    dl_iterate_phdr(scan_callback, &scan);
-    if (scan.error) std::rethrow_exception(scan.error);
+    Generation scanned_generation;
+    const std::vector<LoadedObject> objects =
+        scan_objects(scan_buffer, options.initial_scan_objects, &scanned_generation);
     ++stats.rescans;
     if (exe_path.empty()) exe_path = self_exe_path();
     const uint64_t vdso_base = ::getauxval(AT_SYSINFO_EHDR);
 
     std::vector<Module> new_modules;
     std::vector<Range> new_ranges;
-    for (const LoadedObject& object : scan.objects) {
+    for (const LoadedObject& object : objects) {
       Module m;
       m.bias = object.bias;
       const bool holds_vdso =
@@ -218,7 +295,7 @@ struct Symbolizer::Impl {
     }
     modules = std::move(new_modules);
     ranges = std::move(new_ranges);
-    generation = scan.generation;
+    generation = scanned_generation;
     scanned = true;
   }
 
@@ -241,7 +318,7 @@ struct Symbolizer::Impl {
     if (!batch.maps_read) {
       batch.maps = detail::read_self_maps();
       batch.maps_read = true;
-      ++stats.maps_reads;
+      batch.maps_epoch = ++stats.maps_reads;
     }
     return batch.maps;
   }
@@ -284,8 +361,13 @@ struct Symbolizer::Impl {
     return "/tmp/perf-" + std::to_string(::getpid()) + ".map";
   }
 
-  // Not cached: the perf map grows and code memory is reused after purges,
-  // and mappings come and go.
+  // JIT answers are not cached (the perf map grows and code memory is
+  // reused after purges): the perf map is refreshed once per batch. Answers
+  // from /proc/self/maps are (misses): an address seen before is answered
+  // from the cache without reading the file, and a batch that reads it
+  // anyway (for an address not seen before) refreshes the cached answers
+  // it meets from that same read. So a batch reads /proc/self/maps at most
+  // once, and not at all when all its misses are known.
   Resolved resolve_outside_objects(uint64_t address, Batch& batch) {
     Resolved r;
     if (options.use_perf_map) {
@@ -300,6 +382,11 @@ struct Symbolizer::Impl {
         return r;
       }
     }
+    if (auto it = misses.find(address);
+        it != misses.end() && (!batch.maps_read || it->second.maps_epoch == batch.maps_epoch)) {
+      ++stats.cache_hits;
+      return it->second.resolved;
+    }
     if (const Mapping* m = find_mapping(maps(batch), address)) {
       if (m->name.empty()) {
         r.object = "[anon]";
@@ -308,9 +395,11 @@ struct Symbolizer::Impl {
         r.object = m->name;
         r.base = m->name.front() == '/' ? m->start - m->offset : m->start;
       }
-      return r;
+    } else {
+      r.mapped = false;
     }
-    r.mapped = false;
+    if (misses.size() >= kMaxCachedAddresses) misses.clear();
+    misses[address] = Missed{r, batch.maps_epoch};
     return r;
   }
 
@@ -356,21 +445,26 @@ Symbolizer::Symbolizer(SymbolizerOptions options)
 Symbolizer::~Symbolizer() = default;
 
 Frame Symbolizer::resolve(uint64_t address, bool demangle_names, bool return_address) {
+  SymbolizeBatch batch;
+  return resolve(address, demangle_names, return_address, batch);
+}
+
+Frame Symbolizer::resolve(uint64_t address, bool demangle_names, bool return_address,
+                          SymbolizeBatch& batch) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->sync();
-  Batch batch;
-  return impl_->resolve_one(address, demangle_names, return_address, batch);
+  return impl_->resolve_one(address, demangle_names, return_address, *batch.state_);
 }
 
 std::vector<Frame> Symbolizer::resolve_all(const std::vector<uint64_t>& addresses,
                                            bool demangle_names, bool return_addresses) {
   std::vector<Frame> frames;
   frames.reserve(addresses.size());
+  SymbolizeBatch batch;
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->sync();
-  Batch batch;
   for (const uint64_t address : addresses) {
-    frames.push_back(impl_->resolve_one(address, demangle_names, return_addresses, batch));
+    frames.push_back(impl_->resolve_one(address, demangle_names, return_addresses, *batch.state_));
   }
   return frames;
 }
@@ -378,6 +472,7 @@ std::vector<Frame> Symbolizer::resolve_all(const std::vector<uint64_t>& addresse
 void Symbolizer::clear() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->cache.clear();
+  impl_->misses.clear();
   impl_->modules.clear();
   impl_->ranges.clear();
   impl_->tables.clear();
@@ -390,6 +485,7 @@ SymbolizerStats Symbolizer::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   SymbolizerStats s = impl_->stats;
   s.cached_addresses = impl_->cache.size();
+  s.cached_misses = impl_->misses.size();
   return s;
 }
 

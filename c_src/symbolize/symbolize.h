@@ -5,6 +5,10 @@
 // schedulers. Thread-safe: a Symbolizer may be shared; its cache is guarded
 // by an internal mutex (held for the whole of a resolve, including any file
 // parsing it triggers: contention is rare, and parsing once is the point).
+// It never allocates while holding the dynamic loader's lock: its
+// dl_iterate_phdr callbacks copy into storage reserved before the walk, so
+// an allocation there cannot reach a malloc hook (the tracker's, or any
+// other interposer's) with that lock held.
 //
 // Errors: ordinary "not found" conditions (unmapped address, unreadable or
 // stripped file, no covering symbol) are not errors; they give a Frame with
@@ -55,6 +59,9 @@ struct SymbolizerOptions {
   // lookup time, so a forked child reads its own).
   std::string perf_map_path;
   bool use_perf_map = true;
+  // Objects the loaded-object scan has room for at first (it grows, between
+  // walks, as needed). Tests set it low to exercise the growth.
+  size_t initial_scan_objects = 64;
 };
 
 // Counters since construction (clear() does not reset them); for tests and
@@ -66,6 +73,27 @@ struct SymbolizerStats {
   uint64_t rescans = 0;           // dl_iterate_phdr walks of the object list
   uint64_t maps_reads = 0;        // /proc/self/maps reads
   uint64_t cached_addresses = 0;  // current size of the per-address cache
+  uint64_t cached_misses = 0;     // ... and of the cache of addresses outside objects
+};
+
+// Lookups that share one read of each text source (/proc/self/maps, the
+// perf map): a caller resolving many addresses in one request (a NIF call)
+// makes one batch, and the request reads /proc/self/maps at most once
+// however many of its addresses lie outside every object. For one thread
+// and one Symbolizer; short-lived (it keeps a snapshot of the mappings).
+// May allocate.
+class SymbolizeBatch {
+ public:
+  SymbolizeBatch();
+  ~SymbolizeBatch();
+  SymbolizeBatch(const SymbolizeBatch&) = delete;
+  SymbolizeBatch& operator=(const SymbolizeBatch&) = delete;
+
+  struct State;
+
+ private:
+  friend class Symbolizer;
+  std::unique_ptr<State> state_;
 };
 
 class Symbolizer {
@@ -85,11 +113,16 @@ class Symbolizer {
   // ("qsort", not "__GI_qsort").
   //
   // Caching: parsed symbol tables per (object, load bias), and results for
-  // addresses inside ELF objects. JIT and /proc/self/maps answers are not
-  // cached (those change under us); resolve_all reads each source at most
-  // once per call. Each call first compares the loader's dlpi_adds/dlpi_subs
-  // counters (one cheap dl_iterate_phdr step): after a dlopen the object list
-  // is re-read, after a dlclose the address cache is dropped too.
+  // addresses inside ELF objects. JIT answers are not cached (the perf map
+  // changes under us). /proc/self/maps answers (addresses outside every
+  // object: "misses") are: a known miss costs a hash lookup, not a read of
+  // the file; a batch that reads the file anyway refreshes the misses it
+  // meets from that read (mappings change: a cached "[anon]" may be stale
+  // until then). A batch (resolve_all, or a SymbolizeBatch) reads each text
+  // source at most once. Each call first compares the loader's
+  // dlpi_adds/dlpi_subs counters (one cheap dl_iterate_phdr step): after a
+  // dlopen the object list is re-read, after a dlclose the address cache is
+  // dropped too.
   //
   // `demangle` applies abi::__cxa_demangle to C++ names (never spawns a
   // process).
@@ -102,13 +135,15 @@ class Symbolizer {
   // return address prints as the usual "caller+0x1c" and symbol_offset may
   // equal the symbol's size. Address 0 is looked up as 0.
   Frame resolve(uint64_t address, bool demangle, bool return_address = true);
-  // Same as resolve for each address; the result has the same length and
-  // order as `addresses`.
+  // The same, sharing the text sources read for `batch` (see SymbolizeBatch).
+  Frame resolve(uint64_t address, bool demangle, bool return_address, SymbolizeBatch& batch);
+  // Same as resolve for each address, in one batch; the result has the same
+  // length and order as `addresses`.
   std::vector<Frame> resolve_all(const std::vector<uint64_t>& addresses, bool demangle,
                                  bool return_addresses = true);
 
   // Forget everything cached (objects may have been dlclose'd): symbol
-  // tables, the object list, the per-address cache, the perf map.
+  // tables, the object list, the per-address caches, the perf map.
   void clear();
 
   SymbolizerStats stats() const;

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Runs ordinary programs under the interposer in full mode with recording
 # forced on for every executable (MALLOCINFO_TRACE_EXE='*'): each must
-# behave exactly as without it. Then the concurrency stress binary.
+# behave exactly as without it. Then the concurrency stress binary, and the
+# lock-order stress (allocations inside dl_iterate_phdr callbacks and from
+# new call sites, 10 s, a watchdog ends it on a deadlock).
 # Prints "preload_smoke: N passed, N failed" and fails if any failed.
 set -u
 so=$(cd "$(dirname "$0")/../../priv" && pwd)/libmallocinfo_preload.so
@@ -40,6 +42,12 @@ if LD_PRELOAD=$so MALLOCINFO_TRACE_EXE=stress_preload "$build/stress_preload"; t
 else
   failed=$((failed + 1))
   echo "preload_smoke: FAILED: stress_preload" >&2
+fi
+if LD_PRELOAD=$so MALLOCINFO_TRACE_EXE=stress_loader_lock "$build/stress_loader_lock" 10; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "preload_smoke: FAILED: stress_loader_lock" >&2
 fi
 echo "preload_smoke: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -17,8 +17,6 @@
 #if defined(__x86_64__)
 
 extern "C" {
-int unwind_fixture_expr_frame(unwind_fixture::Ctx* c, int level);
-int unwind_fixture_quirk_frame(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_badfp_frame(unwind_fixture::Ctx* c, int level);
 int unwind_fixture_code_fp(unwind_fixture::Ctx* c, int level);
 extern const char unwind_fixture_code_bp[];
@@ -106,10 +104,11 @@ const Jit* jit_code() {
 
 }  // namespace
 
-// The stubs give capture_libunwind and unw_backtrace capture_cached's
-// signature without a frame of their own (a tail jump), so all three can be
-// called through one call site. Hand-written CFI: the expression frame's CFA is
-// DW_CFA_def_cfa_expression (DW_OP_breg6 16), i.e. RBP + 16 written in a form the cache does not
+// The stubs give capture_libunwind, unw_backtrace and capture_cached with a
+// null cache the signature of capture_cached, without a frame of their own
+// (a tail jump), so all of them can be called through one call site.
+// Hand-written CFI: the expression frame's CFA is DW_CFA_def_cfa_expression
+// (DW_OP_breg6 16), i.e. RBP + 16 written in a form the cache does not
 // evaluate. The quirk frame has a (harmless) CFI instruction exactly at the
 // return address, where libunwind and the DWARF standard disagree on which
 // row applies.
@@ -232,9 +231,19 @@ unwind_fixture_libunwind_stub:
   .cfi_startproc
   movq %rsi, %rdi
   movq %rdx, %rsi
-  jmp _ZN2mi5track17capture_libunwindEPmm
+  jmp _ZN16unwind_reference17capture_libunwindEPmm
   .cfi_endproc
   .size unwind_fixture_libunwind_stub, .-unwind_fixture_libunwind_stub
+
+  .p2align 4
+  .globl unwind_fixture_nocache_stub
+  .type unwind_fixture_nocache_stub, @function
+unwind_fixture_nocache_stub:
+  .cfi_startproc
+  xorl %edi, %edi
+  jmp _ZN2mi5track14capture_cachedEPNS0_11UnwindCacheEPmm
+  .cfi_endproc
+  .size unwind_fixture_nocache_stub, .-unwind_fixture_nocache_stub
 
   .p2align 4
   .globl unwind_fixture_backtrace_stub

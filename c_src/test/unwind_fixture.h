@@ -46,9 +46,15 @@ extern "C" {
 int unwind_fixture_run(unwind_fixture::Ctx* c, int level);
 // False where run-time code mapping (for the kJit shapes) is refused.
 bool unwind_fixture_jit_available();
-// Frameless stubs, so both back ends are called from one call site.
+// Frameless stubs, so every back end is called from one call site:
+// unwind_reference::capture_libunwind, unw_backtrace, and capture_cached
+// with a null cache whatever cache is passed.
 size_t unwind_fixture_libunwind_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
 size_t unwind_fixture_backtrace_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
+size_t unwind_fixture_nocache_stub(mi::track::UnwindCache* cache, uintptr_t* out, size_t max);
+// The hand-written CFI frames (their return addresses lie a few bytes in).
+int unwind_fixture_expr_frame(unwind_fixture::Ctx* c, int level);
+int unwind_fixture_quirk_frame(unwind_fixture::Ctx* c, int level);
 }
 
 #endif

@@ -59,14 +59,6 @@ uint64_t coarse_monotonic_ns() {
   return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
 }
 
-size_t unwind_with_cache(UnwindCache* cache, uintptr_t* out, size_t max) {
-  return cache != nullptr ? capture_cached(cache, out, max) : capture_libunwind(out, max);
-}
-
-size_t unwind_libunwind_only(UnwindCache*, uintptr_t* out, size_t max) {
-  return capture_libunwind(out, max);
-}
-
 bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
   config_ = config;
   if (config_.stack_depth == 0) config_.stack_depth = 1;
@@ -166,7 +158,9 @@ bool Tracker::set_mode(uint32_t mode) {
 
 uint32_t Tracker::capture(ThreadState* ts) {
   uintptr_t buf[kMaxStackDepth + 8];
-  if (ts->unwind_cache == nullptr && ts->shared == 0 && config_.cached_unwinder) {
+  // The shared overflow state has no cache (many threads use it at once):
+  // its captures derive every rule, slower but just as lock-free.
+  if (ts->unwind_cache == nullptr && ts->shared == 0) {
     void* mem = os_map(unwind_cache_bytes());
     if (mem != nullptr) ts->unwind_cache = unwind_cache_init(mem);
   }
@@ -357,7 +351,7 @@ void Tracker::status(mi_abi_status* out) const {
   mi_abi_status s{};
   s.mode = mode();
   s.stack_depth = config_.stack_depth;
-  s.unwinder = config_.cached_unwinder ? 1 : 0;
+  s.unwinder = MI_UNWINDER_CACHED;
   s.table_capacity = table_.capacity();
   s.table_bytes = table_.bytes_reserved();
   s.stacks = stacks_.count();

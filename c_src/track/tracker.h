@@ -82,18 +82,17 @@ struct Config {
   size_t stack_capacity = size_t{1} << 16;  // 64 Ki distinct stacks
   unsigned stack_depth = 32;
   uint64_t sample_bytes = 512 * 1024;
-  bool cached_unwinder = true;
 };
 
 // Stack capture back end: writes up to max return addresses, innermost
-// first; `cache` is the calling thread's (may be null).
+// first; `cache` is the calling thread's (may be null). The interposer's is
+// capture_cached (unwind.h), whose contract (no lock, no allocation) every
+// back end called from a hook must keep; tests install fakes.
 using UnwindFn = size_t (*)(UnwindCache* cache, uintptr_t* out, size_t max);
 // Clock for timestamps, in ns.
 using ClockFn = uint64_t (*)();
 
 uint64_t coarse_monotonic_ns();
-size_t unwind_with_cache(UnwindCache* cache, uintptr_t* out, size_t max);
-size_t unwind_libunwind_only(UnwindCache* cache, uintptr_t* out, size_t max);
 
 struct alignas(64) ThreadState {
   std::atomic<uint32_t> in_use;

@@ -1,42 +1,55 @@
-// The fast back end: per return address, the rule that finds the caller's
-// frame, read from the DWARF CFI (.eh_frame) of the code at that address.
+// The unwinder of the allocation tracker: per return address, the rule that
+// finds the caller's frame, read from the DWARF CFI (.eh_frame) of the code
+// at that address, cached per thread. It takes no lock and calls nothing
+// that does (no libunwind, no dl_iterate_phdr, no dladdr): it runs inside
+// malloc hooks, whose callers may hold the dynamic loader's lock (a
+// dl_iterate_phdr callback, dlopen) or libunwind's (issue 15: a hook that
+// waited for either deadlocked the node). See unwind.h for the contract.
 //
-// Why the rules are exact, not guessed: a rule is the CFI row in force at the
-// call instruction, evaluated the way libunwind 1.6 evaluates it (see
-// derive_rule). On x86_64, GCC and clang describe nearly every call site with
+// Finding the rule of a return address ra (derive_rule, the cold path):
+// _dl_find_object (glibc 2.35+, lock-free, no allocation) gives the object
+// and its .eh_frame_hdr; a binary search of the hdr's table gives the FDE;
+// its CIE's and its own CFA programs are run up to the call instruction.
+// On x86_64, GCC and clang describe nearly every call site with
 //   CFA = RSP + k or RBP + k,  RA = [CFA - 8],  RBP unchanged or [CFA + j],
-// so applying that row to (RSP, RBP) gives the caller's (RIP, RSP, RBP), which
-// is all the next row needs. Functions with alloca/VLAs have an RBP-based row,
-// functions without frame pointer an RSP-based one: the CFI says which, no
-// observation of the stack is needed. Anything outside that shape (CFA or
-// register expressions, DW_CFA_register on RBP/RSP/RA, signal frames, CFI
-// libunwind reads differently from the DWARF standard) gets a "slow" entry and
-// libunwind unwinds that frame. As a safety net, a rule is stored only after it
-// reproduced the libunwind step it was learnt on.
+// so applying that row to (RSP, RBP) gives the caller's (RIP, RSP, RBP),
+// which is all the next row needs. Functions with alloca/VLAs have an
+// RBP-based row, functions without frame pointer an RSP-based one: the CFI
+// says which, no observation of the stack is needed. The row is the one
+// libunwind 1.6 evaluates (test_unwind.cpp compares whole stacks with it).
+// Anything outside that shape (CFA or register expressions, DW_CFA_register
+// on RBP/RSP/RA, signal frames, an object without .eh_frame_hdr, CFI read
+// differently by different unwinders) gets a "stop" rule: the stack ends at
+// that frame, shorter than libunwind's, never wrong and never blocked.
 //
-// Code without any unwind info (JIT output, BEAM's for one) gets
-// the rule "guess": libunwind 1.6.2's own frame-pointer step for such frames
+// Code without any unwind info (JIT output, BEAM's for one) gets the rule
+// "guess": libunwind 1.6.2's own frame-pointer step for such frames
 // (src/x86_64/Gstep.c, the branch taken when dwarf_step() fails with
-// UNW_ENOINFO), redone here bit for bit; see apply_guess.
+// UNW_ENOINFO), redone here bit for bit; see step_guess.
 //
-// A warm walk is, per frame: one rule load (found through the previous
-// rule's `next` hint, not the hash), one or two stack loads, a few compares.
+// A warm walk (fast_walk) is, per frame: one rule load (found through the
+// previous rule's `next` hint, not the hash), one or two stack loads, a few
+// compares. A frame whose rule is not cached, or whose loads fall outside
+// the stack window, is stepped by the cold walk (capture_slow), which
+// derives and caches the rule and reads the stack through read_checked,
+// then hands back to the warm walk.
 //
-// Memory safety: a fault here is a fault inside malloc. Every stack load of
-// a walk lies inside the cache's stack window [stack_lo, stack_hi), a range
-// of the owning thread's stack that was proven readable (probe_pages) when it
-// was learnt; a load outside it hands the frame to libunwind, which validates
-// addresses itself. So a stale rule (code unmapped and replaced) can produce
-// a wrong frame, never a fault.
+// Memory safety: a fault here is a fault inside malloc. The warm walk loads
+// stack memory only inside the cache's stack window [stack_lo, stack_hi), a
+// range of the owning thread's stack that was proven readable (probe_pages)
+// when it was learnt; the cold walk loads anything else with
+// process_vm_readv, which fails where a load would fault. So a stale rule
+// (code unmapped and replaced) can produce a wrong frame, never a fault.
+// The CFI itself is read from objects the loader has mapped, with every
+// read bounds-checked against its record.
 //
 // Thread safety: a cache belongs to one thread (unwind.h). The only shared
 // state is the generation counter bumped by unwind_code_unmapped().
 //
-// x86_64 only; elsewhere capture_cached() is libunwind's loop (bottom).
-#define UNW_LOCAL_ONLY
+// x86_64 only; elsewhere capture_cached() follows frame-pointer records
+// through read_checked (bottom).
 #include <dlfcn.h>
 #include <errno.h>
-#include <libunwind.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,6 +58,24 @@
 #include <unistd.h>
 
 #include "unwind.h"
+
+namespace mi::track {
+namespace {
+
+// Reads len bytes at addr without faulting: process_vm_readv on ourselves
+// fails with EFAULT where a load would fault. False if unreadable or if the
+// syscall is unavailable (seccomp). errno is left as it was.
+bool read_checked(uintptr_t addr, void* dst, size_t len) {
+  const int saved = errno;
+  iovec local{dst, len};
+  iovec remote{reinterpret_cast<void*>(addr), len};
+  const long got = syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1, &remote, 1, 0);
+  errno = saved;
+  return got == static_cast<long>(len);
+}
+
+}  // namespace
+}  // namespace mi::track
 
 #if defined(__x86_64__)
 
@@ -76,10 +107,9 @@ enum Kind : uint8_t {
   kCfaFromBp = 1,  // CFA = RBP + off, else RSP + off
   kBpSaved = 2,    // the caller's RBP is at CFA + 8 * bp_off8, else unchanged
   kStepMax = 3,
-  kGuess = 4,         // no unwind info: libunwind's frame-pointer guess (apply_guess)
-  kEnd = 0x10,        // libunwind stops here (return address or RBP undefined)
-  kSlowCfi = 0x20,    // CFI too complex to cache; libunwind steps it the DWARF way
-  kSlowOther = 0x30,  // no/odd CFI, signal frame, or a rule libunwind disagreed with
+  kGuess = 4,    // no unwind info: libunwind's frame-pointer guess (step_guess)
+  kEnd = 0x10,   // the CFI ends the stack here (return address or RBP undefined)
+  kStop = 0x20,  // outside the supported shape (see the top): the stack ends here
 };
 
 struct Rule {
@@ -111,6 +141,7 @@ struct UnwindCache {
   uint64_t hits;
   uint64_t misses;
   uint64_t fallbacks;
+  uint64_t truncated;
   uint64_t entries;
   uint32_t generation;
   uint32_t evict;
@@ -416,9 +447,11 @@ enum class Lookup { kFound, kNone, kUnknown };
 // nothing either and its dwarf_step fails with UNW_ENOINFO: pc outside every
 // loaded object, no table entry at or below pc, or an FDE whose range ends
 // before pc. Anything this parser cannot read is kUnknown, and so is an
-// object without .eh_frame_hdr (libunwind would search its .eh_frame). _dl_find_object
-// (glibc 2.35+) is lock-free and does not allocate; without it nothing is found and capture_cached
-// is libunwind throughout.
+// object without .eh_frame_hdr (libunwind would search its .eh_frame).
+// _dl_find_object (glibc 2.35+) takes no lock (the loader publishes its
+// object list for it lock-free; libgcc's exception unwinder relies on the
+// same) and does not allocate. Without it (older glibc) every pc is
+// kUnknown: stacks end at their first frame.
 Lookup find_fde(uintptr_t pc, Fde* out) {
 #if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
   dl_find_object obj;
@@ -513,7 +546,8 @@ enum class Run { kOk, kUnsupported };
 // the one before the return address; libunwind versions have disagreed on
 // whether instructions located exactly at it apply (1.6.2 here ignores a
 // DW_CFA_offset there; later sources apply most of them). Such addresses are
-// refused, so a cached rule agrees with libunwind whichever reading it has.
+// refused (the stack ends there), so no rule depends on which reading is
+// right.
 Run run_cfi(Eval& e, const Cie& cie, const uint8_t* p, const uint8_t* end, uintptr_t loc,
             uintptr_t target) {
   Reader r{p, end, true};
@@ -665,52 +699,64 @@ Rule slow_rule(uintptr_t ip, Kind kind) {
   return Rule{ip, 0, 0, 0, kind};
 }
 
+// The rule for code at ra that has no FDE: libunwind's frame-pointer guess,
+// on the path it takes when the code is mapped and is not a PLT entry. Its
+// unw_step reads the 8 bytes at ra to check it is mapped (its RIP fix-up
+// path otherwise reads the stack of whoever called unw_getcontext), and 16
+// bytes to match a PLT entry (jmp *x(%rip); push $n; jmp ...), whose frame
+// it steps differently; this unwinder ends the stack at both.
+Rule guess_rule(uintptr_t ra) {
+  uint64_t code[2] = {0, 0};
+  if ((ra & (kPage - 1)) > kPage - 8 || !read_checked(ra, &code[0], 8)) return slow_rule(ra, kStop);
+  if (read_checked(ra + 8, &code[1], 8) && (code[0] & 0xffff) == 0x25ff &&
+      ((code[0] >> 48) & 0xff) == 0x68 && ((code[1] >> 24) & 0xff) == 0xe9)
+    return slow_rule(ra, kStop);
+  return slow_rule(ra, kGuess);
+}
+
 // The rule for a frame whose return address is ra (so the CFI row is looked
 // up at ra - 1, as libunwind does for every frame but a signal frame's
-// successor).
+// successor, and signal frames end the stack here). Lock-free, no
+// allocation: callable from a malloc hook.
 Rule derive_rule(uintptr_t ra) {
   Fde fde;
-  if (ra < 2) return slow_rule(ra, kSlowOther);
+  if (ra < 2) return slow_rule(ra, kStop);
   switch (find_fde(ra - 1, &fde)) {
     case Lookup::kFound:
       break;
     case Lookup::kNone:
-      // libunwind 1.6.2 reads the 8 bytes at ra to check it is mapped (and
-      // with them the next page when they cross one); a guess rule assumes
-      // that check passes, which only holds without the crossing.
-      return slow_rule(ra, (ra & (kPage - 1)) <= kPage - 8 ? kGuess : kSlowOther);
+      return guess_rule(ra);
     case Lookup::kUnknown:
-      return slow_rule(ra, kSlowOther);
+      return slow_rule(ra, kStop);
   }
-  if (fde.cie.signal_frame) return slow_rule(ra, kSlowOther);
+  if (fde.cie.signal_frame) return slow_rule(ra, kStop);
   Eval e{};
   e.cur.bp = e.cur.sp = e.cur.ra = RegRule{kSame, 0};
   if (run_cfi(e, fde.cie, fde.cie.instr, fde.cie.instr_end, 0, ~uintptr_t{0}) != Run::kOk)
-    return slow_rule(ra, kSlowCfi);
+    return slow_rule(ra, kStop);
   e.initial = e.cur;
   e.depth = 0;
   if (run_cfi(e, fde.cie, fde.instr, fde.instr_end, fde.pc_begin, ra) != Run::kOk)
-    return slow_rule(ra, kSlowCfi);
+    return slow_rule(ra, kStop);
   const CfiState& s = e.cur;
   if (fde.cie.ra_reg != kRegRa || e.any_expr || !s.cfa_defined || s.cfa_expr)
-    return slow_rule(ra, kSlowCfi);
+    return slow_rule(ra, kStop);
   if (s.ra.where == kUndef || s.bp.where == kUndef) return slow_rule(ra, kEnd);
-  if (s.cfa_reg != kRegSp && s.cfa_reg != kRegBp) return slow_rule(ra, kSlowCfi);
-  if (s.sp.where != kSame || s.ra.where != kCfaRel || s.ra.off != -8)
-    return slow_rule(ra, kSlowCfi);
+  if (s.cfa_reg != kRegSp && s.cfa_reg != kRegBp) return slow_rule(ra, kStop);
+  if (s.sp.where != kSame || s.ra.where != kCfaRel || s.ra.off != -8) return slow_rule(ra, kStop);
   // Offsets are whole words in practice; 16 bits of them reach 256 KiB.
   if (s.cfa_off % 8 != 0 || s.cfa_off / 8 < INT16_MIN || s.cfa_off / 8 > INT16_MAX)
-    return slow_rule(ra, kSlowCfi);
-  if (s.cfa_reg == kRegSp && s.cfa_off <= 0) return slow_rule(ra, kSlowCfi);
+    return slow_rule(ra, kStop);
+  if (s.cfa_reg == kRegSp && s.cfa_off <= 0) return slow_rule(ra, kStop);
   Rule rule{ra, 0, static_cast<int16_t>(s.cfa_off / 8), 0, 0};
   if (s.cfa_reg == kRegBp) rule.kind |= kCfaFromBp;
   if (s.bp.where == kCfaRel) {
     // A saved RBP lives in the frame being popped, below the CFA.
-    if (s.bp.off >= 0 || s.bp.off < -1024 || s.bp.off % 8 != 0) return slow_rule(ra, kSlowCfi);
+    if (s.bp.off >= 0 || s.bp.off < -1024 || s.bp.off % 8 != 0) return slow_rule(ra, kStop);
     rule.kind |= kBpSaved;
     rule.bp_off8 = static_cast<int8_t>(s.bp.off / 8);
   } else if (s.bp.where != kSame) {
-    return slow_rule(ra, kSlowCfi);
+    return slow_rule(ra, kStop);
   }
   return rule;
 }
@@ -736,18 +782,6 @@ inline bool in_window(const UnwindCache* cache, uintptr_t sp) {
 // Whether [addr, addr + len) lies in the window (which must be the caller's).
 inline bool window_covers(const UnwindCache* cache, uintptr_t addr, size_t len) {
   return addr >= cache->stack_lo && addr <= cache->stack_hi && cache->stack_hi - addr >= len;
-}
-
-// Reads len bytes at addr without faulting: process_vm_readv on ourselves
-// fails with EFAULT where a load would fault. False if unreadable or if the
-// syscall is unavailable (seccomp). errno is left as it was.
-bool read_checked(uintptr_t addr, void* dst, size_t len) {
-  const int saved = errno;
-  iovec local{dst, len};
-  iovec remote{reinterpret_cast<void*>(addr), len};
-  const long got = syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1, &remote, 1, 0);
-  errno = saved;
-  return got == static_cast<long>(len);
 }
 
 // How many of the pages first, first + step, ... (count of them) are
@@ -817,13 +851,13 @@ bool on_alt_stack() {
   return sigaltstack(nullptr, &ss) == 0 && (ss.ss_flags & SS_ONSTACK) != 0;
 }
 
-// Learns or grows the window after a libunwind walk. [caller_sp, chain_top)
-// is the stack the walk crossed by contiguous call frames of at most
-// kMaxChainFrame each, starting at the frame of capture_cached's caller: one
-// stack, all of it read by libunwind with validation or between such reads.
-// The pages are probed all the same, so a window only ever holds pages that
-// were readable; the window of a thread's own stack stays readable as long
-// as the thread runs, and only the owning thread uses it.
+// Learns or grows the window after a cold walk. [caller_sp, chain_top) is
+// the stack the walk crossed by contiguous frames of at most kMaxChainFrame
+// each, starting at the frame of capture_cached's caller: one stack, read by
+// the walk with validation or between such reads. The pages are probed all
+// the same, so a window only ever holds pages that were readable; the window
+// of a thread's own stack stays readable as long as the thread runs, and
+// only the owning thread uses it.
 void learn_window(UnwindCache* cache, bool had_window, uintptr_t caller_sp, uintptr_t chain_top) {
   const uintptr_t top = page_down(chain_top + kPage - 1);
   // A window as large as a default thread stack is plenty.
@@ -859,29 +893,38 @@ inline uintptr_t load_word(uintptr_t addr) {
   return v;
 }
 
-// What applying step rule r to f gives, or false if it does not validate:
-// the CFA at least a return-address slot above SP and inside the window
-// (whose top is hi; f.sp is never below its bottom), a saved RBP slot inside
-// the frame being popped, and the return address not 0 (libunwind gets to
-// report that one). So both loads are inside the window.
-inline __attribute__((always_inline)) bool apply_rule(const Rule& r, Frame& f, uintptr_t hi) {
+// What one step of a frame gave.
+enum class Step : uint8_t {
+  kStep,     // the caller's frame is in f
+  kEnd,      // the stack ends here, as it does for libunwind
+  kStop,     // this unwinder cannot step the frame: the stack ends here
+  kOutside,  // the step needs a load outside the window: the cold walk does it
+};
+
+// A step rule applied to f in the window (whose top is hi; f.sp is never
+// below its bottom): the CFA at least a return-address slot above SP and
+// inside the window, the saved RBP slot inside the frame being popped, so
+// both loads are inside the window. A return address of 0 ends the stack
+// without being reported (0 marks the outermost frame; libunwind's step
+// treats it as the end too, though how it reports it has varied).
+inline __attribute__((always_inline)) Step apply_rule(const Rule& r, Frame& f, uintptr_t hi) {
   // Both loads address base + constant, so each is one load after base is
   // known: the RBP chain of frame-pointer code costs one load per frame.
   const uintptr_t base = (r.kind & kCfaFromBp) != 0 ? f.bp : f.sp;
   const intptr_t off8 = r.cfa_off8;
   const uintptr_t cfa = base + 8 * off8;
-  if (cfa < f.sp + 8 || cfa > hi) return false;
+  if (cfa < f.sp + 8 || cfa > hi) return Step::kOutside;
+  uintptr_t bp = f.bp;
   if ((r.kind & kBpSaved) != 0) {
     const uintptr_t slot = base + 8 * (off8 + r.bp_off8);
-    if (slot < f.sp) return false;
-    f.bp = load_word(slot);
+    if (slot < f.sp) return Step::kOutside;
+    bp = load_word(slot);
   }
-  f.ip = load_word(base + 8 * (off8 - 1));
-  f.sp = cfa;
-  return f.ip != 0;
+  const uintptr_t ip = load_word(base + 8 * (off8 - 1));
+  if (ip == 0) return Step::kEnd;
+  f = Frame{ip, cfa, bp};
+  return Step::kStep;
 }
-
-enum class Guess : uint8_t { kStep, kStop, kLibunwind };
 
 // libunwind 1.6.2's unw_step() (src/x86_64/Gstep.c) for a frame whose
 // dwarf_step() failed with UNW_ENOINFO, on the path a guess rule stands for:
@@ -893,33 +936,39 @@ enum class Guess : uint8_t { kStep, kStop, kLibunwind };
 //   [rbp + 8] unreadable                         -> returns < 0: end too
 //   else ip = [rbp + 8], cfa += 16 (sic, not rbp + 16), rbp = [rbp], and
 //   RSP's location is lost (only the CFA-based rules below can follow).
-// kLibunwind where the answer needs a load outside the window (libunwind
-// validates addresses itself) or the new ip is 0 (libunwind reports it, then
-// takes paths that depend on its own stack).
-inline Guess apply_guess(Frame& f, uintptr_t hi) {
+// A new ip of 0 ends the stack here (libunwind reports a 0 frame, then takes
+// paths that depend on its own stack). `words` reads [rbp, rbp + 16): from
+// the window, or checked.
+template <class ReadWords>
+inline __attribute__((always_inline)) Step step_guess(Frame& f, ReadWords&& words) {
   const uintptr_t rbp = f.bp;
-  if (rbp == 0 || rbp < f.sp || rbp - f.sp > kGuessMaxRbpAboveCfa) return Guess::kStop;
-  if (rbp + 16 > hi) return Guess::kLibunwind;
-  const uintptr_t ip = load_word(rbp + 8);
-  if (ip == 0) return Guess::kLibunwind;
-  f.bp = load_word(rbp);
-  f.ip = ip;
-  f.sp += 16;
-  return Guess::kStep;
+  if (rbp == 0 || rbp < f.sp || rbp - f.sp > kGuessMaxRbpAboveCfa) return Step::kEnd;
+  uintptr_t saved_bp, ip;
+  switch (words(rbp, &saved_bp, &ip)) {
+    case Step::kStep:
+      break;
+    case Step::kOutside:
+      return Step::kOutside;
+    default:
+      return Step::kEnd;
+  }
+  if (ip == 0) return Step::kEnd;
+  f = Frame{ip, f.sp + 16, saved_bp};
+  return Step::kStep;
 }
 
-// Records frames from index *n on, starting with f, while rules allow.
-// Returns true when the stack is complete (end reached or out full); false
-// leaves *n - 1 as the index of the frame libunwind has to step. The caller
-// has checked the window is this thread's.
+// Records frames from index *n on, starting with f, while cached rules and
+// the window allow. Returns true when the stack is complete (ended, stopped
+// or out full); false leaves *n - 1 as the index of the frame f, which the
+// cold walk has to step. The caller has checked the window is this thread's.
 inline __attribute__((always_inline)) bool fast_walk(UnwindCache* cache, uintptr_t* out, size_t max,
-                                                     size_t* n, Frame f) {
+                                                     size_t* n, Frame& f) {
   char* const slots = reinterpret_cast<char*>(cache->slots);
   const uintptr_t hi = cache->stack_hi;
   uintptr_t* p = out + *n;
   uintptr_t* const end = out + max;
-  bool ended = false;
   bool complete = false;
+  uint64_t resolved = 0;  // frames stepped or ended by a rule
   // Every load below is at or above f.sp, which only grows: it starts inside.
   Rule* r = in_window(cache, f.sp) ? find_rule(cache, f.ip) : nullptr;
   for (;;) {
@@ -930,182 +979,145 @@ inline __attribute__((always_inline)) bool fast_walk(UnwindCache* cache, uintptr
     }
     if (r == nullptr) break;
     Rule* next = reinterpret_cast<Rule*>(slots + r->next);
+    Step step;
     if (__builtin_expect(r->kind > kStepMax, 0)) {
-      if (r->kind != kGuess) {
-        ended = complete = r->kind == kEnd;
-        break;
+      if (r->kind == kGuess) {
+        step = step_guess(f, [hi](uintptr_t at, uintptr_t* bp, uintptr_t* ip) {
+          if (at + 16 > hi) return Step::kOutside;
+          *bp = load_word(at);
+          *ip = load_word(at + 8);
+          return Step::kStep;
+        });
+      } else {
+        step = r->kind == kEnd ? Step::kEnd : Step::kStop;
       }
-      const Guess g = apply_guess(f, hi);
-      if (g != Guess::kStep) {
-        ended = complete = g == Guess::kStop;
-        break;
-      }
-    } else if (!apply_rule(*r, f, hi)) {
+    } else {
+      step = apply_rule(*r, f, hi);
+    }
+    if (__builtin_expect(step != Step::kStep, 0)) {
+      if (step == Step::kOutside) break;
+      ++resolved;
+      cache->truncated += step == Step::kStop ? 1 : 0;
+      complete = true;
       break;
     }
+    ++resolved;
     if (__builtin_expect(next->ip != f.ip, 0)) {
       next = find_rule(cache, f.ip);
       if (next != nullptr) r->next = static_cast<uint32_t>(reinterpret_cast<char*>(next) - slots);
     }
     r = next;
   }
-  // Every frame written but the first came from a rule, and so did the end.
-  const size_t written = static_cast<size_t>(p - (out + *n));
-  cache->hits += written - 1 + (ended ? 1 : 0);
+  cache->hits += resolved;
   *n = static_cast<size_t>(p - out);
   return complete;
 }
 
-bool cursor_frame(unw_cursor_t* cursor, Frame* f) {
-  unw_word_t ip, sp, bp;
-  if (unw_get_reg(cursor, UNW_REG_IP, &ip) != 0 || unw_get_reg(cursor, UNW_REG_SP, &sp) != 0 ||
-      unw_get_reg(cursor, UNW_X86_64_RBP, &bp) != 0)
-    return false;
-  *f = Frame{ip, sp, bp};
-  return true;
-}
-
-// A word of the stack for learning: from the window if it holds it, else
-// through read_checked (the stack being unwound may be garbage).
-bool stack_word(const UnwindCache* cache, bool window, uintptr_t addr, uintptr_t* v) {
-  if (window && window_covers(cache, addr, 8)) {
-    *v = load_word(addr);
-    return true;
+// Two stack words at a and b for the cold walk: from the window where it
+// holds them (window: the caller's cache has a window of this stack), else
+// with one process_vm_readv. kStep when both were read, kEnd when either is
+// unreadable.
+Step read_two(const UnwindCache* cache, bool window, uintptr_t a, uintptr_t* va, uintptr_t b,
+              uintptr_t* vb) {
+  if (window && window_covers(cache, a, 8) && window_covers(cache, b, 8)) {
+    *va = load_word(a);
+    *vb = load_word(b);
+    return Step::kStep;
   }
-  return read_checked(addr, v, 8);
+  const int saved = errno;
+  uintptr_t got[2];
+  iovec local{got, sizeof got};
+  iovec remote[2] = {{reinterpret_cast<void*>(a), 8}, {reinterpret_cast<void*>(b), 8}};
+  const long n = syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1, remote, 2, 0);
+  errno = saved;
+  if (n != static_cast<long>(sizeof got)) return Step::kEnd;
+  *va = got[0];
+  *vb = got[1];
+  return Step::kStep;
 }
 
-// Whether step rule r, applied to before, gives after (computed without
-// loading anything libunwind did not validate first: the CFA must be the one
-// libunwind found, so the return address slot is the one it read).
-bool rule_reproduces(const UnwindCache* cache, bool window, const Rule& r, const Frame& before,
-                     const Frame& after) {
-  const uintptr_t base = (r.kind & kCfaFromBp) != 0 ? before.bp : before.sp;
+// One step of f by rule r for the cold walk: the same arithmetic and checks
+// as the warm walk, with every load validated (read_two). An unreadable
+// slot ends the stack, where libunwind's validated loads end it too.
+Step step_checked(const UnwindCache* cache, bool window, const Rule& r, Frame& f) {
+  if (r.kind == kEnd) return Step::kEnd;
+  if (r.kind == kGuess) {
+    return step_guess(f, [cache, window](uintptr_t at, uintptr_t* bp, uintptr_t* ip) {
+      return read_two(cache, window, at, bp, at + 8, ip);
+    });
+  }
+  if (r.kind > kStepMax) return Step::kStop;
+  const uintptr_t base = (r.kind & kCfaFromBp) != 0 ? f.bp : f.sp;
   const uintptr_t cfa = base + 8 * static_cast<intptr_t>(r.cfa_off8);
-  if (cfa != after.sp || cfa < before.sp + 8) return false;
-  uintptr_t bp = before.bp;
+  // A caller's frame lies above its callee's: this also bounds the walk.
+  if (cfa < f.sp + 8) return Step::kStop;
+  uintptr_t bp = f.bp;
+  uintptr_t ip;
   if ((r.kind & kBpSaved) != 0) {
     const uintptr_t slot = cfa + 8 * static_cast<intptr_t>(r.bp_off8);
-    if (slot < before.sp || !stack_word(cache, window, slot, &bp)) return false;
+    if (slot < f.sp) return Step::kStop;
+    if (read_two(cache, window, cfa - 8, &ip, slot, &bp) != Step::kStep) return Step::kEnd;
+  } else {
+    uintptr_t unused;
+    if (read_two(cache, window, cfa - 8, &ip, cfa - 8, &unused) != Step::kStep) return Step::kEnd;
   }
-  uintptr_t ip;
-  if (!stack_word(cache, window, cfa - 8, &ip)) return false;
-  return ip == after.ip && ip != 0 && bp == after.bp;
+  if (ip == 0) return Step::kEnd;
+  f = Frame{ip, cfa, bp};
+  return Step::kStep;
 }
 
-enum class Verdict : uint8_t { kAgrees, kDisagrees, kUndecided };
-
-// Whether libunwind's step from before (result step_ret, frame after) is
-// the frame-pointer guess apply_guess redoes, at an address whose code is
-// mapped and is not a PLT entry: the static facts a guess rule stores.
-Verdict guess_reproduces(const UnwindCache* cache, bool window, const Frame& before, int step_ret,
-                         const Frame* after) {
-  // libunwind reads these bytes with validation; is_plt_entry() matches
-  // jmp *x(%rip); push $n; jmp ... at ip.
-  uint64_t code[2] = {0, 0};
-  if (!read_checked(before.ip, &code[0], 8)) return Verdict::kUndecided;
-  if (read_checked(before.ip + 8, &code[1], 8) && (code[0] & 0xffff) == 0x25ff &&
-      ((code[0] >> 48) & 0xff) == 0x68 && ((code[1] >> 24) & 0xff) == 0xe9)
-    return Verdict::kDisagrees;
-  const uintptr_t rbp = before.bp;
-  if (rbp == 0 || rbp < before.sp || rbp - before.sp > kGuessMaxRbpAboveCfa)
-    return step_ret == 0 ? Verdict::kAgrees : Verdict::kDisagrees;
-  uintptr_t saved_bp, ip;
-  if (!stack_word(cache, window, rbp, &saved_bp) || !stack_word(cache, window, rbp + 8, &ip) ||
-      ip == 0)
-    return Verdict::kUndecided;
-  const bool same = step_ret > 0 && after != nullptr && after->ip == ip &&
-                    after->sp == before.sp + 16 && after->bp == saved_bp;
-  return same ? Verdict::kAgrees : Verdict::kDisagrees;
-}
-
-// Learns the rule of frame `before` from the libunwind step that produced
-// `after` (step_ret is unw_step's result): stores it only if it reproduces
-// that step, else marks the address slow; stores nothing if that cannot be
-// told from this step (the next capture through it tries again).
-void learn(UnwindCache* cache, bool window, const Frame& before, int step_ret, const Frame* after) {
-  Rule rule = derive_rule(before.ip);
-  if (rule.kind <= kStepMax) {
-    const bool same =
-        step_ret > 0 && after != nullptr && rule_reproduces(cache, window, rule, before, *after);
-    if (!same) rule = slow_rule(before.ip, kSlowOther);
-  } else if (rule.kind == kGuess) {
-    switch (guess_reproduces(cache, window, before, step_ret, after)) {
-      case Verdict::kAgrees:
-        break;
-      case Verdict::kDisagrees:
-        rule = slow_rule(before.ip, kSlowOther);
-        break;
-      case Verdict::kUndecided:
-        return;
-    }
-  } else if (rule.kind == kEnd && step_ret > 0) {
-    rule = slow_rule(before.ip, kSlowOther);
-  }
-  insert_rule(cache, rule);
-}
-
-// libunwind from scratch, re-entering the fast walk past the frame it could
-// not do. noinline: it owns the large libunwind context; the fast path's
-// frame stays small.
+// The cold walk: out[0, n) are written; when n > 0, f is the frame of
+// out[n - 1], which the warm walk could not step; when n == 0, f is the
+// first frame (the return address into capture_cached's caller, with the
+// caller's RSP and RBP). Steps frames one by one, deriving and caching the
+// rules it lacks, and hands back to the warm walk wherever a cached rule and
+// the window allow. cache may be null (every rule derived, every load
+// checked). Learns the stack window from the frames it crossed. noinline:
+// the warm path's frame stays small.
 __attribute__((noinline)) size_t capture_slow(UnwindCache* cache, uintptr_t* out, size_t max,
-                                              uintptr_t caller_sp, size_t fast_from) {
-  unwind_libunwind_setup();
-  ++cache->fallbacks;
-  unw_context_t context;
-  unw_cursor_t cursor;
-  if (unw_getcontext(&context) != 0 || unw_init_local(&cursor, &context) != 0) return 0;
-  // Step up to the frame of capture_cached's caller, recognised by its stack
-  // pointer (capture_cached's CFA), so inlining here cannot shift frames.
-  for (int i = 0;; ++i) {
-    unw_word_t sp = 0;
-    if (i == 8 || unw_step(&cursor) <= 0 || unw_get_reg(&cursor, UNW_REG_SP, &sp) != 0) return 0;
-    if (sp == caller_sp) break;
-    if (sp > caller_sp) return 0;
+                                              size_t n, Frame f, uintptr_t caller_sp) {
+  bool window = false;
+  if (cache != nullptr) {
+    ++cache->fallbacks;
+    window = cache->stack_owner == thread_self() && in_window(cache, caller_sp);
   }
-  // Without a window of this stack, this walk is libunwind's alone and
-  // learns one.
-  const bool window = cache->stack_owner == thread_self() && in_window(cache, caller_sp);
-  uintptr_t chain_top = caller_sp;
+  // The window follows frames of plausible size, from the caller's (the
+  // warm walk's frames so far were all inside the window): one stack.
+  uintptr_t chain_top = f.sp;
   bool chain = true;
-  size_t n = 0;
-  // True while every frame so far was a plain call frame, i.e. libunwind
-  // looks up this frame's CFI at ip - 1, which is what rules are keyed for.
-  bool call_frame = true;
-  for (;;) {
-    Frame f;
-    const bool have_regs = cursor_frame(&cursor, &f);
-    if (!have_regs && unw_get_reg(&cursor, UNW_REG_IP, &f.ip) != 0) break;
-    const Rule* rule = call_frame && have_regs ? find_rule(cache, f.ip) : nullptr;
-    if (window && rule != nullptr && n >= fast_from &&
-        (rule->kind <= kStepMax || rule->kind == kGuess || rule->kind == kEnd)) {
-      size_t m = n;
-      if (fast_walk(cache, out, max, &m, f)) {
-        n = m;
-        break;
+  if (n == 0) out[n++] = f.ip;
+  while (n < max) {
+    Rule derived;
+    const Rule* r = cache != nullptr ? find_rule(cache, f.ip) : nullptr;
+    if (r == nullptr) {
+      derived = derive_rule(f.ip);
+      if (cache != nullptr) {
+        ++cache->misses;
+        insert_rule(cache, derived);
       }
-      fast_from = m;
+      r = &derived;
+    } else {
+      ++cache->hits;
+    }
+    const Frame before = f;
+    const Step step = step_checked(cache, window, *r, f);
+    if (step != Step::kStep) {
+      if (step == Step::kStop && cache != nullptr) ++cache->truncated;
+      break;
+    }
+    // Guess steps count too: JIT frames sit between native frames of the
+    // same stack, and their CFA, while not the real RSP, stays close to it.
+    chain = chain && f.sp - before.sp <= kMaxChainFrame;
+    if (chain) chain_top = f.sp;
+    if (window) {
+      // Whatever the warm walk crosses lies inside the window, up to f.
+      if (fast_walk(cache, out, max, &n, f)) break;
+      if (chain && f.sp > chain_top) chain_top = f.sp;
+      continue;
     }
     out[n++] = f.ip;
-    if (n >= max) break;
-    ++cache->misses;
-    const int ret = unw_step(&cursor);
-    Frame after;
-    const bool have_after = ret > 0 && cursor_frame(&cursor, &after);
-    if (call_frame && have_regs && rule == nullptr) {
-      learn(cache, window, f, ret, have_after ? &after : nullptr);
-      rule = find_rule(cache, f.ip);
-    }
-    // The window follows plain call frames (a signal frame may switch to
-    // another stack), each of a plausible size (a stack switch through an
-    // RBP- or expression-based CFA usually jumps far).
-    chain = chain && call_frame && rule != nullptr && rule->kind != kSlowOther && have_regs &&
-            have_after && after.sp > f.sp && after.sp - f.sp <= kMaxChainFrame;
-    if (chain) chain_top = after.sp;
-    if (rule == nullptr || rule->kind == kSlowOther) call_frame = false;
-    if (ret <= 0) break;
   }
-  learn_window(cache, window, caller_sp, chain_top);
+  if (cache != nullptr) learn_window(cache, window, caller_sp, chain_top);
   return n;
 }
 
@@ -1118,12 +1130,12 @@ size_t unwind_cache_bytes() {
 UnwindCache* unwind_cache_init(void* zeroed_memory) {
   auto* cache = static_cast<UnwindCache*>(zeroed_memory);
   cache->generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
-  unwind_libunwind_setup();
   return cache;
 }
 
 UnwindCacheStats unwind_cache_stats(const UnwindCache* cache) {
-  return UnwindCacheStats{cache->hits, cache->misses, cache->fallbacks, cache->entries};
+  return UnwindCacheStats{cache->hits, cache->misses, cache->fallbacks, cache->truncated,
+                          cache->entries};
 }
 
 void unwind_code_unmapped() {
@@ -1140,13 +1152,13 @@ extern "C" __attribute__((visibility("hidden"), used)) size_t mi_track_capture_c
     uintptr_t bp) {
   using namespace mi::track;
   if (max == 0) return 0;
-  flush_if_stale(cache);
+  Frame f{ra, sp, bp};
   size_t n = 0;
-  if (window_ready(cache, sp) && fast_walk(cache, out, max, &n, Frame{ra, sp, bp})) return n;
-  n = capture_slow(cache, out, max, sp, n);
-  // Not a tail call: capture_slow finds the caller by this frame's CFA.
-  __asm__ volatile("" : "+r"(n));
-  return n;
+  if (cache != nullptr) {
+    flush_if_stale(cache);
+    if (window_ready(cache, sp) && fast_walk(cache, out, max, &n, f)) return n;
+  }
+  return capture_slow(cache, out, max, n, f, sp);
 }
 
 namespace mi::track {
@@ -1165,7 +1177,7 @@ __attribute__((naked)) size_t capture_cached(UnwindCache*, uintptr_t*, size_t) {
 
 }  // namespace mi::track
 
-#else  // !__x86_64__: no rules, libunwind every time, same contract.
+#else  // !__x86_64__: no CFI rules; frame-pointer records, read with checks.
 
 namespace mi::track {
 
@@ -1179,28 +1191,30 @@ size_t unwind_cache_bytes() {
 }
 
 UnwindCache* unwind_cache_init(void* zeroed_memory) {
-  unwind_libunwind_setup();
   return static_cast<UnwindCache*>(zeroed_memory);
 }
 
 UnwindCacheStats unwind_cache_stats(const UnwindCache* cache) {
-  return UnwindCacheStats{0, cache->misses, cache->fallbacks, 0};
+  return UnwindCacheStats{0, cache->misses, cache->fallbacks, 0, 0};
 }
 
 void unwind_code_unmapped() {}
 
+// Follows frame records {caller's frame pointer, return address} from this
+// function's own (AArch64's AAPCS64 layout, and x86_64's), each read with
+// read_checked; ends at the first unreadable or non-ascending record. Code
+// built without frame pointers is skipped over or ends the stack early.
 __attribute__((noinline)) size_t capture_cached(UnwindCache* cache, uintptr_t* out, size_t max) {
-  unwind_libunwind_setup();
-  unw_context_t context;
-  unw_cursor_t cursor;
-  if (max == 0 || unw_getcontext(&context) != 0 || unw_init_local(&cursor, &context) != 0) return 0;
-  ++cache->fallbacks;
+  uintptr_t fp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
   size_t n = 0;
-  while (n < max && unw_step(&cursor) > 0) {
-    unw_word_t ip = 0;
-    if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0) break;
-    out[n++] = static_cast<uintptr_t>(ip);
-    ++cache->misses;
+  if (cache != nullptr) ++cache->fallbacks;
+  while (n < max) {
+    uintptr_t record[2];
+    if (!read_checked(fp, record, sizeof record) || record[1] == 0) break;
+    out[n++] = record[1];
+    if (cache != nullptr) ++cache->misses;
+    if (record[0] <= fp) break;
+    fp = record[0];
   }
   __asm__ volatile("" : "+r"(n));
   return n;
