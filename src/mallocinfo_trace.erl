@@ -176,7 +176,7 @@ attach() ->
 %% counted in `frees_untracked'). `Opts' (a map): `mode' (`full' |
 %% `sample' | `counters', default `full'), `sample_bytes' (1..2^40, default
 %% 512 KiB), `table_size' (64..2^32, default 2 Mi entries),
-%% `stack_table_size' (64..2^30, default 64 Ki), `stack_depth' (1..128,
+%% `stack_table_size' (64..2^28, default 64 Ki), `stack_depth' (1..128,
 %% default 32): the environment knobs' meaning. The sizes apply to the
 %% first attach of the node only (the tables then stay); a later attach
 %% forgets what was recorded. Errors: `preloaded' (the tracker is already
@@ -189,7 +189,7 @@ attach(Opts) when is_map(Opts) ->
     Allowed = #{mode => {one_of, [full, sample, counters]},
                 sample_bytes => {range, 1, 1 bsl 40},
                 table_size => {range, 64, 1 bsl 32},
-                stack_table_size => {range, 64, 1 bsl 30},
+                stack_table_size => {range, 64, 1 bsl 28},
                 stack_depth => {range, 1, 128}},
     case maps:keys(Opts) -- maps:keys(Allowed) of
         [] -> ok;
