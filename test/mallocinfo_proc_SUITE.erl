@@ -25,12 +25,24 @@ init_per_testcase(_, Config) ->
 end_per_testcase(_, _Config) ->
     ok.
 
+wait_waiting(Pid, 0) ->
+    {not_waiting, erlang:process_info(Pid, [status, current_function])};
+wait_waiting(Pid, N) ->
+    case erlang:process_info(Pid, status) of
+        {status, waiting} -> ok;
+        _ -> timer:sleep(1), wait_waiting(Pid, N - 1)
+    end.
+
 kinds(Items, Kind) -> [I || #{kind := K} = I <- Items, K =:= Kind].
 
 gen_server_state_and_dictionary(_Config) ->
     State = {state, lists:seq(1, 100), <<"abc">>, #{a => 1}},
     Dict = [{k1, {a, b}}, {k2, "hello"}, {k3, lists:duplicate(50, x)}],
     {ok, Pid} = mi_test_server:start(State, Dict),
+    %% The state is read from a server waiting in its loop: start/2 returns
+    %% once init/1 has answered, which on a busy machine can be before the
+    %% server reaches its receive.
+    ok = wait_waiting(Pid, 5000),
     Heap = mallocinfo_proc:inspect_heap(Pid),
     ct:pal("~p", [Heap]),
     ?assert(lists:member({State, erts_debug:size(State)}, Heap)),

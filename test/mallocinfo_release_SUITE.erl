@@ -18,7 +18,11 @@
 all() -> [inject_through_remote_console].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
+    %% rebar3 ct gives every suite of a run the same priv_dir: work in a
+    %% directory of this suite's own (the Elixir suite has an operator_copy
+    %% too).
+    Priv = filename:join(?config(priv_dir, Config), ?MODULE_STRING),
+    ok = file:make_dir(Priv),
     Data = ?config(data_dir, Config),
     Tarball = tarball(),
     Fixture = filename:join(Priv, "fixture"),
