@@ -203,12 +203,7 @@ bad_arguments(Config) ->
 %% left as it is; asking again finds the first one attached. (This CT node
 %% itself is never attached: other suites expect it without a tracker.)
 report_attaches_nodes(Config) ->
-    case node() of
-        nonode@nohost ->
-            {ok, _} = net_kernel:start([list_to_atom("mi_ct_attach_" ++ os:getpid()), shortnames]);
-        _ ->
-            ok
-    end,
+    ok = mi_ct:ensure_distributed(),
     Ebin = filename:dirname(code:which(mallocinfo)),
     {ok, PA, A} = peer:start(#{name => peer:random_name(), args => ["-pa", Ebin],
                                env => [{"LD_PRELOAD", false}]}),

@@ -220,7 +220,7 @@ print_report(_Config) ->
 %% A pid on another node is inspected there; the node did not have
 %% mallocinfo_proc loaded, it gets it from this node.
 remote_pid(_Config) ->
-    ensure_distributed(),
+    mi_ct:ensure_distributed(),
     {ok, Peer, Node} = peer:start_link(#{name => peer:random_name()}),
     try
         ?assertEqual(non_existing, erpc:call(Node, code, which, [mallocinfo_proc])),
@@ -295,7 +295,7 @@ binary_held_twice(_Config) ->
     exit(Pid, kill).
 
 unreachable_node(_Config) ->
-    ensure_distributed(),
+    mi_ct:ensure_distributed(),
     %% A pid of a node that does not exist.
     Ghost = ghost_pid('mi_ghost@nohost'),
     ?assertMatch({error, {erpc, _}}, mallocinfo_proc:inspect_heap(Ghost)),
@@ -329,14 +329,6 @@ top_million(Config) ->
         peer:stop(Peer)
     end.
 
-ensure_distributed() ->
-    case node() of
-        nonode@nohost ->
-            os:cmd("epmd -daemon"),
-            {ok, _} = net_kernel:start([list_to_atom("mi_ct_" ++ os:getpid()), shortnames]);
-        _ ->
-            ok
-    end.
 
 %% A process that has received each of Terms in a message of its own and
 %% keeps them all, once it has them all.

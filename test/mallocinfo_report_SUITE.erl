@@ -170,7 +170,7 @@ without_interposer(_Config) ->
 %% from a private directory that is gone afterwards), C dies while its
 %% report is being collected. Every node has its row.
 cluster(Config) ->
-    ensure_distributed(),
+    mi_ct:ensure_distributed(),
     Tmp = filename:join(?config(priv_dir, Config), "b_tmp"),
     ok = filelib:ensure_dir(filename:join(Tmp, "x")),
     {ok, PA, A} = peer:start(#{name => peer:random_name(), args => ["-pa", ebin()]}),
@@ -261,11 +261,3 @@ assert_80_columns(IoData) ->
     Text = lists:flatten(io_lib:format("~ts", [IoData])),
     ?assertEqual([], [L || L <- string:split(Text, "\n", all), string:length(L) > 80]).
 
-ensure_distributed() ->
-    case node() of
-        nonode@nohost ->
-            os:cmd("epmd -daemon"),
-            {ok, _} = net_kernel:start([list_to_atom("mi_ct_report_" ++ os:getpid()), shortnames]);
-        _ ->
-            ok
-    end.
