@@ -1,0 +1,39 @@
+// Finding glibc's arenas in memory without debug symbols, for the heap
+// walker. The child (child.cpp) reads its frozen copy of the parent with
+// rd*() and arena_at(): every address it reads was validated first, and a
+// wrong guess faults into the child's handler. The parent's search
+// (find_main_arena() in heapwalk.h) reads the live process and checks what
+// it cannot trust with process_vm_readv instead. Nothing here allocates.
+#ifndef MALLOCINFO_HEAPWALK_ARENA_PROBE_H
+#define MALLOCINFO_HEAPWALK_ARENA_PROBE_H
+
+#include <cstdint>
+#include <cstring>
+
+namespace mi::heapwalk::detail {
+
+// Unchecked reads of this process's memory at `addr`.
+inline uint64_t rd(uint64_t addr) {
+  uint64_t v;
+  std::memcpy(&v, reinterpret_cast<const void*>(addr), sizeof v);
+  return v;
+}
+inline uint32_t rd32(uint64_t addr) {
+  uint32_t v;
+  std::memcpy(&v, reinterpret_cast<const void*>(addr), sizeof v);
+  return v;
+}
+inline uint16_t rd16(uint64_t addr) {
+  uint16_t v;
+  std::memcpy(&v, reinterpret_cast<const void*>(addr), sizeof v);
+  return v;
+}
+
+// Whether `addr` holds something with the malloc_state signature (every bin
+// pair empty or two 16-aligned chunk pointers outside the structure, top
+// set). May fault if `addr` is not readable for ptmalloc.h's kArenaSize.
+bool arena_at(uint64_t addr);
+
+}  // namespace mi::heapwalk::detail
+
+#endif
