@@ -13,6 +13,8 @@
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
+-export([knobs/0]).
+
 -export_type([mode/0, frame/0, old/0, site/0]).
 
 -type posix() :: file:posix().
@@ -186,23 +188,37 @@ attach() ->
 %% not be written). A failed attach leaves every slot as it was.
 -spec attach(map()) -> ok | {error, attach_error()}.
 attach(Opts) when is_map(Opts) ->
-    Allowed = #{mode => {one_of, [full, sample, counters]},
-                sample_bytes => {range, 1, 1 bsl 40},
-                table_size => {range, 64, 1 bsl 32},
-                stack_table_size => {range, 64, 1 bsl 28},
-                stack_depth => {range, 1, 128}},
+    Sizes = [{K, {range, Min, Max}} || #{option := K, min := Min, max := Max} <- knobs()],
+    Allowed = maps:from_list([{mode, {one_of, [full, sample, counters]}} | Sizes]),
     case maps:keys(Opts) -- maps:keys(Allowed) of
         [] -> ok;
         _ -> erlang:error(badarg, [Opts])
     end,
     maps:foreach(fun(K, V) -> env_value(V, maps:get(K, Allowed), Opts) end, Opts),
-    O = maps:merge(#{mode => full, sample_bytes => 512 * 1024, table_size => 1 bsl 21,
-                     stack_table_size => 1 bsl 16, stack_depth => 32}, Opts),
+    Defaults = maps:from_list([{mode, full}
+                               | [{K, D} || #{option := K, default := D} <- knobs()]]),
+    O = maps:merge(Defaults, Opts),
     mallocinfo_nif:trace_attach(maps:get(mode, O), maps:get(sample_bytes, O),
                                 maps:get(table_size, O), maps:get(stack_table_size, O),
                                 maps:get(stack_depth, O));
 attach(Opts) ->
     erlang:error(badarg, [Opts]).
+
+%% @doc The tracker's size knobs: the `attach/1' and `preload_env/1'
+%% option, its environment variable, its range and its default. The same
+%% table as the interposer's (`c_src/common/mi_limits.h'; a test checks
+%% that they agree).
+-spec knobs() -> [#{option := atom(), env := string(), min := pos_integer(),
+                    max := pos_integer(), default := pos_integer()}].
+knobs() ->
+    [#{option => table_size, env => "MALLOCINFO_TABLE_SIZE",
+       min => 64, max => 1 bsl 32, default => 1 bsl 21},
+     #{option => stack_table_size, env => "MALLOCINFO_STACK_TABLE_SIZE",
+       min => 64, max => 1 bsl 28, default => 1 bsl 16},
+     #{option => sample_bytes, env => "MALLOCINFO_SAMPLE_BYTES",
+       min => 1, max => 1 bsl 40, default => 512 * 1024},
+     #{option => stack_depth, env => "MALLOCINFO_STACK_DEPTH",
+       min => 1, max => 128, default => 32}].
 
 %% @doc Puts every slot {@link attach/0} changed back. Nothing new is
 %% recorded after; what was recorded stays readable ({@link sites/1},
@@ -243,13 +259,11 @@ preload_env() ->
 %% node). Anything else raises `badarg'.
 -spec preload_env(map()) -> [{string(), string()}].
 preload_env(Opts) when is_map(Opts) ->
-    Knobs = [{mode, "MALLOCINFO_TRACE", {one_of, [full, sample, counters, off]}},
-             {table_size, "MALLOCINFO_TABLE_SIZE", {range, 64, 1 bsl 32}},
-             {stack_table_size, "MALLOCINFO_STACK_TABLE_SIZE", {range, 64, 1 bsl 28}},
-             {sample_bytes, "MALLOCINFO_SAMPLE_BYTES", {range, 1, 1 bsl 40}},
-             {stack_depth, "MALLOCINFO_STACK_DEPTH", {range, 1, 128}},
-             {exe, "MALLOCINFO_TRACE_EXE", glob},
-             {unwind, "MALLOCINFO_UNWIND", {one_of, [cached]}}],
+    Knobs = [{mode, "MALLOCINFO_TRACE", {one_of, [full, sample, counters, off]}}
+             | [{K, Var, {range, Min, Max}}
+                || #{option := K, env := Var, min := Min, max := Max} <- knobs()]]
+        ++ [{exe, "MALLOCINFO_TRACE_EXE", glob},
+            {unwind, "MALLOCINFO_UNWIND", {one_of, [cached]}}],
     case maps:keys(Opts) -- [K || {K, _, _} <- Knobs] of
         [] -> ok;
         _ -> erlang:error(badarg, [Opts])

@@ -265,18 +265,23 @@ bad_clusters(Report) ->
 
 %%% The tests -------------------------------------------------------------------
 
-every_export_has_a_case_test() ->
-    with_scratch(
-      fun(S) ->
-              Covered = lists:usort([{M, F, length(Args)} || {M, F, Args} <- cases(S), M =/= '*']),
-              Missing = [MFA || {M, _, _} = MFA <- exports_with_args(),
-                                element(2, MFA) =/= module_info,
-                                not lists:member(MFA, Covered),
-                                not lists:keymember(M, 1, excluded_modules())],
-              ?assertEqual([], Missing),
-              %% No case for something that is not exported (a stale entry).
-              ?assertEqual([], Covered -- exports_with_args())
-      end).
+%% Under a loaded CI machine the export scan takes seconds: more than
+%% EUnit's default 5 s limit.
+every_export_has_a_case_test_() ->
+    {timeout, 60,
+     fun() ->
+           with_scratch(
+             fun(S) ->
+                     Covered = lists:usort([{M, F, length(Args)} || {M, F, Args} <- cases(S), M =/= '*']),
+                     Missing = [MFA || {M, _, _} = MFA <- exports_with_args(),
+                                       element(2, MFA) =/= module_info,
+                                       not lists:member(MFA, Covered),
+                                       not lists:keymember(M, 1, excluded_modules())],
+                     ?assertEqual([], Missing),
+                     %% No case for something that is not exported (a stale entry).
+                     ?assertEqual([], Covered -- exports_with_args())
+             end)
+     end}.
 
 %% An argument that accepts any term is listed with a reason, and is one.
 any_term_positions_are_listed_test() ->

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "../common/mi_limits.h"
 #include "../sites/stack_merge.h"
 #include "../symbolize/symbolize.h"
 #include "term.h"
@@ -680,10 +681,18 @@ ERL_NIF_TERM trace_attach(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     cfg.mode = MI_MODE_COUNTERS;
   else
     throw BadArg{};
-  cfg.sample_bytes = get_u64(env, argv[1]);
-  cfg.table_capacity = get_u64(env, argv[2]);
-  cfg.stack_capacity = get_u64(env, argv[3]);
-  cfg.stack_depth = static_cast<uint32_t>(get_u64(env, argv[4]));
+  // mallocinfo_trace checks these too; checked again here so that a direct
+  // call of the stub cannot size a table at 0 (mi_limits.h is the one home
+  // of the ranges).
+  auto knob = [env](ERL_NIF_TERM t, const mi::limits::Knob& k) {
+    const uint64_t v = get_u64(env, t);
+    if (!k.valid(v)) throw BadArg{};
+    return v;
+  };
+  cfg.sample_bytes = knob(argv[1], mi::limits::kSampleBytes);
+  cfg.table_capacity = knob(argv[2], mi::limits::kTableSize);
+  cfg.stack_capacity = knob(argv[3], mi::limits::kStackTableSize);
+  cfg.stack_depth = static_cast<uint32_t>(knob(argv[4], mi::limits::kStackDepth));
   if (checked(reinterpret_cast<mi_preload_abi_fn>(::dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL))) != nullptr)
     return error_tuple(env, atoms.preloaded);
   const mi_preload_abi* abi = loaded_local_abi(true);

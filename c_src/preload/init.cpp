@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../common/mi_limits.h"
 #include "../track/glob.h"
 #include "runtime.h"
 
@@ -144,26 +145,25 @@ void configure() {
   if (const char* m = env_find("MALLOCINFO_TRACE"); m != nullptr && !parse_mode(m, &config.mode))
     warn("MALLOCINFO_TRACE", m);
   struct Knob {
-    const char* name;
-    uint64_t min, max;
+    const mi::limits::Knob& spec;
     uint64_t* out;
   };
   uint64_t table = config.table_capacity, stacks = config.stack_capacity,
            depth = config.stack_depth, sample = config.sample_bytes;
   const Knob knobs[] = {
-      {"MALLOCINFO_TABLE_SIZE", 64, uint64_t{1} << 32, &table},
-      {"MALLOCINFO_STACK_TABLE_SIZE", 64, mi::track::StackTable::kMaxCapacity, &stacks},
-      {"MALLOCINFO_STACK_DEPTH", 1, mi::track::kMaxStackDepth, &depth},
-      {"MALLOCINFO_SAMPLE_BYTES", 1, uint64_t{1} << 40, &sample},
+      {mi::limits::kTableSize, &table},
+      {mi::limits::kStackTableSize, &stacks},
+      {mi::limits::kStackDepth, &depth},
+      {mi::limits::kSampleBytes, &sample},
   };
   for (const Knob& k : knobs) {
-    const char* v = env_find(k.name);
+    const char* v = env_find(k.spec.env);
     if (v == nullptr) continue;
     const uint64_t n = parse_count(v);
-    if (n >= k.min && n <= k.max)
+    if (k.spec.valid(n))
       *k.out = n;
     else
-      warn(k.name, v);
+      warn(k.spec.env, v);
   }
   config.table_capacity = table;
   config.stack_capacity = stacks;

@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../common/mi_limits.h"
+
 namespace mi::sites {
 
 // Copies up to `max` frames of stack `id` into out and returns its depth,
@@ -32,9 +34,8 @@ struct StackKey {
   uint64_t hash = 0;       // of the frames; 0 for an unknown stack
 };
 
-// Frames compared per stack; deeper stacks (the table keeps at most 255)
-// are compared on their first kMaxFrames frames.
-inline constexpr uint32_t kMaxFrames = 256;
+// Frames read per stack: the deepest stack the tracker keeps.
+inline constexpr uint32_t kMaxFrames = mi::limits::kMaxStackDepth;
 
 // For keys[0..n) with distinct ids, sets each canonical to the smallest id
 // among those whose stack has the same frames, or 0 when its stack is

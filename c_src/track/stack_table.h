@@ -49,13 +49,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../common/mi_limits.h"
+
 namespace mi::track {
 
 class StackTable {
  public:
   static constexpr size_t kWindow = 64;
   // Keeps at least 3 generation bits in a 31-bit id.
-  static constexpr size_t kMaxCapacity = size_t{1} << 28;
+  static constexpr size_t kMaxCapacity = mi::limits::kStackTableSize.max;
   static constexpr unsigned kMaxDepth = 255;
   // Polls of a slot another thread is writing before probing on.
   static constexpr uint32_t kDefaultSpinLimit = 256;

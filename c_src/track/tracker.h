@@ -67,6 +67,7 @@
 #include <cstdint>
 
 #include "../common/mi_abi.h"
+#include "../common/mi_limits.h"
 #include "live_table.h"
 #include "sampler.h"
 #include "stack_table.h"
@@ -74,14 +75,15 @@
 
 namespace mi::track {
 
-constexpr unsigned kMaxStackDepth = 128;
+// Frames kept per stack at most: one limit for every reader (mi_limits.h).
+constexpr unsigned kMaxStackDepth = mi::limits::kMaxStackDepth;
 
 struct Config {
   uint32_t mode = MI_MODE_FULL;
-  size_t table_capacity = size_t{1} << 21;  // 2 Mi entries, 64 MiB reserved
-  size_t stack_capacity = size_t{1} << 16;  // 64 Ki distinct stacks
-  unsigned stack_depth = 32;
-  uint64_t sample_bytes = 512 * 1024;
+  size_t table_capacity = mi::limits::kTableSize.default_value;       // 2 Mi entries
+  size_t stack_capacity = mi::limits::kStackTableSize.default_value;  // 64 Ki stacks
+  unsigned stack_depth = static_cast<unsigned>(mi::limits::kStackDepth.default_value);
+  uint64_t sample_bytes = mi::limits::kSampleBytes.default_value;
 };
 
 // Stack capture back end: writes up to max return addresses, innermost
