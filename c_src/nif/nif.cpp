@@ -9,6 +9,8 @@
 #include "atoms.h"
 #include "glibc_nif.h"
 #include "heap_nif.h"
+#include "jemalloc_nif.h"
+#include "tcmalloc_nif.h"
 #include "term.h"
 #include "trace_nif.h"
 
