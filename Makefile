@@ -4,7 +4,7 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build run test test-c eunit ct soak tarball bench fmt fmt-check clean
+.PHONY: deps build run test test-c eunit ct soak tarball bench fmt fmt-check lint clean
 
 # Install missing Debian packages (docker/packages.txt); a no-op when all are present.
 deps:
@@ -25,8 +25,8 @@ run: build
 	@if [ -t 0 ]; then LD_PRELOAD=$(PRELOAD) erl -pa $(EBIN) -eval '$(RUN_EVAL).'; \
 	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) -eval '$(RUN_EVAL), halt().'; fi
 
-# Everything: formatting, Catch2, EUnit, Common Test (release injection). CT's summary is the last line.
-test: build fmt-check tarball test-c eunit ct
+# Everything: formatting, xref and dialyzer, Catch2, EUnit, Common Test (release injection). CT's summary is the last line.
+test: build fmt-check lint tarball test-c eunit ct
 
 test-c: deps
 	@$(MAKE) -s -C c_src -j$(shell nproc) test-bins
@@ -68,6 +68,12 @@ fmt:
 
 fmt-check: deps
 	@clang-format --dry-run --Werror $(FMT_FILES)
+
+# Static checks of the Erlang side: xref (undefined calls, unused locals,
+# deprecated calls) and dialyzer, both clean.
+lint: build
+	@$(REBAR) xref
+	@$(REBAR) dialyzer
 
 clean:
 	@$(REBAR) clean -a >/dev/null 2>&1 || true

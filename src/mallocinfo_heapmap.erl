@@ -513,10 +513,10 @@ chunk(_, Site, Addr, _, _, _) when Site =/= 0 ->
     bad({bad_chunk, Addr});
 chunk(?K_FREE, _, Addr, Size, Ctx, A) ->
     free_pages(Addr, Size, Ctx, A#acc{free = A#acc.free + Size, free_chunks = A#acc.free_chunks + 1,
-                                      largest = max(A#acc.largest, Size)}, true);
+                                      largest = max(A#acc.largest, Size)});
 chunk(?K_FAST, _, Addr, Size, Ctx, A) ->
     free_pages(Addr, Size, Ctx, A#acc{fast = A#acc.fast + Size, free_chunks = A#acc.free_chunks + 1,
-                                      largest = max(A#acc.largest, Size)}, true);
+                                      largest = max(A#acc.largest, Size)});
 chunk(?K_TCACHE, _, _, Size, _, A) ->
     A#acc{tcache = A#acc.tcache + Size, free_chunks = A#acc.free_chunks + 1,
           largest = max(A#acc.largest, Size)};
@@ -531,16 +531,12 @@ chunk(_, _, Addr, _, _, _) ->
 %% The whole pages in [Addr + 48, Addr + Size): remembered for the resident
 %% count once PAGES arrives, and (free and fast chunks) subtracted from the
 %% pinned bytes.
-free_pages(Addr, Size, {Sh, PS, _, FirstPage, _, _}, A, Pinnable) ->
+free_pages(Addr, Size, {Sh, PS, _, FirstPage, _, _}, A) ->
     P0 = (Addr + ?CHUNK_KEEP + PS - 1) bsr Sh,
     P1 = (Addr + Size) bsr Sh,
     if
         P1 > P0 ->
-            Whole = case Pinnable of
-                        true -> A#acc.whole + ((P1 - P0) bsl Sh);
-                        false -> A#acc.whole
-                    end,
-            A#acc{whole = Whole,
+            A#acc{whole = A#acc.whole + ((P1 - P0) bsl Sh),
                   ranges = <<(A#acc.ranges)/binary, (P0 - FirstPage):32, (P1 - P0):32>>};
         true ->
             A
@@ -1135,7 +1131,7 @@ fade(Row, [{X0, N} | Rest], X, Y) ->
 %% time, then the rest one by one.
 fade_run(Run, Phase) ->
     [S0, S1, S2, S3] = Strokes = [stroke(Phase + J) || J <- [0, 1, 2, 3]],
-    Whole = byte_size(Run) band (bnot 3),
+    Whole = byte_size(Run) - byte_size(Run) rem 4,
     <<Body:Whole/binary, Tail/binary>> = Run,
     [<< <<((A band 16#fc) + S0), ((B band 16#fc) + S1), ((C band 16#fc) + S2),
           ((D band 16#fc) + S3)>> || <<A, B, C, D>> <= Body >>,

@@ -746,7 +746,9 @@ name(P, MaxHeap, Timeout) ->
 %% reads the one key itself (a system message, as for heap/2); any other
 %% keeps its raw initial call. A VM that reads one key of another
 %% process's dictionary (process_info/2 with {dictionary, Key}, OTP 26.2)
-%% needs none of this.
+%% needs none of this. (Dialyzer reads OTP 25's contract of process_info/2,
+%% which does not list that item yet.)
+-dialyzer({no_fail_call, started_with/6}).
 started_with(P, IC, Heap, CF, MaxHeap, Timeout) ->
     try process_info(P, {dictionary, '$initial_call'}) of
         {{dictionary, '$initial_call'}, V} -> mfa_or(V, IC);
