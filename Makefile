@@ -4,7 +4,7 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build run test test-c eunit ct soak tarball bench fmt fmt-check lint clean
+.PHONY: deps build run test test-c eunit ct soak tarball bench fmt fmt-check lint docs clean
 
 # Install missing Debian packages (docker/packages.txt); a no-op when all are present.
 deps:
@@ -74,6 +74,10 @@ fmt-check: deps
 lint: build
 	@$(REBAR) xref
 	@$(REBAR) dialyzer
+
+# Module reference from the public modules' @doc (OTP's edoc), into _build/docs.
+docs: build
+	@$(REBAR) edoc
 
 clean:
 	@$(REBAR) clean -a >/dev/null 2>&1 || true

@@ -152,8 +152,8 @@ trim(Pad) ->
 
 %% @doc `mallopt(3)'. An unknown parameter or a non-integer value raises
 %% `badarg'; a value glibc would ignore or refuse returns `{error, einval}'
-%% (`arena_max'/`arena_test' =< 0, `mmap_threshold' outside 0..32 MiB,
-%% negative `mmap_max'/`top_pad', `trim_threshold' < -1, anything outside a
+%% (`arena_max'/`arena_test' =&lt; 0, `mmap_threshold' outside 0..32 MiB,
+%% negative `mmap_max'/`top_pad', `trim_threshold' &lt; -1, anything outside a
 %% C int).
 -spec mallopt(mallopt_param(), integer()) -> ok | {error, einval | wrong_allocator()}.
 mallopt(Param, Value) when is_integer(Value) ->
@@ -329,7 +329,7 @@ otp_roots() ->
 
 %% @doc Prints the report of this node (80 columns): where the resident set
 %% is (mappings by kind), the ERTS, libc and native layers, what nothing
-%% accounts for, and a verdict. See README "The report".
+%% accounts for, and a verdict. See doc/report.md.
 -spec report() -> ok.
 report() ->
     io:put_chars(mallocinfo_report:format(mallocinfo_report:collect())).

@@ -1,4 +1,4 @@
-%% @doc A built-in workload that reproduces the classic memory problems of
+%% @private A built-in workload that reproduces the classic memory problems of
 %% a BEAM node, so that `mallocinfo:report()' has something real to find
 %% (`make run' starts it):
 %% <ul>

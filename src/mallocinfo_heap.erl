@@ -8,7 +8,7 @@
 %% a dirty I/O scheduler; the node's schedulers are held for no longer than
 %% the fork itself. No debug symbols are needed; the glibc version and the
 %% structure layout are checked before anything is trusted. The dump format
-%% is documented in README ("Heap map") and in c_src/heapwalk/dump_format.h.
+%% is documented in doc/heapmap.md and in c_src/heapwalk/dump_format.h.
 -module(mallocinfo_heap).
 
 -export([dump/1, dump/2, summary/0, summary/1, render/2, totals/1]).

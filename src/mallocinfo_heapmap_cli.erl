@@ -1,4 +1,4 @@
-%% @doc `mallocinfo-heapmap DUMP OUTDIR': the command-line face of
+%% @private `mallocinfo-heapmap DUMP OUTDIR': the command-line face of
 %% {@link mallocinfo_heapmap:render/2}, built into the `priv/mallocinfo-heapmap'
 %% escript (scripts/mkcli.escript) so a heap dump can be drawn on a laptop
 %% that has only Erlang.

@@ -49,7 +49,7 @@
                   minimum_bytes_per_second => pos_integer() | false}.
 
 -define(LOOPBACK, {127, 0, 0, 1}).
-%% The limits an operator may change, and their defaults (README, "HTTP
+%% The limits an operator may change, and their defaults (doc/http.md, "HTTP
 %% endpoint", says why each).
 -define(LIMITS, #{max_clients => 32,
                   max_header_size => 8192,
@@ -592,7 +592,7 @@ tracker_origin(#{attached_at := At}) ->
      " (blocks allocated before are not seen)"].
 
 tracker_hint() ->
-    ["Run mallocinfo_trace:attach() on the node (no restart; README \"Attach without restart\"), "
+    ["Run mallocinfo_trace:attach() on the node (no restart; doc/attach.md), "
      "or restart it with LD_PRELOAD=", filename:absname(mallocinfo_trace:preload_path()),
      " (mallocinfo_trace:preload_env/0), or with LD_PRELOAD=libjemalloc.so.2 and "
      "MALLOC_CONF=\"prof:true,prof_active:false\"."].

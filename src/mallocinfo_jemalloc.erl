@@ -11,7 +11,7 @@
 %% {@link profile_active/1} then switches sampling on and off at run time
 %% and {@link profile_dump/0} returns a profile for `jeprof'. Without
 %% `prof:true' those return `{error, profiling_disabled}' (not a misleading
-%% `enoent'). See README "Other allocators".
+%% `enoent'). See doc/allocators.md.
 -module(mallocinfo_jemalloc).
 
 -export([stats/0, summary/0, profile_status/0, profile_active/1, profile_dump/0]).

@@ -1,4 +1,4 @@
-%% @doc A JSON encoder (RFC 8259) for the terms mallocinfo produces. OTP 25
+%% @private A JSON encoder (RFC 8259) for the terms mallocinfo produces. OTP 25
 %% has no `json' module and mallocinfo takes no dependencies.
 %%
 %% Pure: no NIF calls, no state. What maps to what:

@@ -1,4 +1,4 @@
-%% @doc NIF stubs for priv/mallocinfo_nif.so. No logic lives here: the
+%% @private NIF stubs for priv/mallocinfo_nif.so. No logic lives here: the
 %% public API is in {@link mallocinfo}. Every stub is replaced when the
 %% shared object loads; if it does not, calls fail with `nif_not_loaded'.
 -module(mallocinfo_nif).

@@ -1,4 +1,4 @@
-%% @doc Pure functions that turn glibc's text and XML into terms.
+%% @private Pure functions that turn glibc's text and XML into terms.
 %% Kept apart from the NIF calls so they are tested on canned input.
 -module(mallocinfo_parse).
 

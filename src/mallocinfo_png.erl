@@ -1,4 +1,4 @@
-%% @doc A small PNG writer and reader on OTP's `zlib' and `erlang:crc32/1'.
+%% @private A small PNG writer and reader on OTP's `zlib' and `erlang:crc32/1'.
 %%
 %% Writing is streamed, so an image is never held whole: {@link open/1}
 %% returns the signature and header chunks, {@link write/2} deflates

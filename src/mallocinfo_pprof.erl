@@ -1,4 +1,4 @@
-%% @doc The legacy gperftools heap profile text format, which `pprof',
+%% @private The legacy gperftools heap profile text format, which `pprof',
 %% `google-pprof' and `jeprof' read. Pure: {@link mallocinfo_trace:heap_profile/0}
 %% feeds it the tracker's live sites and `/proc/self/maps'.
 %%

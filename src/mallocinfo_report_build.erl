@@ -634,7 +634,7 @@ native(#{trace_status := #{preloaded := false} = S}) when not is_map_key(attache
                                                            map_get(attached_at, S) =:= undefined ->
     {unavailable, not_preloaded,
      <<"mallocinfo_trace:attach() loads the tracker into this node now, without a restart "
-       "(README \"Attach without restart\"); or start the node with "
+       "(doc/attach.md); or start the node with "
        "LD_PRELOAD=<mallocinfo>/priv/libmallocinfo_preload.so (mallocinfo_trace:preload_env/0)">>};
 native(#{trace_status := #{recording := false}}) ->
     {unavailable, not_recording,

@@ -1,4 +1,4 @@
-%% @doc The report as text, 80 columns wide, with humanised units. Pure:
+%% @private The report as text, 80 columns wide, with humanised units. Pure:
 %% it renders what `mallocinfo_report:collect/0,1' return.
 -module(mallocinfo_report_text).
 

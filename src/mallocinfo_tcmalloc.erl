@@ -8,7 +8,7 @@
 %% every call returns `{error, {wrong_allocator, Which}}'. The heap profiler
 %% is part of `libtcmalloc.so' (and `libtcmalloc_and_profiler.so'), not of
 %% `libtcmalloc_minimal.so': there the profiler calls return
-%% `{error, profiler_not_loaded}'. See README "Other allocators".
+%% `{error, profiler_not_loaded}'. See doc/allocators.md.
 -module(mallocinfo_tcmalloc).
 
 -include_lib("kernel/include/file.hrl").

@@ -2,9 +2,8 @@
 %% still live, grouped by call site, from the running node.
 %%
 %% Needs the interposer `priv/libmallocinfo_preload.so': in `LD_PRELOAD' when
-%% the node starts (see {@link preload_env/0} and README "Tracking
-%% allocations"), or loaded into the running node by {@link attach/0}
-%% (README "Attach without restart"). Without either, every call but
+%% the node starts (see {@link preload_env/0} and doc/tracking.md), or loaded into the running node by {@link attach/0}
+%% (doc/attach.md). Without either, every call but
 %% {@link status/0}, {@link attach/0}, {@link preload_path/0} and
 %% {@link preload_env/0} returns `{error, not_preloaded}'. Queries walk the live table on dirty schedulers
 %% and never stall allocating threads (the table is lock-free).
@@ -88,7 +87,7 @@ olds(N) ->
 %% `min_size' (bytes). A block whose call stack could not be stored has
 %% `stack => []'. `{error, eagain}' (in theory only) when so many stacks
 %% were reclaimed while it ran that a stack id could have been reused,
-%% three times in a row (README, "Tracking allocations").
+%% three times in a row (doc/tracking.md).
 -spec olds(non_neg_integer(), opts()) ->
           [old()] | {error, not_preloaded | not_recording | eagain}.
 olds(N, Opts) when is_integer(N), N >= 0 ->

@@ -1,4 +1,4 @@
-%% @doc Humanised units for reports read at 80 columns: bytes with binary
+%% @private Humanised units for reports read at 80 columns: bytes with binary
 %% units, large counts with k/M/G, ages from milliseconds to days. Pure.
 -module(mallocinfo_units).
 

@@ -254,7 +254,7 @@ racing_threads_one_site(Config) ->
 %% million live blocks), the ten biggest sites allocated from a NIF called
 %% from Erlang, so their stacks end in JIT code (no symbol file: looked up
 %% in /proc/self/maps, uncached). Only the 20 stacks shown are symbolized,
-%% in one batch that reads /proc/self/maps once. Times are reported (README,
+%% in one batch that reads /proc/self/maps once. Times are reported (doc/tracking.md,
 %% BENCHMARKS.md), not asserted.
 sites_full_stack_table(Config) ->
     _ = call(Config, mallocinfo_trace, reset, []),

@@ -1,6 +1,7 @@
 // The heap dump file format, version 1: the contract between the dumper
 // (heapwalk/, running in a forked child) and every reader (the Erlang
-// renderer mallocinfo_heapmap, the escript, tests).
+// renderer mallocinfo_heapmap, the escript, tests). For operators:
+// doc/dump-format.md.
 //
 // Design goals: streamable (written front to back with no seeking, read the
 // same way), compact (8 bytes per chunk: the address is implied), and

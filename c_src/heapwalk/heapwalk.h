@@ -31,7 +31,7 @@ namespace mi::heapwalk {
 // Bytes of chunks of each dump_format.h kind (indexed by Kind).
 inline constexpr int kKinds = 7;
 
-// One arena's figures, as README "Heap map" and dump_format.h define them.
+// One arena's figures, as doc/heapmap.md and dump_format.h define them.
 struct ArenaSummary {
   uint32_t index = 0;
   uint64_t address = 0;

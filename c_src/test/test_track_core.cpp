@@ -703,13 +703,13 @@ TEST_CASE("live table: with glibc's layouts the first drop comes above 60% load"
     for (uint64_t seed = 1; seed <= 2; ++seed) {
       const double load = load_at_first_drop(l, seed, kCapacity);
       INFO(l.name << ", seed " << seed << ": first drop at " << load * 100 << "% load");
-      // README ("MALLOCINFO_TABLE_SIZE"): nothing is dropped below 60% full.
+      // doc/tracking.md ("MALLOCINFO_TABLE_SIZE"): nothing is dropped below 60% full.
       CHECK(load >= 0.60);
       lowest = std::min(lowest, load);
     }
   }
   // And that is where drops begin: dense pages of small blocks overflow
-  // their windows well before 70% (which README used to promise).
+  // their windows well before 70% (which the docs used to promise).
   INFO("lowest load at a first drop: " << lowest * 100 << "%");
   CHECK(lowest < 0.70);
 }
