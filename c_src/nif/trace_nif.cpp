@@ -630,10 +630,10 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     for (size_t i = 0; i < sites.size(); ++i) {
       uint64_t pcs[mi::sites::kMaxFrames];
       const uint32_t depth =
-          sites[i].stack == 0 ? 0
-                              : std::min<uint32_t>(abi->stack(sites[i].stack, pcs,
-                                                              mi::sites::kMaxFrames),
-                                                   mi::sites::kMaxFrames);
+          sites[i].stack == 0
+              ? 0
+              : std::min<uint32_t>(abi->stack(sites[i].stack, pcs, mi::sites::kMaxFrames),
+                                   mi::sites::kMaxFrames);
       depths[i] = depth;
       for (uint32_t f = 0; f < depth; ++f) {
         auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
@@ -641,8 +641,7 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
         ids.push_back(it->second);
       }
     }
-    const std::vector<mi::symbolize::Frame> frames =
-        symbolizer().resolve_all(addresses, demangle);
+    const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
     // One binary per object, shared by its locations.
     std::unordered_map<std::string, ERL_NIF_TERM> objects;
     std::vector<ERL_NIF_TERM> locs;
