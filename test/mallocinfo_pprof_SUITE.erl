@@ -15,14 +15,16 @@
          end_per_testcase/2]).
 -export([go_reads_file/1, go_reads_http/1, delta_seconds/1, folded_sums/1, sample_mode/1,
          flamegraph_chromium/1, flamegraph_harness_sees_errors/1, not_preloaded/1,
-         bad_params/1, many_sites/1]).
+         bad_params/1, many_sites/1, jemalloc_alone/1, jemalloc_behind_tracker/1]).
 -export([wait_for_window/0, measure/3]).
 
 -define(HTTPC, mallocinfo_pprof_SUITE).
+-define(JEMALLOC, "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2").
 
 all() ->
     [not_preloaded, bad_params, go_reads_file, go_reads_http, delta_seconds, folded_sums,
-     sample_mode, flamegraph_chromium, flamegraph_harness_sees_errors, many_sites].
+     sample_mode, flamegraph_chromium, flamegraph_harness_sees_errors, many_sites,
+     jemalloc_alone, jemalloc_behind_tracker].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -46,6 +48,11 @@ init_per_testcase(not_preloaded, Config) ->
     [{port, Port} | Config];
 init_per_testcase(sample_mode, Config) ->
     start_peer(Config, #{mode => sample, sample_bytes => 4096});
+init_per_testcase(jemalloc_alone, Config) ->
+    start_peer(Config, [{"LD_PRELOAD", ?JEMALLOC}]);
+init_per_testcase(jemalloc_behind_tracker, Config) ->
+    [{"LD_PRELOAD", Tracker} | Knobs] = mallocinfo_trace:preload_env(),
+    start_peer(Config, [{"LD_PRELOAD", Tracker ++ " " ++ ?JEMALLOC} | Knobs]);
 init_per_testcase(_, Config) ->
     start_peer(Config, #{}).
 
@@ -54,11 +61,13 @@ end_per_testcase(not_preloaded, Config) ->
 end_per_testcase(_, Config) ->
     peer:stop(?config(peer, Config)).
 
-start_peer(Config, Opts) ->
+start_peer(Config, Opts) when is_map(Opts) ->
+    start_peer(Config, mallocinfo_trace:preload_env(Opts));
+start_peer(Config, Env) ->
     Ebin = filename:dirname(code:which(mallocinfo)),
     {ok, Peer, _Node} =
         peer:start_link(#{connection => standard_io,
-                          env => mallocinfo_trace:preload_env(Opts),
+                          env => Env,
                           args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config),
                                    "-pa", filename:dirname(code:which(?MODULE))]}),
     {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
@@ -352,3 +361,25 @@ measure(M, F, A) ->
     R = apply(M, F, A),
     {_, Cpu} = statistics(runtime),
     {Cpu, erlang:monotonic_time(millisecond) - T0, R}.
+
+%% jemalloc without the tracker: the three routes say why not and where
+%% jemalloc's own profile is.
+jemalloc_alone(Config) ->
+    ?assertEqual(jemalloc, call(Config, mallocinfo, allocator, [])),
+    [begin
+         {Code, _, Body} = get(Config, P),
+         ?assertEqual({409, P}, {Code, P}),
+         ?assertMatch({_, _}, binary:match(Body, <<"/heap_profile?trigger_dump=true">>))
+     end || P <- ["/debug/pprof/heap", "/heap.folded", "/flamegraph.html"]].
+
+%% The tracker in front of jemalloc: the routes serve the tracker's
+%% profile, exact as under glibc.
+jemalloc_behind_tracker(Config) ->
+    ?assertEqual(jemalloc, call(Config, mallocinfo, allocator, [])),
+    ok = call(Config, mi_pprof_nif, leak, [300, 1000]),
+    {200, _, Gz} = get(Config, "/debug/pprof/heap"),
+    P = mi_pprof_decode:profile(zlib:gunzip(Gz)),
+    ?assertEqual([300000], [V || #{values := [_, _, _, V], leaf := <<"mi_pprof_leak_here">>}
+                                     <- maps:get(samples, P)]),
+    {200, _, Folded} = get(Config, "/heap.folded"),
+    ?assertMatch({_, _}, binary:match(Folded, <<";mi_pprof_leak_here (mi_pprof_nif.so) 300000\n">>)).
