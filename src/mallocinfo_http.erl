@@ -62,7 +62,8 @@
                   keep_alive_timeout => 10,
                   max_requests_per_connection => 100,
                   minimum_bytes_per_second => 100}).
-%% Fixed: the longest URI served is /heap_profile?trigger_dump=true, and no
+%% Fixed: the longest fixed URI served is /heap_profile?trigger_dump=true
+%% (a /flamegraph.html?search= text past ~1000 bytes gets the 414), and no
 %% request needs a body.
 -define(MAX_URI_SIZE, 1024).
 -define(MAX_BODY_SIZE, 1024).
