@@ -9,6 +9,12 @@
 %% GET /heap_profile     profiling status; ?active=true|false switches it,
 %%                       ?trigger_dump=true returns a profile for jeprof/pprof
 %% GET /metrics          Prometheus text exposition (mallocinfo_prom)
+%% GET /debug/pprof/heap  the tracker's live heap as a gzipped pprof profile
+%%                        (Go's path: go tool pprof, Pyroscope, Parca);
+%%                        ?seconds=N (1..60) a delta over the next N seconds
+%% GET /heap.folded       the same as collapsed stacks (flamegraph.pl, speedscope)
+%% GET /flamegraph.html   a self-contained flame graph page of the live heap
+%%                        (?view=stack|function|object, ?search=Text)
 %% '''
 %%
 %% The server binds to 127.0.0.1 unless an address is given explicitly, and
@@ -56,11 +62,14 @@
                   keep_alive_timeout => 10,
                   max_requests_per_connection => 100,
                   minimum_bytes_per_second => 100}).
-%% Fixed: the longest URI served is /heap_profile?trigger_dump=true, and no
+%% Fixed: the longest fixed URI served is /heap_profile?trigger_dump=true
+%% (a /flamegraph.html?search= text past ~1000 bytes gets the 414), and no
 %% request needs a body.
 -define(MAX_URI_SIZE, 1024).
 -define(MAX_BODY_SIZE, 1024).
 -define(TEXT, "text/plain; charset=utf-8").
+%% The longest ?seconds= of /debug/pprof/heap: the request waits that long.
+-define(MAX_DELTA_SECONDS, 60).
 -define(MALLOC_CONF_HINT,
         "Restart the node with MALLOC_CONF=\"prof:true,prof_active:false\" in its environment "
         "(jemalloc reads it at start only), then GET /heap_profile?active=true.").
@@ -338,6 +347,9 @@ endpoint("/memory.json") -> fun memory_json/1;
 endpoint("/mallocinfo.xml") -> fun mallocinfo_xml/1;
 endpoint("/heap_profile") -> fun heap_profile/1;
 endpoint("/metrics") -> fun metrics/1;
+endpoint("/debug/pprof/heap") -> fun pprof_heap/1;
+endpoint("/heap.folded") -> fun heap_folded/1;
+endpoint("/flamegraph.html") -> fun flamegraph/1;
 endpoint(_) -> undefined.
 
 params(#{query := Query}) ->
@@ -358,7 +370,13 @@ index([]) ->
                "GET /heap_profile     heap profiling status\n"
                "    ?active=true|false  start or stop recording allocations\n"
                "    ?trigger_dump=true  the heap profile, for jeprof --text / google-pprof --text\n"
-               "GET /metrics          Prometheus text exposition\n"]);
+               "GET /metrics          Prometheus text exposition\n"
+               "GET /debug/pprof/heap  the tracker's live heap, gzipped pprof protobuf\n"
+               "    ?seconds=N          what was allocated in the next N (1..60) seconds\n"
+               "                        and is still live\n"
+               "GET /heap.folded      the same as collapsed stacks (flamegraph.pl)\n"
+               "GET /flamegraph.html  the live heap as a flame graph "
+               "(?view=stack|function|object)\n"]);
 index(Params) ->
     no_params(Params).
 
@@ -421,6 +439,88 @@ metrics(Params) ->
 
 no_params(_) ->
     text(400, "this endpoint takes no parameters\n").
+
+%%% /debug/pprof/heap, /heap.folded, /flamegraph.html ---------------------------
+
+%% The tracker's profiles, whatever the allocator: under jemalloc or
+%% tcmalloc they need the tracker preloaded (or attached) in front of it;
+%% those allocators' own profiles are served by /heap_profile.
+pprof_heap(Params) ->
+    case pprof_params(Params, #{}) of
+        {ok, Opts} ->
+            case mallocinfo_trace:pprof(Opts) of
+                {ok, Profile} ->
+                    {200, [{"Content-Type", "application/octet-stream"},
+                           {"Content-Disposition", "attachment; filename=\"heap.pb.gz\""}],
+                     Profile};
+                {error, Reason} ->
+                    profile_refusal(Reason)
+            end;
+        {error, Why} ->
+            text(400, Why)
+    end.
+
+%% Go's handler takes seconds and gc (gc=1 runs Go's collector first:
+%% there is nothing of the kind to run here, so any value is accepted and
+%% ignored, and a scraper that sends it is served).
+pprof_params([], Opts) ->
+    {ok, Opts};
+pprof_params([{"seconds", Value} | Rest], Opts) when not is_map_key(seconds, Opts) ->
+    case string:to_integer(Value) of
+        {N, ""} when N >= 1, N =< ?MAX_DELTA_SECONDS -> pprof_params(Rest, Opts#{seconds => N});
+        _ -> {error, "seconds takes an integer from 1 to 60\n"}
+    end;
+pprof_params([{"gc", _} | Rest], Opts) ->
+    pprof_params(Rest, Opts);
+pprof_params([{Name, _} | _], _) ->
+    {error, ["unknown parameter ", printable(Name),
+             "; /debug/pprof/heap takes seconds=N (once) and gc\n"]}.
+
+heap_folded([]) ->
+    case mallocinfo_trace:profile_data(#{}) of
+        {ok, Data} ->
+            %% The total the lines sum to, from the same snapshot.
+            {200, [{"Content-Type", ?TEXT},
+                   {"X-Live-Bytes", integer_to_list(mallocinfo_profile:folded_total(Data))}],
+             mallocinfo_profile:folded(Data)};
+        {error, Reason} ->
+            profile_refusal(Reason)
+    end;
+heap_folded(Params) ->
+    no_params(Params).
+
+%% The page reads view and search itself (they only choose what it shows
+%% first); they are checked here like any parameter.
+flamegraph(Params) ->
+    Known = [P || {K, V} = P <- Params,
+                  K =:= "view" andalso lists:member(V, ["stack", "function", "object"])
+                      orelse K =:= "search"],
+    case length(Known) =:= length(Params)
+        andalso length(lists:ukeysort(1, Params)) =:= length(Params) of
+        true ->
+            case mallocinfo_trace:folded() of
+                {ok, Folded} ->
+                    Title = ["live heap of ", atom_to_list(node()), " (os pid ", os:getpid(), ")"],
+                    {200, [{"Content-Type", "text/html; charset=utf-8"}],
+                     mallocinfo_flamegraph:page(Folded, Title)};
+                {error, Reason} ->
+                    profile_refusal(Reason)
+            end;
+        false ->
+            text(400, "/flamegraph.html takes view=stack|function|object and search=Text, "
+                      "each at most once\n")
+    end.
+
+profile_refusal(not_preloaded) ->
+    Own = case mallocinfo:allocator() of
+              glibc -> "";
+              Other -> ["This node's ", atom_to_list(Other), " serves its own heap profile at "
+                        "/heap_profile?trigger_dump=true (jeprof / google-pprof text format).\n"]
+          end,
+    text(409, ["no heap profile: the tracker is not preloaded or attached\n", Own,
+               tracker_hint(), "\n"]);
+profile_refusal(Reason) ->
+    refusal(tracker, Reason).
 
 %%% /heap_profile ----------------------------------------------------------------
 

@@ -6,7 +6,7 @@
 -nifs([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
        trim/1, mallopt/2, rss/0, version/0, libc_version/0,
        trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/4,
-       trace_sites/2, trace_profile/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
+       trace_sites/2, trace_profile/0, trace_pprof/2, trace_now/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
        trace_symbolizer_stats/0, heap_dump/4,
        allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
        jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
@@ -17,7 +17,7 @@
 -export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
          trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/4,
-         trace_sites/2, trace_profile/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
+         trace_sites/2, trace_profile/0, trace_pprof/2, trace_now/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
          trace_symbolizer_stats/0, heap_dump/4,
          allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
          jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
@@ -76,6 +76,8 @@ trace_reclaim() -> erlang:nif_error(nif_not_loaded).
 trace_olds(_N, _MinAgeMs, _MinSize, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_sites(_N, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_profile() -> erlang:nif_error(nif_not_loaded).
+trace_pprof(_Demangle, _SinceNs) -> erlang:nif_error(nif_not_loaded).
+trace_now() -> erlang:nif_error(nif_not_loaded).
 trace_symbolize(_Addresses, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_attach(_Mode, _SampleBytes, _TableSize, _StackTableSize, _StackDepth) ->
     erlang:nif_error(nif_not_loaded).

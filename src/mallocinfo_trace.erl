@@ -10,11 +10,12 @@
 -module(mallocinfo_trace).
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
+         pprof/0, pprof/1, folded/0, folded/1, profile_data/1,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
 -export([knobs/0]).
 
--export_type([mode/0, frame/0, old/0, site/0]).
+-export_type([mode/0, frame/0, old/0, site/0, profile_opts/0]).
 
 -type posix() :: file:posix().
 
@@ -38,11 +39,16 @@
               | [demangle | {demangle, boolean()} | {min_age_ms, non_neg_integer()}
                  | {min_size, non_neg_integer()}].
 
+-type profile_opts() :: #{demangle => boolean(), seconds => 1..300}.
+
 -type attach_error() :: preloaded | already_attached
                       | {unsupported, atom() | {atom(), binary()}}
                       | {load_failed, binary()} | posix().
 
 -define(PRELOAD_SO, "libmallocinfo_preload.so").
+%% The longest delta profile window: a caller (an HTTP request) waits that
+%% long for its answer.
+-define(MAX_DELTA_S, 300).
 
 %% @doc What the tracker is doing. Always succeeds: `preloaded => false'
 %% when the interposer was not preloaded; `attached => true' between
@@ -136,6 +142,117 @@ heap_profile() ->
             case file:read_file("/proc/self/maps") of
                 {ok, Maps} -> {ok, iolist_to_binary(mallocinfo_pprof:heap_profile(Sites, Maps))};
                 {error, _} = E -> E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @equiv pprof(#{})
+-spec pprof() -> {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
+pprof() ->
+    pprof(#{}).
+
+%% @doc Every live call site as a gzipped pprof `profile.proto', the
+%% format of Go's `/debug/pprof/heap', which `go tool pprof', Pyroscope,
+%% Parca and speedscope read. Sample types `alloc_objects',
+%% `alloc_space', `inuse_objects' and `inuse_space' (the default); the
+%% tracker keeps live blocks only, so alloc_* equal inuse_* (what is
+%% still live, not all that was ever allocated). Every location has its
+%% address, its mapping (the executable mappings of `/proc/self/maps',
+%% the emulator's first) and a function named here (the readers need not
+%% find the binaries): the symbol, or `object+0xoffset' when none covers
+%% it; each function's file name is its object, so `pprof -files' groups
+%% by object. In `sample' mode the values are the unbiased estimates of
+%% {@link sites/1}, already scaled; `period' is `sample_bytes' (1 in
+%% `full' mode). Blocks without a recorded stack are one sample at a
+%% `[no stack recorded]' frame.
+%%
+%% `Opts': `demangle' (default `true'); `seconds' (1..300): a delta
+%% profile, waiting that long in the calling process, of the blocks
+%% allocated during those seconds and still live at their end (the
+%% tracker does not see what was allocated and freed in between). The
+%% work (snapshot, symbolization) runs on a dirty scheduler; about 0.3 s
+%% for 30,000 sites (README, "Profiles").
+-spec pprof(profile_opts()) ->
+          {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
+pprof(Opts) ->
+    case profile_data(Opts) of
+        {ok, Data} -> {ok, mallocinfo_profile:pprof(Data)};
+        {error, _} = E -> E
+    end.
+
+%% @equiv folded(#{})
+-spec folded() -> {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
+folded() ->
+    folded(#{}).
+
+%% @doc The live heap as collapsed stacks, the text `flamegraph.pl' and
+%% speedscope read: one line per call site, `root;...;leaf bytes', each
+%% frame `function (object)'. The lines sum to the live bytes the tracker
+%% holds (blocks without a stack: a `[no stack recorded]' line). `Opts' as
+%% {@link pprof/1}.
+-spec folded(profile_opts()) ->
+          {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
+folded(Opts) ->
+    case profile_data(Opts) of
+        {ok, Data} -> {ok, iolist_to_binary(mallocinfo_profile:folded(Data))};
+        {error, _} = E -> E
+    end.
+
+%% @private The snapshot both formats are made of (mallocinfo_profile:data()).
+profile_data(Opts) when is_map(Opts) ->
+    case maps:keys(Opts) -- [demangle, seconds] of
+        [] -> ok;
+        _ -> erlang:error(badarg, [Opts])
+    end,
+    Demangle = maps:get(demangle, Opts, true),
+    Seconds = maps:get(seconds, Opts, 0),
+    is_boolean(Demangle) andalso is_integer(Seconds)
+        andalso (Seconds =:= 0 andalso not is_map_key(seconds, Opts)
+                 orelse Seconds >= 1 andalso Seconds =< ?MAX_DELTA_S)
+        orelse erlang:error(badarg, [Opts]),
+    Start = erlang:system_time(nanosecond),
+    Since = case Seconds of
+                0 -> {ok, 0};
+                _ -> mallocinfo_nif:trace_now()
+            end,
+    case Since of
+        {ok, SinceNs} ->
+            %% The caller waits, not a scheduler.
+            timer:sleep(Seconds * 1000),
+            profile_data(Demangle, SinceNs, Start, Seconds);
+        {error, _} = E ->
+            E
+    end;
+profile_data(Opts) ->
+    erlang:error(badarg, [Opts]).
+
+profile_data(Demangle, SinceNs, Start, Seconds) ->
+    case mallocinfo_nif:trace_pprof(Demangle, SinceNs) of
+        {ok, #{mode := Mode} = Snap} ->
+            %% Read after the snapshot, so every object a stack points
+            %% into is mapped (unless unloaded in between).
+            case file:read_file("/proc/self/maps") of
+                {ok, Maps} ->
+                    Exe = case file:read_link_all("/proc/self/exe") of
+                              {ok, E} -> unicode:characters_to_binary(E);
+                              {error, _} -> <<>>
+                          end,
+                    Comments =
+                        [iolist_to_binary(["mallocinfo tracker, mode ", atom_to_list(Mode),
+                                           case Mode of
+                                               sample -> ": values are unbiased estimates";
+                                               _ -> ""
+                                           end,
+                                           "; alloc_* = inuse_* (live blocks only)"])
+                         | [iolist_to_binary(io_lib:format(
+                                               "delta over ~b s: blocks allocated in that "
+                                               "window and still live at its end", [Seconds]))
+                            || Seconds > 0]],
+                    {ok, Snap#{maps => Maps, exe => Exe, time_nanos => Start,
+                               duration_nanos => Seconds * 1000000000, comments => Comments}};
+                {error, _} = E ->
+                    E
             end;
         {error, _} = E ->
             E

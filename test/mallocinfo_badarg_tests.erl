@@ -30,7 +30,13 @@ excluded_modules() ->
      {mallocinfo_heapmap_cli, "main/1 is the escript's entry point: it answers a usage error with "
                               "exit status 2 (and halts the VM), tested by mallocinfo_heapmap_SUITE"},
      {mallocinfo_report_build, "@private: the report's pure internals, exported for their EUnit "
-                               "tests; mallocinfo_report:collect/0 is their only caller"}].
+                               "tests; mallocinfo_report:collect/0 is their only caller"},
+     {mallocinfo_protobuf, "@private wire-format encoder: mallocinfo_profile is its only caller, "
+                           "with values it made; EUnit in mallocinfo_profile_tests"},
+     {mallocinfo_profile, "@private: the profiles' pure internals, fed only by mallocinfo_trace "
+                          "with the NIF's snapshot; EUnit in mallocinfo_profile_tests"},
+     {mallocinfo_flamegraph, "@private: the flame graph page, made only by mallocinfo_http from "
+                             "mallocinfo_trace:folded/0's text"}].
 
 %% {Module, Function, Arity, Position, Reason}: a position that accepts any
 %% term. Every other position of that function is still checked.
@@ -71,6 +77,9 @@ cases(S) ->
     OldsOpts = TraceOpts ++ [#{min_size => -1}, #{min_age_ms => 1.5}, [{min_size, junk}],
                              #{min_size => 1 bsl 64}],
     Count = [junk, -1, 1.5, [a | b], <<"1">>, "1", {1}, 1 bsl 64],
+    ProfileOpts = not_opts() ++ [[], [{seconds, 1}], #{seconds => 0}, #{seconds => 301},
+                                 #{seconds => 1.5}, #{seconds => junk}, #{demangle => 1},
+                                 #{seconds => 1, junk => 1}],
     Arenas = [junk, [a | b], {a, b}, #{}, [junk], [#{}], [(arena())#{system_bytes => -1}],
               [(arena())#{by_kind => #{}}], [maps:remove(pinned_bytes, arena())],
               [arena() | junk], [arena(), (arena())#{in_use_bytes => <<"1">>}]],
@@ -222,6 +231,9 @@ cases(S) ->
      {mallocinfo_trace, set_mode, [{off, [junk, "full", <<"full">>, 1, [a | b], {full}]}]},
      {mallocinfo_trace, olds, [{1, Count}]},
      {mallocinfo_trace, olds, [{1, Count}, {#{}, OldsOpts}]},
+     {mallocinfo_trace, pprof, [{#{}, ProfileOpts}]},
+     {mallocinfo_trace, folded, [{#{}, ProfileOpts}]},
+     {mallocinfo_trace, profile_data, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, sites, [{1, Count}]},
      {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}]}]},
      {mallocinfo_trace, preload_env, [{#{}, not_opts() ++ [#{mode => junk}, #{table_size => 1},

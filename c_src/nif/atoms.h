@@ -172,7 +172,10 @@
   X(prof_unsupported, "profiling_unsupported")    \
   X(profiler_not_loaded, "profiler_not_loaded")   \
   X(not_running, "not_running")                   \
-  X(already_running, "already_running")
+  X(already_running, "already_running")           \
+  /* pprof */                                     \
+  X(now_ns, "now_ns")                             \
+  X(locations, "locations")
 
 namespace mi::nif {
 

@@ -56,6 +56,12 @@ ErlNifFunc nif_funcs[] = {
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
+    // pprof: the same snapshot and grouping, then every distinct return
+    // address symbolized (reads ELF files on a cold cache).
+    {"trace_pprof", 2, guarded<n::trace_pprof>, kCpu},
+    // now: one clock read, but finding the interposer may dlopen(RTLD_NOLOAD)
+    // (the loader lock) when it is not preloaded.
+    {"trace_now", 0, guarded<n::trace_now>, kIo},
     // attach/detach dlopen the interposer (loader lock, file reads), walk
     // every loaded object's relocations and mprotect RELRO pages: dirty,
     // and I/O because the loader lock can be held by a slow dlopen.

@@ -328,13 +328,17 @@ class SiteIndex {
 // the same frames merged (mi::sites::canonicalize), and ids whose stack is
 // unknown merged into the "no stack" site (stack 0). Inside
 // with_stable_ids, so ids keep their meaning.
-std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st) {
+// since_ns > 0 keeps only blocks allocated at or after that instant (on
+// now_ns()'s clock): the delta profiles of trace_pprof.
+std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st,
+                                uint64_t since_ns = 0) {
   const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
   std::vector<Site> sites;
   sites.reserve(std::min<uint64_t>(st.stacks, 1 << 20) + 16);
   SiteIndex index(st.stack_capacity);
   stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
     for (size_t i = 0; i < count; ++i) {
+      if (e[i].timestamp_ns < since_ns) continue;
       uint32_t at = index.find(e[i].stack_id);
       if (at == SiteIndex::kNone) {
         at = static_cast<uint32_t>(sites.size());
@@ -602,6 +606,84 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
     }
     return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), out.size()));
   });
+}
+
+// pprof(Demangle, SinceNs): every site (blocks allocated at or after
+// SinceNs only, 0 for all) with its stack as indices into one table of
+// distinct return addresses, each symbolized once, in one batch. 30K sites
+// share a few tens of thousands of addresses: the Erlang side turns this
+// into a profile.proto without formatting a single address itself.
+ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  const bool demangle = enif_is_identical(argv[0], atoms.true_);
+  const uint64_t since = get_u64(env, argv[1]);
+  ERL_NIF_TERM error;
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
+  if (abi == nullptr) return error;
+  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+    const uint64_t now = abi->now_ns();
+    std::vector<Site> sites = group_by_site(abi, st, since);
+    std::sort(sites.begin(), sites.end(), larger_site);
+    std::unordered_map<uint64_t, uint32_t> index;  // address -> 1-based location id
+    std::vector<uint64_t> addresses;
+    std::vector<uint32_t> ids;  // every site's location ids, one after the other
+    std::vector<uint32_t> depths(sites.size());
+    for (size_t i = 0; i < sites.size(); ++i) {
+      uint64_t pcs[mi::sites::kMaxFrames];
+      const uint32_t depth =
+          sites[i].stack == 0
+              ? 0
+              : std::min<uint32_t>(abi->stack(sites[i].stack, pcs, mi::sites::kMaxFrames),
+                                   mi::sites::kMaxFrames);
+      depths[i] = depth;
+      for (uint32_t f = 0; f < depth; ++f) {
+        auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
+        if (fresh) addresses.push_back(pcs[f]);
+        ids.push_back(it->second);
+      }
+    }
+    const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
+    // One binary per object, shared by its locations.
+    std::unordered_map<std::string, ERL_NIF_TERM> objects;
+    std::vector<ERL_NIF_TERM> locs;
+    locs.reserve(frames.size());
+    for (const mi::symbolize::Frame& f : frames) {
+      auto [it, fresh] = objects.try_emplace(f.object, 0);
+      if (fresh) it->second = make_binary(env, f.object);
+      locs.push_back(enif_make_tuple4(env, u64(env, f.address), it->second,
+                                      f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
+                                      u64(env, f.object_offset)));
+    }
+    std::vector<ERL_NIF_TERM> out;
+    out.reserve(sites.size());
+    std::vector<ERL_NIF_TERM> stack;
+    size_t next = 0;
+    for (size_t i = 0; i < sites.size(); ++i) {
+      stack.clear();
+      for (uint32_t f = 0; f < depths[i]; ++f) stack.push_back(enif_make_uint(env, ids[next++]));
+      out.push_back(enif_make_tuple3(env, u64(env, rounded(sites[i].count)),
+                                     u64(env, rounded(sites[i].bytes)),
+                                     enif_make_list_from_array(env, stack.data(), depths[i])));
+    }
+    return enif_make_tuple2(
+        env, atoms.ok,
+        MapBuilder()
+            .put(atoms.mode, mode_atom(st.mode))
+            .put(atoms.sample_bytes, u64(env, st.sample_bytes))
+            .put(atoms.now_ns, u64(env, now))
+            .put(atoms.sites, enif_make_list_from_array(env, out.data(), out.size()))
+            .put(atoms.locations, enif_make_list_from_array(env, locs.data(), locs.size()))
+            .build(env));
+  });
+}
+
+// now(): {ok, NowNs}, the tracker's clock (block timestamps use it).
+ERL_NIF_TERM trace_now(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  ERL_NIF_TERM error;
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
+  if (abi == nullptr) return error;
+  return enif_make_tuple2(env, atoms.ok, u64(env, abi->now_ns()));
 }
 
 // symbolizer_stats(): the process-wide symbolizer's counters, so tests can

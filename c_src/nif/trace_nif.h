@@ -29,6 +29,14 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, [{Count, Bytes, [ReturnAddress]}]}: every live site, raw addresses.
 ERL_NIF_TERM trace_profile(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// pprof(Demangle, SinceNs) -> {ok, #{mode, sample_bytes, now_ns, sites =>
+// [{Count, Bytes, [LocationId]}], locations => [{Address, Object, Symbol |
+// undefined, ObjectOffset}]}}: every live site (allocated at or after
+// SinceNs, 0 for all), largest first, stacks innermost first as 1-based
+// positions in `locations' (each distinct return address once, symbolized).
+ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// {ok, NowNs}: the tracker's clock, which block timestamps use.
+ERL_NIF_TERM trace_now(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // attach(Mode, SampleBytes, TableSize, StackTableSize, StackDepth): ok |
 // {error, preloaded | already_attached | {unsupported, What} |

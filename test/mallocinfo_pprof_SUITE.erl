@@ -1,0 +1,385 @@
+%% Profiles other tools read, end to end: a peer node with the interposer
+%% preloaded and a test NIF that allocates from functions with known names
+%% (mi_pprof_nif), serving HTTP. Go's own `go tool pprof' (Debian's
+%% golang-go, with the network and the module proxy off) must read
+%% mallocinfo_trace:pprof/0's file and /debug/pprof/heap and show the test
+%% function's exact in-use bytes; ?seconds=1 must show only what was
+%% allocated in that second; /heap.folded must sum to the live total; the
+%% flame graph page must draw in headless Chromium with no script error,
+%% the test function its widest top frame.
+-module(mallocinfo_pprof_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2,
+         end_per_testcase/2]).
+-export([go_reads_file/1, go_reads_http/1, delta_seconds/1, folded_sums/1, sample_mode/1,
+         flamegraph_chromium/1, flamegraph_harness_sees_errors/1, not_preloaded/1,
+         bad_params/1, many_sites/1, jemalloc_alone/1, jemalloc_behind_tracker/1]).
+-export([wait_for_window/0, measure/3]).
+
+-define(HTTPC, mallocinfo_pprof_SUITE).
+-define(JEMALLOC, "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2").
+
+all() ->
+    [not_preloaded, bad_params, go_reads_file, go_reads_http, delta_seconds, folded_sums,
+     sample_mode, flamegraph_chromium, flamegraph_harness_sees_errors, many_sites,
+     jemalloc_alone, jemalloc_behind_tracker].
+
+init_per_suite(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Data = ?config(data_dir, Config),
+    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
+    So = filename:join(Priv, "mi_pprof_nif.so"),
+    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -o ~ts ~ts 2>&1",
+                        [Erts, So, filename:join(Data, "mi_pprof_nif.c")]),
+    "" = os:cmd(lists:flatten(Cmd)),
+    {ok, mi_pprof_nif} = compile:file(filename:join(Data, "mi_pprof_nif.erl"), [{outdir, Priv}]),
+    {ok, _} = application:ensure_all_started(inets),
+    {ok, _} = inets:start(httpc, [{profile, ?HTTPC}]),
+    ok = httpc:set_options([{max_keep_alive_length, 0}, {keep_alive_timeout, 0}], ?HTTPC),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = inets:stop(httpc, ?HTTPC).
+
+init_per_testcase(not_preloaded, Config) ->
+    {ok, #{port := Port}} = mallocinfo_http:start(#{}),
+    [{port, Port} | Config];
+init_per_testcase(sample_mode, Config) ->
+    start_peer(Config, #{mode => sample, sample_bytes => 4096});
+init_per_testcase(jemalloc_alone, Config) ->
+    start_peer(Config, [{"LD_PRELOAD", ?JEMALLOC}]);
+init_per_testcase(jemalloc_behind_tracker, Config) ->
+    [{"LD_PRELOAD", Tracker} | Knobs] = mallocinfo_trace:preload_env(),
+    start_peer(Config, [{"LD_PRELOAD", Tracker ++ " " ++ ?JEMALLOC} | Knobs]);
+init_per_testcase(_, Config) ->
+    start_peer(Config, #{}).
+
+end_per_testcase(not_preloaded, Config) ->
+    mallocinfo_http:stop(?config(port, Config));
+end_per_testcase(_, Config) ->
+    peer:stop(?config(peer, Config)).
+
+start_peer(Config, Opts) when is_map(Opts) ->
+    start_peer(Config, mallocinfo_trace:preload_env(Opts));
+start_peer(Config, Env) ->
+    Ebin = filename:dirname(code:which(mallocinfo)),
+    {ok, Peer, _Node} =
+        peer:start_link(#{connection => standard_io,
+                          env => Env,
+                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config),
+                                   "-pa", filename:dirname(code:which(?MODULE))]}),
+    {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
+    {ok, #{port := Port}} = peer:call(Peer, mallocinfo_http, start, [#{}]),
+    [{peer, Peer}, {port, Port} | Config].
+
+call(Config, M, F, A) ->
+    peer:call(?config(peer, Config), M, F, A, 120000).
+
+get(Config, Path) ->
+    Url = url(Config, Path),
+    {ok, {{_, Code, _}, Headers, Body}} =
+        httpc:request(get, {Url, []}, [{timeout, 120000}], [{body_format, binary}], ?HTTPC),
+    {Code, Headers, Body}.
+
+url(Config, Path) ->
+    "http://127.0.0.1:" ++ integer_to_list(?config(port, Config)) ++ Path.
+
+%% A scratch directory of this test case's own.
+scratch(Config, Name) ->
+    Dir = filename:join(?config(priv_dir, Config), Name),
+    ok = filelib:ensure_path(Dir),
+    Dir.
+
+%%% go tool pprof ------------------------------------------------------------------
+
+go() ->
+    case os:find_executable("go") of
+        false -> ct:fail("go is not installed: make deps installs golang-go (docker/packages.txt)");
+        Path -> Path
+    end.
+
+%% `go tool pprof -top' in bytes, every node shown, as {Function, Flat, Cum}.
+%% Go's caches and pprof's copies of fetched profiles go to a scratch
+%% directory; GOPROXY=off and GOTOOLCHAIN=local keep it off the network.
+go_top(Config, Source) ->
+    Dir = scratch(Config, "go"),
+    Env = [{"HOME", Dir}, {"GOPATH", filename:join(Dir, "gopath")},
+           {"GOCACHE", filename:join(Dir, "gocache")}, {"PPROF_TMPDIR", Dir},
+           {"GOPROXY", "off"}, {"GOTOOLCHAIN", "local"}, {"GOFLAGS", ""}],
+    Port = open_port({spawn_executable, go()},
+                     [{args, ["tool", "pprof", "-top", "-unit=B", "-nodefraction=0",
+                              "-sample_index=inuse_space", Source]},
+                      {env, Env}, exit_status, stderr_to_stdout, binary, {line, 65536}]),
+    {Status, Lines} = collect(Port, []),
+    ct:log("go tool pprof -top ~ts: exit ~b~n~ts", [Source, Status, lists:join($\n, Lines)]),
+    ?assertEqual(0, Status),
+    [{Name, bytes(Flat), bytes(Cum)}
+     || L <- Lines,
+        {match, [Flat, Cum, Name]} <-
+            [re:run(L, "^\\s*(\\d+B)\\s+\\S+%\\s+\\S+%\\s+(\\d+B)\\s+\\S+%\\s+(.*)$",
+                    [{capture, all_but_first, binary}])]].
+
+collect(Port, Acc) ->
+    receive
+        {Port, {data, {eol, L}}} -> collect(Port, [L | Acc]);
+        {Port, {data, {noeol, L}}} -> collect(Port, [L | Acc]);
+        {Port, {exit_status, S}} -> {S, lists:reverse(Acc)}
+    after 120000 ->
+        ct:fail(go_tool_pprof_timeout)
+    end.
+
+bytes(B) ->
+    binary_to_integer(binary:part(B, 0, byte_size(B) - 1)).
+
+function(Top, Name) ->
+    case lists:keyfind(Name, 1, Top) of
+        {_, Flat, Cum} -> {Flat, Cum};
+        false -> absent
+    end.
+
+%%% Cases --------------------------------------------------------------------------
+
+%% This CT node has no tracker: the routes say so (409), and the API too.
+not_preloaded(Config) ->
+    ?assertEqual({error, not_preloaded}, mallocinfo_trace:pprof()),
+    ?assertEqual({error, not_preloaded}, mallocinfo_trace:folded()),
+    ?assertEqual({error, not_preloaded}, mallocinfo_trace:pprof(#{seconds => 1})),
+    [begin
+         {Code, _, Body} = get(Config, P),
+         ?assertEqual({409, P}, {Code, P}),
+         ?assertMatch({_, _}, binary:match(Body, <<"not preloaded">>))
+     end || P <- ["/debug/pprof/heap", "/heap.folded", "/flamegraph.html"]].
+
+bad_params(Config) ->
+    [?assertEqual({400, P}, {element(1, get(Config, P)), P})
+     || P <- ["/debug/pprof/heap?seconds=0", "/debug/pprof/heap?seconds=61",
+              "/debug/pprof/heap?seconds=x", "/debug/pprof/heap?seconds=1&seconds=2",
+              "/debug/pprof/heap?debug=1", "/heap.folded?x=1", "/flamegraph.html?view=tree",
+              "/flamegraph.html?view=stack&view=object", "/flamegraph.html?x=1"]],
+    %% Go's scrapers send gc=1: accepted.
+    ?assertMatch({200, _, _}, get(Config, "/debug/pprof/heap?gc=1")),
+    %% Only GET, as every route.
+    {ok, {{_, 405, _}, Headers, _}} =
+        httpc:request(post, {url(Config, "/debug/pprof/heap"), [], "text/plain", ""}, [], [],
+                      ?HTTPC),
+    ?assertEqual("GET", proplists:get_value("allow", Headers)),
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{seconds => 0}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{seconds => 301}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{demangle => yes}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{depth => 1}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [[]])).
+
+%% mallocinfo_trace:pprof/0's bytes, written to a file, read by Go's pprof:
+%% the test function holds exactly what it allocated.
+go_reads_file(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [1000, 1000]),
+    {ok, Profile} = call(Config, mallocinfo_trace, pprof, []),
+    File = filename:join(scratch(Config, "file"), "heap.pb.gz"),
+    ok = file:write_file(File, Profile),
+    Top = go_top(Config, File),
+    ?assertEqual({1000000, 1000000}, function(Top, <<"mi_pprof_leak_here">>)).
+
+%% The same straight from the URL Go's tools scrape.
+go_reads_http(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [2000, 700]),
+    {200, Headers, _} = get(Config, "/debug/pprof/heap"),
+    ?assertEqual("application/octet-stream", proplists:get_value("content-type", Headers)),
+    Top = go_top(Config, url(Config, "/debug/pprof/heap")),
+    ?assertEqual({1400000, 1400000}, function(Top, <<"mi_pprof_leak_here">>)).
+
+%% ?seconds=1: what was allocated during that second (and is still live),
+%% nothing from before. The test allocates inside the window once the
+%% request is seen waiting in it (an event, not a guess at timing).
+delta_seconds(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [500, 1000]),
+    Self = self(),
+    Req = spawn_link(fun() ->
+                             Self ! {delta, get(Config, "/debug/pprof/heap?seconds=1")}
+                     end),
+    ok = call(Config, ?MODULE, wait_for_window, []),
+    ok = call(Config, mi_pprof_nif, window, [30, 1234]),
+    Body = receive {delta, {200, _, B}} -> B after 120000 -> ct:fail(no_delta) end,
+    unlink(Req),
+    File = filename:join(scratch(Config, "delta"), "delta.pb.gz"),
+    ok = file:write_file(File, Body),
+    Top = go_top(Config, File),
+    ?assertEqual({30 * 1234, 30 * 1234}, function(Top, <<"mi_pprof_window_here">>)),
+    ?assertEqual(absent, function(Top, <<"mi_pprof_leak_here">>)),
+    %% A full profile has both.
+    Full = go_top(Config, url(Config, "/debug/pprof/heap")),
+    ?assertEqual({500000, 500000}, function(Full, <<"mi_pprof_leak_here">>)),
+    ?assertEqual({30 * 1234, 30 * 1234}, function(Full, <<"mi_pprof_window_here">>)).
+
+%% Runs on the peer: returns once a process waits in a delta profile's
+%% window (in timer:sleep/1, called from mallocinfo_trace).
+wait_for_window() ->
+    Waiting = [P || P <- processes(),
+                    {current_stacktrace, Stack} <- [process_info(P, current_stacktrace)],
+                    lists:keymember(timer, 1, Stack),
+                    lists:any(fun({M, F, _, _}) -> {M, F} =:= {mallocinfo_trace, profile_data} end,
+                              Stack)],
+    case Waiting of
+        [] -> receive after 5 -> wait_for_window() end;
+        [_ | _] -> ok
+    end.
+
+%% /heap.folded: root-first lines whose bytes sum to the live total of the
+%% snapshot they come from (X-Live-Bytes); the test function's lines hold
+%% exactly its bytes, and it is their leaf.
+folded_sums(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [100, 4096]),
+    {200, Headers, Body} = get(Config, "/heap.folded"),
+    Lines = binary:split(Body, <<"\n">>, [global, trim_all]),
+    Parsed = [begin
+                  [Stack, Bytes] = string:split(L, <<" ">>, trailing),
+                  {binary:split(Stack, <<";">>, [global]), binary_to_integer(Bytes)}
+              end || L <- Lines],
+    Total = lists:sum([B || {_, B} <- Parsed]),
+    ?assertEqual(list_to_integer(proplists:get_value("x-live-bytes", Headers)), Total),
+    Leaks = [{Frames, B} || {Frames, B} <- Parsed,
+                            binary:match(lists:last(Frames), <<"mi_pprof_leak_here (">>) =/= nomatch],
+    ?assertEqual(409600, lists:sum([B || {_, B} <- Leaks])),
+    [{[Root | _], _} | _] = Parsed,
+    %% Root first: the stacks start where threads start.
+    ct:log("first root: ~ts", [Root]),
+    ?assert(lists:all(fun({Frames, _}) -> length(Frames) >= 2 end, Leaks)),
+    %% Every frame names its object.
+    ?assert(lists:all(fun({Frames, _}) ->
+                              lists:all(fun(Fr) -> binary:last(Fr) =:= $) end, Frames)
+                      end, [P || {[F | _], _} = P <- Parsed, F =/= <<"[no stack recorded]">>])).
+
+%% Sample mode: values already scaled (the unbiased estimates sites/1
+%% gives), and the period says the sampling interval.
+sample_mode(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [2000, 10000]),
+    {ok, Gz} = call(Config, mallocinfo_trace, pprof, []),
+    P = mi_pprof_decode:profile(zlib:gunzip(Gz)),
+    ?assertEqual(4096, maps:get(period, P)),
+    [#{bytes := Est, count := N}] =
+        [S || #{stack := [#{symbol := <<"mi_pprof_leak_here">>} | _]} = S
+                  <- call(Config, mallocinfo_trace, sites, [1000])],
+    Leaf = [V || #{values := V, leaf := <<"mi_pprof_leak_here">>} <- maps:get(samples, P)],
+    ?assertEqual([[N, Est, N, Est]], Leaf),
+    %% 2000 blocks of 10000 bytes, each sampled with p = 1 - e^(-10000/4096)
+    %% = 0.913: the estimate is within a few percent of the truth.
+    ?assert(abs(Est - 20000000) < 20000000 div 10).
+
+%%% The flame graph page -------------------------------------------------------------
+
+chromium() ->
+    case os:find_executable("chromium") of
+        false -> ct:fail("chromium is not installed: make deps installs it (docker/packages.txt)");
+        Path -> Path
+    end.
+
+chromium(Config, Args) ->
+    Dir = scratch(Config, "chromium"),
+    Cmd = lists:flatten(lists:join(" ", ["timeout", "120", chromium(), "--headless=new",
+                                         "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+                                         "--user-data-dir=" ++ Dir | Args]
+                                  ++ ["2>/dev/null"])),
+    unicode:characters_to_binary(os:cmd(Cmd)).
+
+%% The <body ...> attributes of a dumped DOM.
+body_attrs(Dom) ->
+    {match, [Body]} = re:run(Dom, "<body([^>]*)>", [{capture, all_but_first, binary}]),
+    maps:from_list([{K, V} || [K, V] <- element(2, re:run(Body, "([a-z-]+)=\"([^\"]*)\"",
+                                                          [global, {capture, all_but_first,
+                                                                    binary}]))]).
+
+%% Served over HTTP, drawn by Chromium: no script error, and the test
+%% function, holding 64 MB, is the widest frame by function; by object its
+%% NIF's file is. A screenshot is kept (README shows one).
+flamegraph_chromium(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [1024, 65536]),
+    {200, Headers, Page} = get(Config, "/flamegraph.html"),
+    ?assertEqual("text/html; charset=utf-8", proplists:get_value("content-type", Headers)),
+    %% Self-contained: nothing to fetch.
+    nomatch = re:run(Page, "(src|href)=|fetch\\(|XMLHttpRequest|https?://"),
+    Views = [{"function", <<"mi_pprof_leak_here">>}, {"object", <<"mi_pprof_nif.so">>}],
+    [begin
+         Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+                                 "'" ++ url(Config, "/flamegraph.html?view=" ++ View) ++ "'"]),
+         Attrs = body_attrs(Dom),
+         ct:log("view ~s: ~p", [View, Attrs]),
+         ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-errors">> := <<"0">>}, Attrs),
+         ?assertEqual(list_to_binary(View), maps:get(<<"data-view">>, Attrs)),
+         ?assertEqual(Widest, maps:get(<<"data-widest">>, Attrs)),
+         ?assert(binary_to_integer(maps:get(<<"data-total">>, Attrs)) >= 64 * 1024 * 1024)
+     end || {View, Widest} <- Views],
+    %% The search box: searching the function highlights exactly its bytes.
+    Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+                            "'" ++ url(Config, "/flamegraph.html?view=stack&search=mi_pprof_leak")
+                            ++ "'"]),
+    ?assertMatch(#{<<"data-matched">> := <<"67108864">>, <<"data-ok">> := <<"1">>},
+                 body_attrs(Dom)),
+    Shot = filename:join(scratch(Config, "shot"), "flamegraph.png"),
+    _ = chromium(Config, ["--window-size=1200,700", "--virtual-time-budget=10000",
+                          "--screenshot=" ++ Shot,
+                          "'" ++ url(Config, "/flamegraph.html?view=function") ++ "'"]),
+    {ok, Png} = file:read_file(Shot),
+    <<137, "PNG", _/binary>> = Png,
+    ct:log("screenshot: <a href=\"~ts\">~ts</a>", [Shot, Shot]).
+
+%% The page's error capture is not blind: a script error is recorded and
+%% data-ok never set.
+flamegraph_harness_sees_errors(Config) ->
+    {200, _, Page} = get(Config, "/flamegraph.html"),
+    Broken = binary:replace(Page, <<"  parse();\n">>, <<"  parse();\n  undefinedFunction();\n">>),
+    ?assertNotEqual(Page, Broken),
+    File = filename:join(scratch(Config, "broken"), "broken.html"),
+    ok = file:write_file(File, Broken),
+    Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom", "file://" ++ File]),
+    Attrs = body_attrs(Dom),
+    ?assertEqual(<<"1">>, maps:get(<<"data-errors">>, Attrs)),
+    ?assertNot(maps:is_key(<<"data-ok">>, Attrs)),
+    ?assertMatch({_, _}, binary:match(Dom, <<"undefinedFunction">>)).
+
+%% 30,000 distinct sites: the profile has them all, and how long it takes
+%% is logged (a figure for README; no assertion on time).
+many_sites(Config) ->
+    ok = call(Config, mi_pprof_nif, spread, [30000, 64]),
+    _ = call(Config, mallocinfo_trace, pprof, []),
+    {Cpu, Ms, {ok, Gz}} = call(Config, ?MODULE, measure, [mallocinfo_trace, pprof, []]),
+    {CpuText, MsText, {ok, _}} = call(Config, ?MODULE, measure, [mallocinfo_trace, heap_profile, []]),
+    ct:pal("pprof of ~b sites: ~b ms CPU (~b ms wall), ~b bytes gzipped; "
+           "heap_profile (text): ~b ms CPU (~b ms wall)",
+           [30000, Cpu, Ms, byte_size(Gz), CpuText, MsText]),
+    P = mi_pprof_decode:profile(zlib:gunzip(Gz)),
+    Fork = [V || #{values := [_, V, _, _], frames := Frames} <- maps:get(samples, P),
+                 lists:member(<<"mi_pprof_fork_a">>, Frames)],
+    ?assertEqual(30000, length(Fork)),
+    ?assertEqual(30000 * 64, lists:sum(Fork)).
+
+%% Runs on the peer: the node's CPU time (every scheduler, dirty ones too)
+%% and the wall time a call takes, in ms, and its result.
+measure(M, F, A) ->
+    _ = statistics(runtime),
+    T0 = erlang:monotonic_time(millisecond),
+    R = apply(M, F, A),
+    {_, Cpu} = statistics(runtime),
+    {Cpu, erlang:monotonic_time(millisecond) - T0, R}.
+
+%% jemalloc without the tracker: the three routes say why not and where
+%% jemalloc's own profile is.
+jemalloc_alone(Config) ->
+    ?assertEqual(jemalloc, call(Config, mallocinfo, allocator, [])),
+    [begin
+         {Code, _, Body} = get(Config, P),
+         ?assertEqual({409, P}, {Code, P}),
+         ?assertMatch({_, _}, binary:match(Body, <<"/heap_profile?trigger_dump=true">>))
+     end || P <- ["/debug/pprof/heap", "/heap.folded", "/flamegraph.html"]].
+
+%% The tracker in front of jemalloc: the routes serve the tracker's
+%% profile, exact as under glibc.
+jemalloc_behind_tracker(Config) ->
+    ?assertEqual(jemalloc, call(Config, mallocinfo, allocator, [])),
+    ok = call(Config, mi_pprof_nif, leak, [300, 1000]),
+    {200, _, Gz} = get(Config, "/debug/pprof/heap"),
+    P = mi_pprof_decode:profile(zlib:gunzip(Gz)),
+    ?assertEqual([300000], [V || #{values := [_, _, _, V], leaf := <<"mi_pprof_leak_here">>}
+                                     <- maps:get(samples, P)]),
+    {200, _, Folded} = get(Config, "/heap.folded"),
+    ?assertMatch({_, _}, binary:match(Folded, <<";mi_pprof_leak_here (mi_pprof_nif.so) 300000\n">>)).
