@@ -53,12 +53,21 @@ bench: build
 	@c_src/bench/run.sh
 	@c_src/bench/heapmap.sh
 
+# The tarball's .app without the demo's modules (make run's workload, a NIF
+# that leaks on purpose, is not shipped).
+TARBALL_APP = F = "_build/tarball/mallocinfo/ebin/mallocinfo.app", \
+  {ok, [{application, A, P}]} = file:consult(F), \
+  M = [X || X <- proplists:get_value(modules, P), X =/= mallocinfo_demo, X =/= mallocinfo_demo_nif], \
+  ok = file:write_file(F, io_lib:format("~p.~n", [{application, A, lists:keystore(modules, 1, P, {modules, M})}]))
+
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 # priv/mallocinfo-heapmap (the offline renderer escript) travels with it.
 tarball: build
 	@rm -rf _build/tarball && mkdir -p _build/tarball/mallocinfo
 	@cp -rL $(EBIN) _build/tarball/mallocinfo/ebin
 	@mkdir -p _build/tarball/mallocinfo/priv && cp -L priv/*.so priv/mallocinfo-heapmap _build/tarball/mallocinfo/priv/
+	@rm -f _build/tarball/mallocinfo/ebin/mallocinfo_demo*.beam _build/tarball/mallocinfo/priv/mallocinfo_demo_nif.so
+	@erl -noshell -eval '$(TARBALL_APP)' -s init stop
 	@tar -C _build/tarball -czf $(TARBALL) mallocinfo
 	@echo "tarball: $(TARBALL)"
 

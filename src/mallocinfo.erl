@@ -20,7 +20,6 @@
 
 -export([allocator/0, info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0,
          mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
--export([xmerl_candidates/1, load_xmerl/1, lib_candidates/2, otp_roots/0, path_binary/2]).
 %% The report (mallocinfo_report): printed, for this node or a cluster.
 -export([report/0, report/1, report/2]).
 
@@ -34,7 +33,6 @@
 
 -define(INT_MIN, -16#80000000).
 -define(INT_MAX, 16#7fffffff).
--define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
 
 %% @doc Which allocator serves `malloc' in this process: `glibc',
 %% `jemalloc', `tcmalloc' (gperftools), `mimalloc', or `unknown' (another
@@ -58,7 +56,7 @@ allocator() ->
 %% socket: refused and left untouched), `enospc', ...
 -spec info(Path :: file:name_all()) -> ok | {error, posix() | wrong_allocator()}.
 info(Path) ->
-    Bin = path_binary(Path, [Path]),
+    Bin = mallocinfo_lib:path_binary(Path, [Path]),
     glibc(fun() -> mallocinfo_nif:info_file(Bin) end).
 
 %% @doc The same XML in memory, without a temporary file.
@@ -75,7 +73,7 @@ info() ->
 -spec heaps() -> {ok, mallocinfo_parse:heaps()}
                | {error, {missing_application, xmerl} | posix() | wrong_allocator()}.
 heaps() ->
-    case ensure_xmerl() of
+    case mallocinfo_lib:ensure_xmerl() of
         ok ->
             case info() of
                 {ok, Xml} -> {ok, mallocinfo_parse:heaps(Xml)};
@@ -182,37 +180,6 @@ glibc(Call) ->
         Other -> {error, {wrong_allocator, Other}}
     end.
 
-%% @private A file name as the NIFs take it: a binary in the native
-%% encoding without NUL bytes; badarg with `Args' otherwise.
-path_binary(Path, Args) when is_binary(Path) ->
-    check_nul(Path, Args);
-path_binary(Path, Args) when is_list(Path); is_atom(Path) ->
-    try unicode:characters_to_binary(flat_name(Path), unicode, file:native_name_encoding()) of
-        Bin when is_binary(Bin) -> check_nul(Bin, Args);
-        _ -> erlang:error(badarg, Args)
-    catch
-        error:_ -> erlang:error(badarg, Args)
-    end;
-path_binary(_, Args) ->
-    erlang:error(badarg, Args).
-
-%% A file name as chardata: characters, atoms, binaries and deep lists of
-%% them, as the file module takes them. Unlike filename:flatten/1 it
-%% refuses an improper list (`[a | b]' would otherwise name the file "ab"):
-%% the comprehension raises.
-flat_name(A) when is_atom(A) -> atom_to_list(A);
-flat_name(B) when is_binary(B) -> B;
-flat_name(L) when is_list(L) -> [case E of
-                                     C when is_integer(C) -> C;
-                                     _ -> flat_name(E)
-                                 end || E <- L].
-
-check_nul(Bin, Args) ->
-    case binary:match(Bin, <<0>>) of
-        nomatch -> Bin;
-        _ -> erlang:error(badarg, Args)
-    end.
-
 %% Loads the other modules of the application. In embedded mode the code
 %% server loads nothing on first call, so without this `l(mallocinfo).'
 %% would leave mallocinfo_nif (and the rest) undefined.
@@ -253,76 +220,6 @@ app_modules() ->
             [list_to_atom(filename:basename(F, ".beam"))
              || F <- filelib:wildcard(filename:join(Ebin, "mallocinfo*.beam"))]
     end.
-
-%% xmerl is part of OTP but not of every release. When it is not loadable
-%% from the code path, look for it in the OTP installation the emulator runs
-%% from, and load all of its modules (embedded mode loads nothing lazily).
-ensure_xmerl() ->
-    case code:is_loaded(xmerl_scan) of
-        {file, _} ->
-            ok;
-        false ->
-            Dirs = case code:lib_dir(xmerl, ebin) of
-                       {error, _} -> [];
-                       D -> [D]
-                   end ++ xmerl_candidates(otp_roots()),
-            load_xmerl(Dirs)
-    end.
-
-%% @private Loads xmerl from the first directory that has it.
--spec load_xmerl([file:filename()]) -> ok | {error, {missing_application, xmerl}}.
-load_xmerl(Dirs) ->
-    filenames(Dirs) orelse erlang:error(badarg, [Dirs]),
-    load_xmerl_from(Dirs).
-
-load_xmerl_from([]) ->
-    {error, {missing_application, xmerl}};
-load_xmerl_from([Dir | Rest]) ->
-    Mods = [list_to_atom(filename:basename(F, ".beam"))
-            || F <- filelib:wildcard(filename:join(Dir, "*.beam"))],
-    case lists:all(fun(M) -> lists:member(M, Mods) end, ?XMERL_MODULES) of
-        false ->
-            load_xmerl_from(Rest);
-        true ->
-            _ = code:add_pathz(Dir),
-            case code:ensure_modules_loaded(Mods) of
-                ok -> ok;
-                {error, _} -> load_xmerl_from(Rest)
-            end
-    end.
-
-%% @private Candidate xmerl ebin directories under the given OTP roots,
-%% newest version first.
--spec xmerl_candidates([file:filename()]) -> [file:filename()].
-xmerl_candidates(Roots) ->
-    lib_candidates(xmerl, Roots).
-
-%% @private Candidate ebin directories of the OTP application `App' under
-%% the given OTP roots, newest version first: for the applications a
-%% release may lack (xmerl here, inets for mallocinfo_http).
--spec lib_candidates(atom(), [file:filename()]) -> [file:filename()].
-lib_candidates(App, Roots) ->
-    is_atom(App) andalso filenames(Roots) orelse erlang:error(badarg, [App, Roots]),
-    Pattern = atom_to_list(App) ++ "-*",
-    lists:append(
-      [lists:reverse(lists:sort(filelib:wildcard(filename:join([R, "lib", Pattern, "ebin"]))))
-       || R <- lists:usort(Roots)]).
-
-%% A proper list of flat file names (strings).
-filenames([]) -> true;
-filenames([F | Rest]) -> F =/= [] andalso io_lib:char_list(F) andalso filenames(Rest);
-filenames(_) -> false.
-
-%% @private The OTP installations to look in: the code server's root and
-%% the one the running emulator comes from.
--spec otp_roots() -> [file:filename()].
-otp_roots() ->
-    %% BINDIR is <otp>/erts-<vsn>/bin for the emulator actually running.
-    FromBindir = case os:getenv("BINDIR") of
-                     false -> [];
-                     Bindir -> [filename:dirname(filename:dirname(Bindir))]
-                 end,
-    [code:root_dir() | FromBindir].
 
 %%% ---------------------------------------------------------------------------
 %%% The report (see mallocinfo_report)

@@ -88,7 +88,7 @@ stop() ->
 -spec make_run(file:filename()) -> ok.
 make_run(Dir) ->
     %% badarg before anything runs for what is not a file name.
-    _ = mallocinfo:path_binary(Dir, [Dir]),
+    _ = mallocinfo_lib:path_binary(Dir, [Dir]),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
     case mallocinfo_trace:status() of
         #{recording := true} -> ok;

@@ -85,7 +85,7 @@ dump(Path) ->
 %% `{wrong_allocator, Which}' when malloc is not glibc's.
 -spec dump(file:name_all(), opts()) -> {ok, summary()} | {error, dump_error()}.
 dump(Path, Opts) when is_map(Opts) ->
-    Bin = mallocinfo:path_binary(Path, [Path, Opts]),
+    Bin = mallocinfo_lib:path_binary(Path, [Path, Opts]),
     case Bin of
         <<>> -> erlang:error(badarg, [Path, Opts]);
         _ -> run(Bin, Opts)

@@ -234,7 +234,7 @@ ensure_inets() ->
         {ok, _} ->
             ok;
         {error, _} ->
-            Dirs = mallocinfo:lib_candidates(inets, mallocinfo:otp_roots()),
+            Dirs = mallocinfo_lib:lib_candidates(inets, mallocinfo_lib:otp_roots()),
             load_inets(Dirs)
     end.
 

@@ -135,7 +135,7 @@ stack_body([], _, Acc, Size) ->
     {Acc, Size};
 stack_body([I | Rest], Ids, Acc, Size) ->
     V = element(I, Ids),
-    stack_body(Rest, Ids, [Acc | V], Size + byte_size(V)).
+    stack_body(Rest, Ids, [Acc, V], Size + byte_size(V)).
 
 %% A ValueType message, its strings interned.
 value_type({Type, Unit}, S) ->

@@ -79,7 +79,7 @@ profile_running() ->
     mallocinfo_nif:tcmalloc_profile_running().
 
 prefix_binary(Prefix) ->
-    case mallocinfo:path_binary(Prefix, [Prefix]) of
+    case mallocinfo_lib:path_binary(Prefix, [Prefix]) of
         <<>> -> erlang:error(badarg, [Prefix]);
         Bin -> Bin
     end.

@@ -41,7 +41,7 @@ excluded_modules() ->
 %% {Module, Function, Arity, Position, Reason}: a position that accepts any
 %% term. Every other position of that function is still checked.
 any_term() ->
-    [{mallocinfo, path_binary, 2, 2, "the arguments to put in the badarg it raises"},
+    [{mallocinfo_lib, path_binary, 2, 2, "the arguments to put in the badarg it raises"},
      {mallocinfo_proc, in_process, 3, 1, "the inspected process's OTP state: any term"},
      {mallocinfo_proc, in_process, 3, 3, "the reply alias: unused but passed through"}].
 
@@ -101,11 +101,11 @@ cases(S) ->
                             {0, [1.5, junk, "1", <<"1">>, [a | b]]}]},
      {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1],
                                  #{}, -1]}]},
-     {mallocinfo, path_binary, [{Path, not_a_path()}, {[], []}]},
-     {mallocinfo, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
+     {mallocinfo_lib, path_binary, [{Path, not_a_path()}, {[], []}]},
+     {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
                                           <<"junk">>, [""]]}]},
-     {mallocinfo, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
-     {mallocinfo, lib_candidates, [{xmerl, ["xmerl", <<"xmerl">>, 1, {a}]},
+     {mallocinfo_lib, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
+     {mallocinfo_lib, lib_candidates, [{xmerl, ["xmerl", <<"xmerl">>, 1, {a}]},
                                    {[], [junk, [a | b], [junk], {a}]}]},
      %% mallocinfo_demo: valid options would start the workload; only
      %% wrong ones are ever passed.

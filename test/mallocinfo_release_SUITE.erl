@@ -11,11 +11,11 @@
 -include_lib("xmerl/include/xmerl.hrl").
 
 -export([all/0, init_per_suite/1, end_per_suite/1]).
--export([inject_through_remote_console/1]).
+-export([tarball_is_the_tool_only/1, inject_through_remote_console/1]).
 
 -define(REL, "mi_fixture").
 
-all() -> [inject_through_remote_console].
+all() -> [tarball_is_the_tool_only, inject_through_remote_console].
 
 init_per_suite(Config) ->
     %% rebar3 ct gives every suite of a run the same priv_dir: work in a
@@ -46,6 +46,19 @@ end_per_suite(Config) ->
     os:cmd(q(?config(script, Config)) ++ " stop"),
     ok.
 
+%% The operator's package holds the tool, not the demo (a NIF that leaks
+%% on purpose), and its .app lists exactly the modules it holds (loading
+%% mallocinfo loads every listed module).
+tarball_is_the_tool_only(Config) ->
+    Dir = filename:join(?config(inject, Config), "mallocinfo"),
+    ?assertEqual([], filelib:wildcard("**/*demo*", Dir)),
+    {ok, [{application, mallocinfo, Props}]} =
+        file:consult(filename:join([Dir, "ebin", "mallocinfo.app"])),
+    Beams = [list_to_atom(filename:basename(F, ".beam"))
+             || F <- filelib:wildcard(filename:join([Dir, "ebin", "*.beam"]))],
+    ?assertEqual(lists:sort(Beams), lists:sort(proplists:get_value(modules, Props))),
+    ?assert(lists:member(mallocinfo_trace, Beams)).
+
 inject_through_remote_console(Config) ->
     Script = ?config(script, Config),
     Ebin = filename:join([?config(inject, Config), "mallocinfo", "ebin"]),
@@ -69,6 +82,20 @@ inject_through_remote_console(Config) ->
     %% the console, leak from the demo NIF (loaded after attach), and the
     %% site is named with its exact count.
     type(Console, "mallocinfo_trace:attach().", "^ok$"),
+    %% The demo is not in the tarball: the test brings it as a workload of
+    %% its own (beams in a directory of their own, the NIF beside
+    %% mallocinfo_nif.so where mallocinfo_demo_nif looks), loaded by hand as
+    %% embedded mode wants.
+    DemoEbin = filename:join(?config(inject, Config), "demo_ebin"),
+    ok = file:make_dir(DemoEbin),
+    [{ok, _} = file:copy(code:which(M), filename:join(DemoEbin, atom_to_list(M) ++ ".beam"))
+     || M <- [mallocinfo_demo, mallocinfo_demo_nif]],
+    DemoSo = filename:join(filename:dirname(mallocinfo_nif:so_path()), "mallocinfo_demo_nif.so"),
+    {ok, _} = file:copy(DemoSo, filename:join([?config(inject, Config), "mallocinfo", "priv",
+                                               "mallocinfo_demo_nif.so"])),
+    type(Console, "code:add_path(\"" ++ DemoEbin ++ "\").", "^true$"),
+    type(Console, "[l(M) || M <- [mallocinfo_demo, mallocinfo_demo_nif]].",
+         "^\\[\\{module,mallocinfo_demo\\},\\{module,mallocinfo_demo_nif\\}\\]$"),
     type(Console, "is_map(mallocinfo_demo:run(#{leak_blocks => 1000, threads => 1, "
                   "fragment_blocks => 100, enif_blocks => 1, hoard_terms => 100})).",
          "^true$"),

@@ -110,20 +110,20 @@ heaps_test() ->
                   maps:get(current, maps:get(system, Hp))) || Hp <- Heaps].
 
 load_xmerl_without_candidates_test() ->
-    ?assertEqual({error, {missing_application, xmerl}}, mallocinfo:load_xmerl([])),
+    ?assertEqual({error, {missing_application, xmerl}}, mallocinfo_lib:load_xmerl([])),
     ?assertEqual({error, {missing_application, xmerl}},
-                 mallocinfo:load_xmerl(["/nonexistent/xmerl/ebin"])).
+                 mallocinfo_lib:load_xmerl(["/nonexistent/xmerl/ebin"])).
 
 xmerl_candidates_test() ->
     with_tmpdir(
       fun(Root) ->
-              ?assertEqual([], mallocinfo:xmerl_candidates([Root])),
+              ?assertEqual([], mallocinfo_lib:xmerl_candidates([Root])),
               Old = filename:join([Root, "lib", "xmerl-1.3.30", "ebin"]),
               New = filename:join([Root, "lib", "xmerl-1.3.31", "ebin"]),
               ok = filelib:ensure_dir(filename:join(Old, "x")),
               ok = filelib:ensure_dir(filename:join(New, "x")),
-              ?assertEqual([New, Old], mallocinfo:xmerl_candidates([Root, Root])),
-              ?assertEqual([], mallocinfo:xmerl_candidates(["/nonexistent"]))
+              ?assertEqual([New, Old], mallocinfo_lib:xmerl_candidates([Root, Root])),
+              ?assertEqual([], mallocinfo_lib:xmerl_candidates(["/nonexistent"]))
       end).
 
 %%% summary/0, stats/0, log_stats/0 ------------------------------------------

@@ -1,0 +1,113 @@
+%% @private Helpers the public modules share: file names as the NIFs take
+%% them, and finding OTP applications a release may lack (xmerl for
+%% mallocinfo:heaps/0, inets for mallocinfo_http) in the OTP installation
+%% the emulator runs from.
+-module(mallocinfo_lib).
+
+-export([path_binary/2, ensure_xmerl/0, load_xmerl/1, xmerl_candidates/1, lib_candidates/2,
+         otp_roots/0]).
+
+-define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
+
+%% A file name as the NIFs take it: a binary in the native
+%% encoding without NUL bytes; badarg with `Args' otherwise.
+-spec path_binary(term(), [term()]) -> binary().
+path_binary(Path, Args) when is_binary(Path) ->
+    check_nul(Path, Args);
+path_binary(Path, Args) when is_list(Path); is_atom(Path) ->
+    try unicode:characters_to_binary(flat_name(Path), unicode, file:native_name_encoding()) of
+        Bin when is_binary(Bin) -> check_nul(Bin, Args);
+        _ -> erlang:error(badarg, Args)
+    catch
+        error:_ -> erlang:error(badarg, Args)
+    end;
+path_binary(_, Args) ->
+    erlang:error(badarg, Args).
+
+%% A file name as chardata: characters, atoms, binaries and deep lists of
+%% them, as the file module takes them. Unlike filename:flatten/1 it
+%% refuses an improper list (`[a | b]' would otherwise name the file "ab"):
+%% the comprehension raises.
+flat_name(A) when is_atom(A) -> atom_to_list(A);
+flat_name(B) when is_binary(B) -> B;
+flat_name(L) when is_list(L) -> [case E of
+                                     C when is_integer(C) -> C;
+                                     _ -> flat_name(E)
+                                 end || E <- L].
+
+check_nul(Bin, Args) ->
+    case binary:match(Bin, <<0>>) of
+        nomatch -> Bin;
+        _ -> erlang:error(badarg, Args)
+    end.
+
+%% xmerl is part of OTP but not of every release. When it is not loadable
+%% from the code path, look for it in the OTP installation the emulator runs
+%% from, and load all of its modules (embedded mode loads nothing lazily).
+-spec ensure_xmerl() -> ok | {error, {missing_application, xmerl}}.
+ensure_xmerl() ->
+    case code:is_loaded(xmerl_scan) of
+        {file, _} ->
+            ok;
+        false ->
+            Dirs = case code:lib_dir(xmerl, ebin) of
+                       {error, _} -> [];
+                       D -> [D]
+                   end ++ xmerl_candidates(otp_roots()),
+            load_xmerl(Dirs)
+    end.
+
+%% Loads xmerl from the first directory that has it.
+-spec load_xmerl([file:filename()]) -> ok | {error, {missing_application, xmerl}}.
+load_xmerl(Dirs) ->
+    filenames(Dirs) orelse erlang:error(badarg, [Dirs]),
+    load_xmerl_from(Dirs).
+
+load_xmerl_from([]) ->
+    {error, {missing_application, xmerl}};
+load_xmerl_from([Dir | Rest]) ->
+    Mods = [list_to_atom(filename:basename(F, ".beam"))
+            || F <- filelib:wildcard(filename:join(Dir, "*.beam"))],
+    case lists:all(fun(M) -> lists:member(M, Mods) end, ?XMERL_MODULES) of
+        false ->
+            load_xmerl_from(Rest);
+        true ->
+            _ = code:add_pathz(Dir),
+            case code:ensure_modules_loaded(Mods) of
+                ok -> ok;
+                {error, _} -> load_xmerl_from(Rest)
+            end
+    end.
+
+%% Candidate xmerl ebin directories under the given OTP roots,
+%% newest version first.
+-spec xmerl_candidates([file:filename()]) -> [file:filename()].
+xmerl_candidates(Roots) ->
+    lib_candidates(xmerl, Roots).
+
+%% Candidate ebin directories of the OTP application `App' under
+%% the given OTP roots, newest version first: for the applications a
+%% release may lack (xmerl here, inets for mallocinfo_http).
+-spec lib_candidates(atom(), [file:filename()]) -> [file:filename()].
+lib_candidates(App, Roots) ->
+    is_atom(App) andalso filenames(Roots) orelse erlang:error(badarg, [App, Roots]),
+    Pattern = atom_to_list(App) ++ "-*",
+    lists:append(
+      [lists:reverse(lists:sort(filelib:wildcard(filename:join([R, "lib", Pattern, "ebin"]))))
+       || R <- lists:usort(Roots)]).
+
+%% A proper list of flat file names (strings).
+filenames([]) -> true;
+filenames([F | Rest]) -> F =/= [] andalso io_lib:char_list(F) andalso filenames(Rest);
+filenames(_) -> false.
+
+%% The OTP installations to look in: the code server's root and
+%% the one the running emulator comes from.
+-spec otp_roots() -> [file:filename()].
+otp_roots() ->
+    %% BINDIR is <otp>/erts-<vsn>/bin for the emulator actually running.
+    FromBindir = case os:getenv("BINDIR") of
+                     false -> [];
+                     Bindir -> [filename:dirname(filename:dirname(Bindir))]
+                 end,
+    [code:root_dir() | FromBindir].
