@@ -54,6 +54,9 @@ ErlNifFunc nif_funcs[] = {
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
+    // Growth snapshots: the same walk and grouping as trace_profile (the
+    // whole live table), no symbolization.
+    {"trace_snapshot", 0, guarded<n::trace_snapshot>, kCpu},
     // attach/detach dlopen the interposer (loader lock, file reads), walk
     // every loaded object's relocations and mprotect RELRO pages: dirty,
     // and I/O because the loader lock can be held by a slow dlopen.
