@@ -5,7 +5,7 @@
 
 -nifs([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
        trim/1, mallopt/2, rss/0, version/0, libc_version/0,
-       trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/4,
+       trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/5,
        trace_sites/2, trace_profile/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
        trace_symbolizer_stats/0, trace_snapshot/0, heap_dump/4,
        allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
@@ -16,7 +16,7 @@
 
 -export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
-         trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/4,
+         trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/5,
          trace_sites/2, trace_profile/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
          trace_symbolizer_stats/0, trace_snapshot/0, heap_dump/4,
          allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
@@ -73,7 +73,7 @@ trace_status() -> erlang:nif_error(nif_not_loaded).
 trace_set_mode(_Mode) -> erlang:nif_error(nif_not_loaded).
 trace_reset() -> erlang:nif_error(nif_not_loaded).
 trace_reclaim() -> erlang:nif_error(nif_not_loaded).
-trace_olds(_N, _MinAgeMs, _MinSize, _Demangle) -> erlang:nif_error(nif_not_loaded).
+trace_olds(_N, _MinAgeMs, _MinSize, _Demangle, _MaxAgeMs) -> erlang:nif_error(nif_not_loaded).
 trace_sites(_N, _Demangle) -> erlang:nif_error(nif_not_loaded).
 trace_profile() -> erlang:nif_error(nif_not_loaded).
 trace_symbolize(_Addresses, _Demangle) -> erlang:nif_error(nif_not_loaded).

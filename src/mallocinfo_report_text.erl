@@ -233,6 +233,30 @@ heap_map_lines(#{total := T}) ->
 
 section_native(#{native := {unavailable, _, _} = U}) ->
     [rule_line("4. Native callers (tracker)"), unavailable_line(U)];
+section_native(#{native := #{functions := Functions, objects := Objects, olds := Olds} = N}) ->
+    [rule_line("4. Native callers (tracker)"),
+     attached_line(N),
+     para(io_lib:format("mode ~ts: ~ts live in ~ts blocks, ~b dropped",
+                        [maps:get(mode, N), bytes(maps:get(live_bytes, N, 0)),
+                         count(maps:get(live_entries, N, 0)), maps:get(dropped, N, 0)])),
+     para(io_lib:format("left out of every ranking and verdict: the VM's own malloc (~ts in ~ts "
+                        "blocks, erts_alloc's carriers: ERTS memory), mallocinfo's own "
+                        "allocations (~ts in ~ts blocks), its processes and this shell",
+                        [bytes(maps:get(erts_bytes, N, 0)), count(maps:get(erts_blocks, N, 0)),
+                         bytes(maps:get(self_bytes, N, 0)), count(maps:get(self_blocks, N, 0))])),
+     "top functions (live bytes, blocks, stacks, first caller past the allocator):\n",
+     [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                    [bytes(B), count(C), count(St), frame_text(maps:get(frame, F, undefined), 50)])
+      || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)],
+     "top objects (live bytes, blocks, stacks, object):\n",
+     [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                    [bytes(B), count(C), count(St), object_text(O)])
+      || #{bytes := B, count := C, stacks := St, object := O} <- Objects],
+     growth_lines(maps:get(growth, N, none)),
+     previous_lines(maps:get(previous, N, none)),
+     "oldest live blocks after start-up (size, age, allocated from):\n",
+     [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
+      || #{size := Sz, age_ms := A, stack := St} <- Olds]];
 section_native(#{native := N}) ->
     #{sites := Sites, olds := Olds} = N,
     [rule_line("4. Native callers (tracker)"),
@@ -248,6 +272,47 @@ section_native(#{native := N}) ->
      "oldest live blocks (size, age, allocated from):\n",
      [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+object_text(undefined) -> "(no stack)";
+object_text(O) -> truncate(filename:basename(O), 57).
+
+growth_lines(#{interval_ms := Ms0, samples := N, growers := G, live_delta := D} = Growth) ->
+    Ms = maps:get(span_ms, Growth, Ms0),
+    Head = io_lib:format("growth over ~ts (~b samples): tracker live bytes ~ts~ts; ", [age(Ms), N,
+                                                                                    sign(D),
+                                                                                    bytes(abs(D))]),
+    case G of
+        [] ->
+            para([Head, "no native call site grew in every sample: stable"]);
+        _ ->
+            [para([Head, "native call sites that grew in every sample (growth, per s, now):"]),
+             [io_lib:format("  ~10ts ~10ts ~10ts  ~ts~n",
+                            [bytes(Gr), bytes(R), bytes(B), frame_text(C, 38)])
+              || #{growth_bytes := Gr, rate := R, bytes := B, culprit := C} <- G]]
+    end;
+growth_lines({unavailable, _, _} = U) ->
+    unavailable_line("growth ", U);
+growth_lines(_) ->
+    "growth: mallocinfo:report(#{interval => Ms}) measures it\n".
+
+previous_lines(#{age_ms := Age, native_delta := D, grew := Grew}) ->
+    Head = io_lib:format("since the previous report (~ts ago): tracker live bytes ~ts~ts",
+                         [age(Age), sign(D), bytes(abs(D))]),
+    case Grew of
+        [] -> para([Head, "; no native function grew"]);
+        _ ->
+            [para([Head, "; grew most:"]),
+             [io_lib:format("  +~9ts  ~ts~n", [bytes(B), function_text(O, F)])
+              || #{bytes_delta := B, object := O, function := F} <- Grew]]
+    end;
+previous_lines(_) ->
+    [].
+
+function_text(undefined, _) -> "(no stack)";
+function_text(O, F) -> frame_text(#{object => O, symbol => F}, 60).
+
+sign(D) when D < 0 -> "-";
+sign(_) -> "+".
 
 %% A tracker brought in by mallocinfo_trace:attach/0 has not seen what was
 %% allocated before: the report says since when it looks.

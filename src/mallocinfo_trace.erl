@@ -11,7 +11,7 @@
 -module(mallocinfo_trace).
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
-         snapshot/0, diff/2, diff/3, growth/2, growth/3,
+         snapshot/0, diff/2, diff/3, growth/2, growth/3, growth_of/1, growth_of/2,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
 -export_type([mode/0, frame/0, old/0, site/0, snapshot/0, change/0, grower/0, rollup/0]).
@@ -48,7 +48,7 @@
                     count := non_neg_integer(), bytes := non_neg_integer(),
                     stacks := pos_integer(), estimated := boolean()}.
 -type opts() :: #{demangle => boolean(), min_age_ms => non_neg_integer(),
-                  min_size => non_neg_integer()}
+                  min_size => non_neg_integer(), max_age_ms => non_neg_integer()}
               | [demangle | {demangle, boolean()} | {min_age_ms, non_neg_integer()}
                  | {min_size, non_neg_integer()}].
 
@@ -98,16 +98,18 @@ olds(N) ->
 
 %% @doc The `N' oldest live blocks, oldest first, each with its size, age
 %% and allocation stack. `Opts': `demangle' (C++ names), `min_age_ms',
-%% `min_size' (bytes). A block whose call stack could not be stored has
+%% `min_size' (bytes), `max_age_ms' (leave out older blocks: the report
+%% leaves out the node's start-up this way). A block whose call stack could not be stored has
 %% `stack => []'. `{error, eagain}' (in theory only) when so many stacks
 %% were reclaimed while it ran that a stack id could have been reused,
 %% three times in a row (README, "Tracking allocations").
 -spec olds(non_neg_integer(), opts()) ->
           [old()] | {error, not_preloaded | not_recording | eagain}.
 olds(N, Opts) when is_integer(N), N >= 0 ->
-    #{demangle := D, min_age_ms := Age, min_size := Size} =
-        options(Opts, [demangle, min_age_ms, min_size], [N, Opts]),
-    unwrap(mallocinfo_nif:trace_olds(N, Age, Size, D));
+    #{demangle := D, min_age_ms := Age, min_size := Size} = O =
+        options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
+    MaxAge = min(maps:get(max_age_ms, O, 1 bsl 62), 1 bsl 62),
+    unwrap(mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge));
 olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
@@ -239,6 +241,26 @@ diff(Old, New, Opts) ->
     #{demangle := D} = O = options(Opts, [demangle, limit], [Old, New, Opts]),
     Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:diff(Old, New)),
     symbolized(Rows, D).
+
+%% @doc The call sites whose live bytes grew in every interval between
+%% `Snapshots' (two or more {@link snapshot/0}s of this node, oldest
+%% first), as {@link growth/3} returns them (`Opts' the same).
+-spec growth_of([snapshot()], #{demangle => boolean(), limit => non_neg_integer()}) ->
+          [grower()].
+growth_of(Snapshots, Opts) when is_list(Snapshots) ->
+    case length(Snapshots) >= 2 andalso lists:all(fun is_snapshot/1, Snapshots) of
+        true -> ok;
+        false -> erlang:error(badarg, [Snapshots, Opts])
+    end,
+    #{demangle := D} = O = options(Opts, [demangle, limit], [Snapshots, Opts]),
+    symbolized(take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snapshots)), D);
+growth_of(Snapshots, Opts) ->
+    erlang:error(badarg, [Snapshots, Opts]).
+
+%% @equiv growth_of(Snapshots, #{})
+-spec growth_of([snapshot()]) -> [grower()].
+growth_of(Snapshots) ->
+    growth_of(Snapshots, #{}).
 
 %% @equiv growth(IntervalMs, Samples, #{})
 -spec growth(pos_integer(), pos_integer()) ->

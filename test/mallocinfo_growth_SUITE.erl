@@ -190,11 +190,11 @@ report_interval_calls_leak(Config) ->
 
 report_remembers_previous(Config) ->
     R1 = call(Config, mallocinfo_report, collect, []),
-    ?assertMatch(#{previous := none}, R1),
+    ?assertMatch(#{native := #{previous := none}}, R1),
     ok = call(Config, mi_growth_nif, leak, [20, 1048576]),
     R2 = call(Config, mallocinfo_report, collect, []),
-    #{previous := #{age_ms := Age, native_delta := D, grew := Grew}} = R2,
-    ct:pal("previous: ~p", [maps:get(previous, R2)]),
+    #{native := #{previous := #{age_ms := Age, native_delta := D, grew := Grew} = P}} = R2,
+    ct:pal("previous: ~p", [P]),
     ?assert(Age >= 0),
     ?assert(D >= 20 * 1048576),
     ?assertMatch([#{function := <<"mi_growth_leak_here">>, bytes_delta := 20971520} | _], Grew),

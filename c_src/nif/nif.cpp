@@ -49,7 +49,7 @@ ErlNifFunc nif_funcs[] = {
     {"trace_reclaim", 0, guarded<n::trace_reclaim>, kCpu},
     // Snapshot of up to millions of entries, sorting, symbolization (reads
     // ELF files on a cold cache).
-    {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
+    {"trace_olds", 5, guarded<n::trace_olds>, kCpu},
     {"trace_sites", 2, guarded<n::trace_sites>, kCpu},
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},

@@ -498,12 +498,14 @@ ERL_NIF_TERM trace_reclaim(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   return enif_make_tuple2(env, atoms.ok, u64(env, abi->reclaim()));
 }
 
-// olds(N, MinAgeMs, MinSize, Demangle): the N oldest live blocks.
+// olds(N, MinAgeMs, MinSize, Demangle, MaxAgeMs): the N oldest live blocks
+// no older than MaxAgeMs (the report leaves out the node's start-up).
 ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const uint64_t min_age = get_u64(env, argv[1]);
   const uint64_t min_size = get_u64(env, argv[2]);
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
+  const uint64_t max_age = get_u64(env, argv[4]);
   ERL_NIF_TERM error;
   mi_abi_status status;
   const mi_preload_abi* abi = recording_abi(env, &error, &status);
@@ -512,7 +514,8 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     std::vector<mi_abi_entry> entries = snapshot(abi, st);
     const uint64_t now = abi->now_ns();
     std::erase_if(entries, [&](const mi_abi_entry& e) {
-      return e.size < min_size || age_ms(now, e.timestamp_ns) < min_age;
+      const uint64_t age = age_ms(now, e.timestamp_ns);
+      return e.size < min_size || age < min_age || age > max_age;
     });
     const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
     std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
