@@ -190,6 +190,9 @@ take_by(Opts, Args) when is_map(Opts) ->
         error -> {stack, Opts}
     end;
 take_by(Opts, Args) when is_list(Opts) ->
+    try length(Opts)
+    catch error:badarg -> erlang:error(badarg, Args)
+    end,
     case [By || {by, By} <- Opts] of
         [] -> {stack, Opts};
         [By] when By =:= stack; By =:= function; By =:= object -> {By, Opts -- [{by, By}]};
@@ -268,7 +271,7 @@ growth_of(Snapshots) ->
 growth(IntervalMs, Samples) ->
     growth(IntervalMs, Samples, #{}).
 
-%% @doc Takes `Samples' snapshots (2 or more) `IntervalMs' apart, in the
+%% @doc Takes `Samples' snapshots (2 to 2^20) `IntervalMs' apart, in the
 %% calling process (it sleeps between them: no scheduler is held), and
 %% returns the call sites whose live bytes grew in every interval, most
 %% growth first: `growth_bytes' from the first snapshot to the last,
@@ -281,7 +284,8 @@ growth(IntervalMs, Samples) ->
           [grower()] | {error, not_preloaded | not_recording | eagain}.
 growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
                                        IntervalMs =< 16#ffffffff,
-                                       is_integer(Samples), Samples >= 2 ->
+                                       is_integer(Samples), Samples >= 2,
+                                       Samples =< 1 bsl 20 ->
     #{demangle := D} = O = options(Opts, [demangle, limit], [IntervalMs, Samples, Opts]),
     case snapshots(IntervalMs, Samples, []) of
         {error, _} = E ->
