@@ -300,7 +300,10 @@ shell_process(P) ->
         _ -> false
     end.
 
-mallocinfo_name(Name) when is_atom(Name) -> lists:prefix("mallocinfo", atom_to_list(Name));
+%% The demo's processes stand for an application's: they stay.
+mallocinfo_name(Name) when is_atom(Name) ->
+    N = atom_to_list(Name),
+    lists:prefix("mallocinfo", N) andalso not lists:prefix("mallocinfo_demo", N);
 mallocinfo_name({M, _, _}) when is_atom(M) -> mallocinfo_name(M);
 mallocinfo_name(_) -> false.
 

@@ -254,9 +254,13 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
       || #{bytes := B, count := C, stacks := St, object := O} <- Objects],
      growth_lines(maps:get(growth, N, none)),
      previous_lines(maps:get(previous, N, none)),
-     "oldest live blocks after start-up (size, age, allocated from):\n",
-     [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
-      || #{size := Sz, age_ms := A, stack := St} <- Olds]];
+     "oldest live blocks (size, age, allocated from), start-up (the node's first 30 s)\n"
+     "  left out unless mallocinfo:report(#{startup_blocks => true}):\n",
+     case Olds of
+         [] -> "  none\n";
+         _ -> [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
+               || #{size := Sz, age_ms := A, stack := St} <- Olds]
+     end];
 section_native(#{native := N}) ->
     #{sites := Sites, olds := Olds} = N,
     [rule_line("4. Native callers (tracker)"),
