@@ -34,7 +34,7 @@
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
 -type label() :: native | erts | self.
--opaque snapshot() :: mallocinfo_growth:snapshot().
+-type snapshot() :: mallocinfo_growth:snapshot().
 -type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     count_delta := integer(), bytes_delta := integer(),
                     change := appeared | vanished | changed, estimated := boolean(),

@@ -200,6 +200,18 @@ report_remembers_previous(Config) ->
     ?assertMatch([#{function := <<"mi_growth_leak_here">>, bytes_delta := 20971520} | _], Grew),
     Text = iolist_to_binary(mallocinfo_report:format(R2)),
     ?assertNotEqual(nomatch, binary:match(Text, <<"since the previous report">>)),
+    %% Start-up (the node's first 30 s) is left out of the oldest blocks
+    %% unless asked for: this node is younger than that, or every block
+    %% shown was allocated after it.
+    #{native := #{olds := Olds}} = R2,
+    Uptime = call(Config, erlang, monotonic_time, [millisecond]) -
+        erlang:convert_time_unit(call(Config, erlang, system_info, [start_time]), native,
+                                 millisecond),
+    ?assertEqual([], [O || #{age_ms := A} = O <- Olds, A > Uptime - 30000]),
+    #{native := #{olds := WithStartup}} =
+        call(Config, mallocinfo_report, collect, [#{startup_blocks => true}]),
+    ?assertEqual(3, length(WithStartup)),
+    ?assert(lists:any(fun(#{age_ms := A}) -> A > Uptime - 30000 end, WithStartup)),
     ok = call(Config, mi_growth_nif, release, []).
 
 %% With +Mea min the VM mallocs its process heaps: a process holding
