@@ -134,7 +134,19 @@ group_line(Label, Bytes, Note) ->
 
 section_erts(#{erts := {unavailable, _, _} = U}) ->
     [rule_line("2. ERTS"), unavailable_line(U)];
-section_erts(#{erts := E}) ->
+section_erts(#{erts := _} = R) ->
+    [section_erts_layer(R) | erts_malloc_line(R)].
+
+%% The VM's own malloc as the tracker sees it (ERTS memory, never a native
+%% caller): after the carriers' line's "from malloc".
+erts_malloc_line(#{native := #{erts_bytes := B, erts_blocks := N}}) ->
+    para(io_lib:format("the tracker sees ~ts in ~ts blocks malloc'ed by the VM itself "
+                       "(erts_sys_alloc and the rest of beam.smp): counted here, not as a native "
+                       "caller", [bytes(B), count(N)]));
+erts_malloc_line(_) ->
+    [].
+
+section_erts_layer(#{erts := E}) ->
     Mem = maps:get(memory, E),
     M = fun(K) -> bytes(maps:get(K, Mem, undefined)) end,
     Types = [T || #{allocated := A} = T <- maps:get(allocators, E), A > 0],
