@@ -282,16 +282,19 @@ olds(false) ->
             []
     end.
 
-%% The largest processes but mallocinfo's own and the calling shell's
-%% (this process and the shell linked to it).
+%% The largest processes but mallocinfo's own (registered under, or
+%% started in, one of its modules: the demo's stand for an application's
+%% and stay) and the calling shell's (this process and the shell linked to
+%% it).
 top_processes() ->
     Self = self(),
     Shell = [P || P <- element(2, process_info(Self, links)), is_pid(P),
                   shell_process(P)],
     Excluded = [Self | Shell],
+    Ours = app_modules() -- [mallocinfo_demo, mallocinfo_demo_nif],
     Top = mallocinfo_proc:top(?TOP + length(Excluded) + 5, memory),
     lists:sublist([P || #{pid := Pid, name := Name} = P <- Top,
-                        not lists:member(Pid, Excluded), not mallocinfo_name(Name)], ?TOP).
+                        not lists:member(Pid, Excluded), not ours(Name, Ours)], ?TOP).
 
 shell_process(P) ->
     case process_info(P, [initial_call, current_function]) of
@@ -300,12 +303,8 @@ shell_process(P) ->
         _ -> false
     end.
 
-%% The demo's processes stand for an application's: they stay.
-mallocinfo_name(Name) when is_atom(Name) ->
-    N = atom_to_list(Name),
-    lists:prefix("mallocinfo", N) andalso not lists:prefix("mallocinfo_demo", N);
-mallocinfo_name({M, _, _}) when is_atom(M) -> mallocinfo_name(M);
-mallocinfo_name(_) -> false.
+ours({M, _, _}, Ours) -> lists:member(M, Ours);
+ours(Name, Ours) -> lists:member(Name, Ours).
 
 %% Any exception becomes {error, _}: one failing source must not lose the
 %% rest of the report.

@@ -1,6 +1,6 @@
 %% Workloads mallocinfo_growth_SUITE runs inside its peer node.
 -module(mallocinfo_growth_SUITE_helper).
--export([tick/1, leak_mib/0, hold/1]).
+-export([tick/1, leak_mib/0, start_hold/1, hold/2]).
 
 %% Every 20 ms: one 100-byte leak, and the cache either filled with 50
 %% blocks (odd ticks) or drained (even ticks).
@@ -19,7 +19,13 @@ leak_mib() ->
     timer:sleep(50),
     leak_mib().
 
-%% Holds a list of N integers (16 bytes each on the heap) until killed.
-hold(N) ->
+%% A process holding a list of N integers (16 bytes each on its heap)
+%% until killed; returns once the list is built.
+start_hold(N) ->
+    Pid = spawn(?MODULE, hold, [N, self()]),
+    receive {ready, Pid} -> Pid end.
+
+hold(N, Parent) ->
     L = lists:seq(1, N),
+    Parent ! {ready, self()},
     receive never -> length(L) end.
