@@ -131,7 +131,7 @@ sites(N) ->
 %% blocks up by their culprit: the first frame of the stack outside the
 %% allocator family (`malloc' and its siblings, `strdup', `operator new',
 %% the C++ runtime `libstdc++', C++ allocator templates, OpenSSL's
-%% `CRYPTO_malloc' family; README "Culprits, not stacks"), or by the
+%% `CRYPTO_malloc' family; README "Growth and culprits"), or by the
 %% object (shared library or executable) that frame is in. Each row says
 %% `label': `erts' when the culprit is in the emulator (the VM's own
 %% malloc: erts_alloc's carriers), `self' when a frame of the stack is in

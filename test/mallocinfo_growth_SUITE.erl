@@ -10,12 +10,12 @@
          end_per_testcase/2]).
 -export([not_preloaded/1, diff_puts_the_leak_first/1, growth_leak_not_cache/1,
          rollups_exact/1, erts_is_labelled/1, report_interval_calls_leak/1,
-         report_remembers_previous/1, erts_never_a_native_verdict/1]).
+         report_remembers_previous/1, erts_never_a_native_verdict/1, cluster_interval/1]).
 
 all() ->
     [not_preloaded, diff_puts_the_leak_first, growth_leak_not_cache, rollups_exact,
      erts_is_labelled, report_interval_calls_leak, report_remembers_previous,
-     erts_never_a_native_verdict].
+     erts_never_a_native_verdict, cluster_interval].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -35,6 +35,13 @@ end_per_suite(_Config) ->
 
 init_per_testcase(not_preloaded, Config) ->
     Config;
+init_per_testcase(cluster_interval, Config) ->
+    ok = mi_ct:ensure_distributed(),
+    Ebin = filename:dirname(code:which(mallocinfo)),
+    {ok, Peer, Node} = peer:start(#{name => peer:random_name(),
+                                    env => mallocinfo_trace:preload_env(),
+                                    args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)]}),
+    [{peer, Peer}, {node, Node} | Config];
 init_per_testcase(erts_never_a_native_verdict, Config) ->
     %% +Mea min: every ERTS allocator but the required ones is off, so the
     %% VM's memory (process heaps included) comes from malloc through
@@ -235,3 +242,20 @@ erts_never_a_native_verdict(Config) ->
     after
         call(Config, erlang, exit, [Holder, kill])
     end.
+
+%% The cluster form passes the interval to each node, which measures its
+%% own growth; the default timeout grows by the interval.
+cluster_interval(Config) ->
+    Node = ?config(node, Config),
+    Ticker = erpc:call(Node, erlang, spawn, [mallocinfo_growth_SUITE_helper, leak_mib, []]),
+    try
+        [{Node, {ok, R}}] = mallocinfo_report:collect([Node], #{interval => 1000}),
+        ?assertMatch(#{native := #{growth := #{interval_ms := 1000, leak := true,
+                                               growers := [#{culprit := #{symbol :=
+                                                   <<"mi_growth_leak_here">>}} | _]}}}, R),
+        Text = iolist_to_binary(mallocinfo_report:format_cluster([{Node, {ok, R}}])),
+        ?assertNotEqual(nomatch, binary:match(Text, <<"in every sample: a leak">>))
+    after
+        erpc:call(Node, erlang, exit, [Ticker, kill])
+    end,
+    ok = erpc:call(Node, mi_growth_nif, release, []).
