@@ -14,7 +14,7 @@
 
 -export([snapshot/3, diff/2, growth/1, addresses/1]).
 -export([allocator_frame/1, culprit/1, label/2, emulator_object/1, self_object/1,
-         rollup/3, rollup_key/2]).
+         rollup/3, rollup_key/2, objects_of/1]).
 
 -export_type([snapshot/0]).
 
@@ -225,10 +225,32 @@ rollup(By, Sites, Culprits) ->
 row_map(By, Key, {C, B, E, N, Frame}) ->
     Base = #{label => element(1, Key), count => C, bytes => B, estimated => E, stacks => N},
     case {By, Frame} of
-        {_, undefined} ->
+        {function, undefined} ->
             Base#{object => undefined, function => undefined};
+        {object, undefined} ->
+            Base#{object => undefined};
         {object, #{object := O}} ->
             Base#{object => O};
         {function, #{object := O} = F} ->
             Base#{object => O, function => maps:get(symbol, F, undefined), frame => F}
     end.
+
+%% @doc The roll-up by object from the roll-up by function of the same
+%% sites (each function row is in one object): what rollup(object, ...)
+%% gives, without finding the culprits again.
+-spec objects_of([map()]) -> [map()].
+objects_of(FunctionRows) ->
+    Rows = lists:foldl(
+             fun(#{label := L, object := O, count := C, bytes := B, estimated := E, stacks := N},
+                 Acc) ->
+                     Key = {L, O},
+                     case Acc of
+                         #{Key := {C0, B0, E0, N0}} -> Acc#{Key := {C0 + C, B0 + B, E0 or E, N0 + N}};
+                         #{} -> Acc#{Key => {C, B, E, N}}
+                     end
+             end, #{}, FunctionRows),
+    Out = [#{label => L, object => O, count => C, bytes => B, estimated => E, stacks => N}
+           || {{L, O}, {C, B, E, N}} <- maps:to_list(Rows)],
+    lists:sort(fun(#{bytes := A} = X, #{bytes := B} = Y) ->
+                       A > B orelse (A =:= B andalso X =< Y)
+               end, Out).

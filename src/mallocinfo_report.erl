@@ -224,11 +224,11 @@ later_snapshots(S0, Ms) ->
 culprits_of(Snaps, Interval) ->
     Last = lists:last(Snaps),
     Rollup = guard(fun() ->
-                           #{functions => mallocinfo_trace:sites(infinity, #{by => function,
-                                                                             snapshot => Last,
-                                                                             demangle => true}),
-                             objects => mallocinfo_trace:sites(infinity, #{by => object,
-                                                                           snapshot => Last}),
+                           Functions = mallocinfo_trace:sites(infinity, #{by => function,
+                                                                          snapshot => Last,
+                                                                          demangle => true}),
+                           #{functions => Functions,
+                             objects => mallocinfo_growth:objects_of(Functions),
                              live_bytes => maps:get(live_bytes, Last)}
                    end),
     Growth = case Snaps of
