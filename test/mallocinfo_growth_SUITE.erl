@@ -10,12 +10,13 @@
          end_per_testcase/2]).
 -export([not_preloaded/1, diff_puts_the_leak_first/1, growth_leak_not_cache/1,
          rollups_exact/1, erts_is_labelled/1, report_interval_calls_leak/1,
-         report_remembers_previous/1, erts_never_a_native_verdict/1, cluster_interval/1]).
+         report_remembers_previous/1, erts_never_a_native_verdict/1, cluster_interval/1,
+         sample_diff_is_estimated/1]).
 
 all() ->
     [not_preloaded, diff_puts_the_leak_first, growth_leak_not_cache, rollups_exact,
      erts_is_labelled, report_interval_calls_leak, report_remembers_previous,
-     erts_never_a_native_verdict, cluster_interval].
+     erts_never_a_native_verdict, cluster_interval, sample_diff_is_estimated].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -47,6 +48,8 @@ init_per_testcase(erts_never_a_native_verdict, Config) ->
     %% VM's memory (process heaps included) comes from malloc through
     %% erts_sys_alloc: a large "native" figure that belongs to ERTS.
     start_peer(Config, ["+Mea", "min"]);
+init_per_testcase(sample_diff_is_estimated, Config) ->
+    start_peer(Config, [], #{mode => sample, sample_bytes => 65536});
 init_per_testcase(_, Config) ->
     start_peer(Config, []).
 
@@ -57,10 +60,13 @@ end_per_testcase(_, Config) ->
     end.
 
 start_peer(Config, Args) ->
+    start_peer(Config, Args, #{}).
+
+start_peer(Config, Args, Env) ->
     Ebin = filename:dirname(code:which(mallocinfo)),
     {ok, Peer, _Node} =
         peer:start_link(#{connection => standard_io,
-                          env => mallocinfo_trace:preload_env(),
+                          env => mallocinfo_trace:preload_env(Env),
                           args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config) | Args]}),
     {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
     {module, mi_growth_nif} = peer:call(Peer, code, ensure_loaded, [mi_growth_nif]),
@@ -259,3 +265,17 @@ cluster_interval(Config) ->
         erpc:call(Node, erlang, exit, [Ticker, kill])
     end,
     ok = erpc:call(Node, mi_growth_nif, release, []).
+
+%% In sample mode a diff's figures are differences of estimates, and say
+%% so: 20,000 blocks of 1000 bytes sampled at a mean of 64 KiB.
+sample_diff_is_estimated(Config) ->
+    S0 = call(Config, mallocinfo_trace, snapshot, []),
+    ?assertMatch(#{mode := sample}, S0),
+    ok = call(Config, mi_growth_nif, leak, [20000, 1000]),
+    S1 = call(Config, mallocinfo_trace, snapshot, []),
+    [Leak] = rows_for(<<"mi_growth_leak_here">>, call(Config, mallocinfo_trace, diff, [S0, S1])),
+    ct:pal("sampled leak: ~p", [maps:without([stack], Leak)]),
+    #{estimated := true, change := appeared, bytes_delta := B, count_delta := C} = Leak,
+    ?assert(abs(B - 20000000) < 5000000),
+    ?assert(abs(C - 20000) < 5000),
+    ok = call(Config, mi_growth_nif, release, []).
