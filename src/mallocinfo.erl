@@ -231,11 +231,17 @@ app_modules() ->
 report() ->
     io:put_chars(mallocinfo_report:format(mallocinfo_report:collect())).
 
-%% @doc Prints the report of every node in `Nodes' (collected in parallel
-%% with `erpc'; mallocinfo is loaded over distribution where it is
-%% missing): a comparison table, one row per node, then each node's
+%% @doc With a list: prints the report of every node in `Nodes' (collected
+%% in parallel with `erpc'; mallocinfo is loaded over distribution where
+%% it is missing): a comparison table, one row per node, then each node's
 %% verdicts. Unreachable or failing nodes get a row saying why.
--spec report([node()]) -> ok.
+%% With a map: the report of this node with options, `interval => Ms'
+%% (the tracker looks three times over `Ms' and the native verdict says
+%% what grew in every sample, at what rate: "a leak", or "stable") and
+%% `startup_blocks => true' (see {@link mallocinfo_report:collect/1}).
+-spec report([node()] | #{interval => pos_integer(), startup_blocks => boolean()}) -> ok.
+report(Opts) when is_map(Opts) ->
+    io:put_chars(mallocinfo_report:format(mallocinfo_report:collect(Opts)));
 report(Nodes) ->
     %% collect/1 raises badarg for anything but a proper list of node names.
     io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes))).
@@ -244,8 +250,10 @@ report(Nodes) ->
 %% tracker ({@link mallocinfo_trace:attach/0}) on every node that is not
 %% tracking, and each row says so (`attached now', `attached',
 %% `preloaded', `attach failed' with the reason below the table);
-%% `timeout' (ms). See {@link mallocinfo_report:collect/2}.
--spec report([node()], #{attach => boolean(), timeout => pos_integer()}) -> ok.
+%% `timeout' (ms); `interval' and `startup_blocks' as for one node. See
+%% {@link mallocinfo_report:collect/2}.
+-spec report([node()], #{attach => boolean(), timeout => pos_integer(),
+                         interval => pos_integer(), startup_blocks => boolean()}) -> ok.
 report(Nodes, Opts) ->
     %% collect/2 raises badarg for a bad node list or bad options.
     io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes, Opts))).

@@ -46,9 +46,11 @@
 
 -define(HEAP_MAP_TIMEOUT, 10000).
 -define(DEFAULT_TIMEOUT, 30000).
--define(SITES, 10).
 -define(OLDS, 3).
 -define(TOP, 5).
+-define(PREVIOUS, previous_report).
+%% Start-up: the node's first 30 s (README "The report").
+-define(STARTUP_MS, 30000).
 
 %%% ---------------------------------------------------------------------------
 %%% API
@@ -62,12 +64,36 @@
 %% arena, bounded by a 10 s timeout. About 250 ms on the demo node.
 -spec collect() -> report().
 collect() ->
-    mallocinfo_report_build:build(gather()).
+    mallocinfo_report_build:build(gather(#{})).
 
-%% @equiv collect(Nodes, #{})
--spec collect([node()]) -> [node_result()].
+%% @doc With a list of nodes: `collect(Nodes, #{})'. With a map: the
+%% report of this node with options: `interval' (ms, 1..2^32-1): three
+%% snapshots of the tracker over that time (the first and last `interval'
+%% apart) and the native verdict says which call sites grew in every
+%% sample, at what rate (`native => #{growth => ...}'); `startup_blocks'
+%% (boolean, default `false'): "oldest live blocks" includes the blocks
+%% allocated during the node's start-up (its first 30 s).
+-spec collect([node()] | #{interval => pos_integer(), startup_blocks => boolean()}) ->
+          [node_result()] | report().
+collect(Opts) when is_map(Opts) ->
+    case local_opts(Opts) of
+        {ok, O} -> mallocinfo_report_build:build(gather(O));
+        error -> erlang:error(badarg, [Opts])
+    end;
 collect(Nodes) ->
     collect(Nodes, #{}).
+
+%% The options of one node's report (collect/1 with a map): ok with them,
+%% or error.
+local_opts(Opts) ->
+    Valid = fun(interval, V) -> is_integer(V) andalso V > 0 andalso V =< 16#ffffffff;
+               (startup_blocks, V) -> is_boolean(V);
+               (_, _) -> false
+            end,
+    case maps:fold(fun(K, V, Acc) -> Acc andalso Valid(K, V) end, true, Opts) of
+        true -> {ok, Opts};
+        false -> error
+    end.
 
 %% @doc The report of every node in `Nodes', collected in parallel with
 %% `erpc', in the order given. A node that lacks mallocinfo gets it first:
@@ -84,19 +110,27 @@ collect(Nodes) ->
 %% or `{error, preloaded | already_attached | ...}': a node already
 %% tracking stays as it is). A node given mallocinfo over distribution
 %% cannot attach (the interposer is not sent): it says
-%% `{error, {load_failed, _}}'.
--spec collect([node()], #{timeout => pos_integer(), attach => boolean()}) -> [node_result()].
+%% `{error, {load_failed, _}}'. `interval' and `startup_blocks' are
+%% passed to each node's report (see {@link collect/1}); with `interval'
+%% the default timeout is 30000 ms plus the interval.
+-spec collect([node()], #{timeout => pos_integer(), attach => boolean(),
+                          interval => pos_integer(), startup_blocks => boolean()}) ->
+          [node_result()].
 collect(Nodes, Opts) when is_map(Opts) ->
-    case node_list(Nodes) andalso maps:keys(Opts) -- [timeout, attach] =:= [] of
+    Local = maps:with([interval, startup_blocks], Opts),
+    case node_list(Nodes) andalso maps:keys(Opts) -- [timeout, attach, interval, startup_blocks] =:= []
+        andalso local_opts(Local) =:= {ok, Local} of
         true -> ok;
         false -> erlang:error(badarg, [Nodes, Opts])
     end,
-    Timeout = maps:get(timeout, Opts, ?DEFAULT_TIMEOUT),
+    %% The interval is spent on each node, in parallel: the default timeout
+    %% grows by it.
+    Timeout = maps:get(timeout, Opts, ?DEFAULT_TIMEOUT + maps:get(interval, Local, 0)),
     Attach = maps:get(attach, Opts, false),
     %% A receive timeout above 2^32-1 ms would raise in await/3.
     case is_integer(Timeout) andalso Timeout > 0 andalso Timeout =< 16#ffffffff
          andalso is_boolean(Attach) of
-        true -> cluster(Nodes, Timeout, Attach);
+        true -> cluster(Nodes, Timeout, Attach, Local);
         false -> erlang:error(badarg, [Nodes, Opts])
     end;
 collect(Nodes, Opts) ->
@@ -126,8 +160,10 @@ format_cluster(Results) ->
 %%% ---------------------------------------------------------------------------
 %%% Gathering (impure): each source guarded
 
-gather() ->
-    Mem = erlang:memory(),
+gather(Opts) ->
+    %% erlang:memory/0 raises notsup when some ERTS allocators are off
+    %% (+Mea min): the report goes on without it.
+    Mem = try erlang:memory() catch error:notsup -> [] end,
     Smaps = read_proc("smaps"),
     Raw = #{node => node(),
       os_pid => list_to_integer(os:getpid()),
@@ -146,7 +182,7 @@ gather() ->
       erts_mmap => guard(fun() -> erlang:system_info({allocator, erts_mmap}) end),
       carriers => instrument_call(carriers),
       allocations => instrument_call(allocations),
-      processes => guard(fun() -> mallocinfo_proc:top(?TOP, memory) end),
+      processes => guard(fun top_processes/0),
       ets => guard(fun ets_top/0),
       allocator => allocator(),
       mallinfo => guard(fun mallocinfo:mallinfo/0),
@@ -154,11 +190,121 @@ gather() ->
       heap_map => heap_map(),
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
       trace_status => guard(fun mallocinfo_trace:status/0),
-      sites => guard(fun() -> mallocinfo_trace:sites(?SITES, #{demangle => true}) end),
-      olds => guard(fun() -> mallocinfo_trace:olds(?OLDS, #{demangle => true}) end),
+      olds => guard(fun() -> olds(maps:get(startup_blocks, Opts, false)) end),
       jemalloc => optional(mallocinfo_jemalloc, summary, []),
       tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
-    maps:merge(Raw, heap_evidence(Smaps)).
+    maps:merge(maps:merge(Raw, heap_evidence(Smaps)), culprits(Opts)).
+
+%% The tracker's culprits from one snapshot (so the roll-ups agree with
+%% each other and with the totals), the growth over `interval' when asked
+%% (three snapshots: at 0, half-way and at the end), and this run's
+%% summary against the previous run's on this node.
+culprits(Opts) ->
+    case guard(fun mallocinfo_trace:snapshot/0) of
+        #{} = S0 ->
+            Snaps = case maps:get(interval, Opts, undefined) of
+                        undefined -> [S0];
+                        Ms -> later_snapshots(S0, Ms)
+                    end,
+            culprits_of(Snaps, maps:get(interval, Opts, undefined));
+        Error ->
+            #{rollup => Error}
+    end.
+
+later_snapshots(S0, Ms) ->
+    timer:sleep(Ms div 2),
+    S1 = mallocinfo_trace:snapshot(),
+    timer:sleep(Ms - Ms div 2),
+    S2 = mallocinfo_trace:snapshot(),
+    case {S1, S2} of
+        {#{}, #{}} -> [S0, S1, S2];
+        _ -> [S0]
+    end.
+
+culprits_of(Snaps, Interval) ->
+    Last = lists:last(Snaps),
+    Rollup = guard(fun() ->
+                           Functions = mallocinfo_trace:sites(infinity, #{by => function,
+                                                                          snapshot => Last,
+                                                                          demangle => true}),
+                           #{functions => Functions,
+                             objects => mallocinfo_growth:objects_of(Functions),
+                             live_bytes => maps:get(live_bytes, Last)}
+                   end),
+    Growth = case Snaps of
+                 [_, _ | _] ->
+                     guard(fun() ->
+                                   #{interval_ms => Interval, samples => length(Snaps),
+                                     span_ms => maps:get(monotonic_ms, Last) -
+                                         maps:get(monotonic_ms, hd(Snaps)),
+                                     live_delta => maps:get(live_bytes, Last) -
+                                         maps:get(live_bytes, hd(Snaps)),
+                                     growers => mallocinfo_trace:growth_of(
+                                                  Snaps, #{demangle => true, limit => 200})}
+                           end);
+                 _ when Interval =/= undefined -> {error, snapshot_failed};
+                 _ -> none
+             end,
+    This = this_run(Rollup),
+    Previous = application:get_env(mallocinfo, ?PREVIOUS, undefined),
+    %% A node's application environment (application_controller's ETS
+    %% table): it outlives the calling process and the shell, costs one
+    %% ETS write per report, and goes with the node. persistent_term would
+    %% make every update a global GC pass; a process of ours would have to
+    %% be started and supervised on nodes that never start mallocinfo.
+    _ = is_map(This) andalso application:set_env(mallocinfo, ?PREVIOUS, This),
+    #{rollup => Rollup, growth => Growth, previous_run => Previous, this_run => This}.
+
+%% What the next report compares with: when, the tracker's live bytes and
+%% the native functions' bytes (the largest 100).
+this_run(#{functions := Rows, live_bytes := Live}) ->
+    Native = [R || #{label := native} = R <- Rows],
+    #{monotonic_ms => erlang:monotonic_time(millisecond),
+      time_ms => erlang:system_time(millisecond),
+      live_bytes => Live,
+      functions => maps:from_list([{{maps:get(object, R), maps:get(function, R, undefined)},
+                                    maps:get(bytes, R)}
+                                   || R <- lists:sublist(Native, 100)])};
+this_run(_) ->
+    undefined.
+
+%% Blocks allocated in the node's first ?STARTUP_MS are start-up blocks:
+%% "oldest live blocks" leaves them out unless asked.
+olds(true) ->
+    mallocinfo_trace:olds(?OLDS, #{demangle => true});
+olds(false) ->
+    Start = erlang:convert_time_unit(erlang:system_info(start_time), native, millisecond),
+    Uptime = erlang:monotonic_time(millisecond) - Start,
+    case Uptime - ?STARTUP_MS of
+        MaxAge when MaxAge > 0 ->
+            mallocinfo_trace:olds(?OLDS, #{demangle => true, max_age_ms => MaxAge});
+        _ ->
+            []
+    end.
+
+%% The largest processes but mallocinfo's own (registered under, or
+%% started in, one of its modules: the demo's stand for an application's
+%% and stay) and the calling shell's (this process and the shell linked to
+%% it).
+top_processes() ->
+    Self = self(),
+    Shell = [P || P <- element(2, process_info(Self, links)), is_pid(P),
+                  shell_process(P)],
+    Excluded = [Self | Shell],
+    Ours = app_modules() -- [mallocinfo_demo, mallocinfo_demo_nif],
+    Top = mallocinfo_proc:top(?TOP + length(Excluded) + 5, memory),
+    lists:sublist([P || #{pid := Pid, name := Name} = P <- Top,
+                        not lists:member(Pid, Excluded), not ours(Name, Ours)], ?TOP).
+
+shell_process(P) ->
+    case process_info(P, [initial_call, current_function]) of
+        [{initial_call, {M1, _, _}}, {current_function, {M2, _, _}}] ->
+            M1 =:= shell orelse M2 =:= shell;
+        _ -> false
+    end.
+
+ours({M, _, _}, Ours) -> lists:member(M, Ours);
+ours(Name, Ours) -> lists:member(Name, Ours).
 
 %% Any exception becomes {error, _}: one failing source must not lose the
 %% rest of the report.
@@ -266,8 +412,9 @@ ets_info(T) ->
 %%% ---------------------------------------------------------------------------
 %%% A cluster
 
-cluster(Nodes, Timeout, Attach) ->
-    Workers = [{spawn_monitor(fun() -> exit({?MODULE, node_report(N, Timeout, Attach)}) end), N}
+cluster(Nodes, Timeout, Attach, Local) ->
+    Workers = [{spawn_monitor(fun() -> exit({?MODULE, node_report(N, Timeout, Attach, Local)}) end),
+                N}
                || N <- Nodes],
     Deadline = erlang:monotonic_time(millisecond) + Timeout,
     [{N, await(Pid, Ref, Deadline)} || {{Pid, Ref}, N} <- Workers].
@@ -283,19 +430,22 @@ await(Pid, Ref, Deadline) ->
             {error, timeout}
     end.
 
-node_report(Node, _Timeout, Attach) when Node =:= node() ->
+node_report(Node, _Timeout, Attach, Local) when Node =:= node() ->
     case Attach of
-        true -> A = mallocinfo_trace:attach(), {ok, (collect())#{attach => A}};
-        false -> {ok, collect()}
+        true -> A = mallocinfo_trace:attach(), {ok, (collect(Local))#{attach => A}};
+        false -> {ok, collect(Local)}
     end;
-node_report(Node, Timeout, Attach) ->
+node_report(Node, Timeout, Attach, Local) ->
     try
         Injected = ensure_remote(Node, Timeout),
         Attached = case Attach of
                        true -> #{attach => erpc:call(Node, mallocinfo_trace, attach, [], Timeout)};
                        false -> #{}
                    end,
-        Report = erpc:call(Node, ?MODULE, collect, [], Timeout),
+        %% collect/0 when there are no options: a node running an older
+        %% mallocinfo answers it.
+        Args = case map_size(Local) of 0 -> []; _ -> [Local] end,
+        Report = erpc:call(Node, ?MODULE, collect, Args, Timeout),
         {ok, maps:merge(Report#{injected => Injected}, Attached)}
     catch
         error:{erpc, noconnection} -> {error, unreachable};

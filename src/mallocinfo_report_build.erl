@@ -13,7 +13,7 @@
 -export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
          erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
          rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1,
-         resident_parts/1, part_label/1]).
+         resident_parts/1, part_label/1, culprit_view/3, growth_view/1, previous_view/2]).
 
 -define(MiB, (1 bsl 20)).
 -define(HEAP_MAX, (64 * ?MiB)).
@@ -25,6 +25,10 @@
 -define(SIGNIFICANT_PERCENT, 5).
 %% Blocks older than this make a large call site "a leak".
 -define(LEAK_AGE_MS, 60000).
+%% A native call site that grew in every sample by at least this much over
+%% a report's interval is called a leak.
+-define(GROWTH_LEAK_BYTES, ?MiB).
+-define(FUNCTIONS, 10).
 -define(TOP, 5).
 
 %% @doc The report from the raw data `mallocinfo_report:collect/0'
@@ -642,6 +646,13 @@ native(#{trace_status := #{recording := false}}) ->
 native(#{trace_status := #{mode := Mode}}) when Mode =:= off; Mode =:= counters ->
     {unavailable, {mode, Mode},
      <<"mallocinfo_trace:set_mode(full) records blocks allocated from then on">>};
+native(#{trace_status := #{} = S, olds := Olds, rollup := #{functions := F, objects := O}} = Raw)
+  when is_list(Olds), is_list(F), is_list(O) ->
+    Base = maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, attached,
+                      attached_at], S),
+    maps:merge(Base#{olds => Olds}, culprit_view(F, O, Raw));
+native(#{trace_status := #{}, rollup := Error}) when not is_map(Error) ->
+    unavailable(Error, <<"mallocinfo_trace:snapshot/0 failed">>);
 native(#{trace_status := #{} = S, sites := Sites, olds := Olds})
   when is_list(Sites), is_list(Olds) ->
     (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, attached,
@@ -654,6 +665,54 @@ native(#{trace_status := Error}) ->
     unavailable(Error, <<"mallocinfo_nif is needed">>);
 native(_) ->
     {unavailable, no_tracker, <<"mallocinfo_nif is needed">>}.
+
+%% @doc The native section's culprits from the roll-ups of one snapshot:
+%% the top `native' functions and objects (the VM's own malloc and
+%% mallocinfo's own allocations are left out of them and summed apart as
+%% `erts_bytes'/`erts_blocks' and `self_bytes'/`self_blocks'), the growth
+%% over the report's interval and the comparison with the previous report.
+-spec culprit_view([map()], [map()], map()) -> map().
+culprit_view(Functions, Objects, Raw) ->
+    Sum = fun(Label, Key) -> lists:sum([maps:get(Key, R) || #{label := L} = R <- Functions,
+                                                           L =:= Label]) end,
+    #{functions => lists:sublist([R || #{label := native} = R <- Functions], ?FUNCTIONS),
+      objects => lists:sublist([R || #{label := native} = R <- Objects], ?TOP),
+      erts_bytes => Sum(erts, bytes), erts_blocks => Sum(erts, count),
+      self_bytes => Sum(self, bytes), self_blocks => Sum(self, count),
+      growth => growth_view(maps:get(growth, Raw, none)),
+      previous => previous_view(maps:get(previous_run, Raw, undefined),
+                                maps:get(this_run, Raw, undefined))}.
+
+%% @doc The growth over a report's interval: the `native' call sites that
+%% grew in every sample (at most 5), `leak' when the first grew by at
+%% least 1 MiB, and what the VM's own malloc grew (`erts_growth').
+-spec growth_view(term()) -> none | map() | mallocinfo_report:unavailable().
+growth_view(#{growers := G} = M) when is_list(G) ->
+    Native = [R || #{label := native} = R <- G],
+    Leak = case Native of
+               [#{growth_bytes := B} | _] -> B >= ?GROWTH_LEAK_BYTES;
+               [] -> false
+           end,
+    M#{growers => lists:sublist(Native, ?TOP), leak => Leak,
+       erts_growth => lists:sum([B || #{label := erts, growth_bytes := B} <- G])};
+growth_view(none) -> none;
+growth_view(Error) -> unavailable(Error, <<"a tracker snapshot failed during the interval">>).
+
+%% @doc This report against the previous one on the node: how long ago
+%% (`age_ms'), the tracker's live bytes since (`native_delta') and the
+%% functions that grew most (`grew', at most 3, each with `object',
+%% `function', `bytes_delta'). `none' for the first report.
+-spec previous_view(map() | undefined, map() | undefined) -> none | map().
+previous_view(#{monotonic_ms := T0, live_bytes := L0, functions := F0} = Prev,
+              #{monotonic_ms := T1, live_bytes := L1, functions := F1}) ->
+    Deltas = [{maps:get(K, F1, 0) - maps:get(K, F0, 0), K}
+              || K <- lists:usort(maps:keys(F0) ++ maps:keys(F1))],
+    Grew = [#{object => O, function => Fn, bytes_delta => D}
+            || {D, {O, Fn}} <- lists:sublist(lists:reverse(lists:sort(Deltas)), 3), D > 0],
+    #{age_ms => T1 - T0, time_ms => maps:get(time_ms, Prev, undefined),
+      native_delta => L1 - L0, grew => Grew};
+previous_view(_, _) ->
+    none.
 
 %% @doc The frame that names who allocated: the first frame of the stack
 %% outside the C and C++ runtime (a `malloc' called through `operator
@@ -786,7 +845,7 @@ percent(Part, Whole) -> round(Part * 1000 / Whole) / 10.
 %% @doc The rules, in no particular order; verdicts/1 ranks what they say.
 -spec rules() -> [atom()].
 rules() ->
-    [native_holder, libc_fragmentation, erts_fragmentation, erts_mseg_cache, process_heap,
+    [native_holder, native_growth, native_stable, libc_fragmentation, erts_fragmentation, erts_mseg_cache, process_heap,
      erts_binary, erts_ets, other_allocator, tracker_tables, unexplained].
 
 %% @doc The sentences of every rule that fires, most bytes first; a single
@@ -799,13 +858,57 @@ verdicts(R) ->
     Fired = [V || Name <- rules(), {_, _} = V <- [catch rule(Name, R)]],
     case lists:reverse(lists:keysort(1, Fired)) of
         [] -> [nothing_stands_out(R)];
+        [{0, _} | _] = Sorted -> [nothing_stands_out(R) | [S || {_, S} <- Sorted]];
         Sorted -> [S || {_, S} <- Sorted]
     end.
+
+sign(D) when D < 0 -> "-";
+sign(_) -> "+".
+
+same_function(#{object := O} = A, #{object := O} = B) ->
+    maps:get(symbol, A, undefined) =:= maps:get(function, B, undefined)
+        andalso (maps:get(symbol, A, undefined) =/= undefined
+                 orelse maps:get(address, A, x) =:= maps:get(address, maps:get(frame, B, #{}), y));
+same_function(_, _) -> false.
 
 %% @doc One rule on a report: `{Bytes, Sentence}' when its evidence is in
 %% the report (Bytes ranks it), `none' otherwise. A rule needs at least
 %% 16 MiB and 5% of RSS behind it.
 -spec rule(atom(), mallocinfo_report:report()) -> {non_neg_integer(), binary()} | none.
+rule(native_holder, #{native := #{functions := [#{bytes := B, count := C} = F | _]} = N} = R) ->
+    case significant(B, R) of
+        false -> none;
+        true ->
+            About = case maps:get(estimated, F, false) of true -> "about "; false -> "" end,
+            {Who, From} = who(maps:get(frame, F, undefined)),
+            Tail = case maps:get(growth, N, none) of
+                       #{growers := G, interval_ms := Ms} ->
+                           case [X || #{culprit := C1} = X <- G, same_function(C1, F)] of
+                               [] -> fmt("it did not grow in every sample over ~ts",
+                                         [age(Ms)]);
+                               _ -> <<"it grew in every sample">>
+                           end;
+                       _ ->
+                           <<"a leak if it keeps growing: mallocinfo:report(#{interval => 60000})"
+                             " measures that">>
+                   end,
+            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts: ~ts",
+                    [Who, About, bytes(B), About, count(C), From, Tail])}
+    end;
+rule(native_growth, #{native := #{growth := #{leak := true, interval_ms := Ms0,
+                                              growers := [G | _]} = Growth}}) ->
+    Ms = maps:get(span_ms, Growth, Ms0),
+    #{growth_bytes := Grew, rate := Rate, bytes := B, count := C} = G,
+    {Who, From} = who(maps:get(culprit, G)),
+    {max(B, Grew),
+     fmt("~ts (~ts) grew by ~ts (~ts/s) over ~ts, in every sample: a leak; it holds ~ts in ~ts "
+         "blocks now", [From, Who, bytes(Grew), bytes(Rate), age(Ms), bytes(B), count(C)])};
+rule(native_stable, #{native := #{growth := #{leak := false, interval_ms := Ms0,
+                                              live_delta := D} = Growth}}) ->
+    Ms = maps:get(span_ms, Growth, Ms0),
+    {0, fmt("native memory stable over ~ts: no native call site grew by 1 MiB in every sample "
+            "(the tracker's live bytes changed by ~ts~ts)",
+            [age(Ms), sign(D), bytes(abs(D))])};
 rule(native_holder, #{native := #{sites := [#{bytes := B, count := C, stack := Stack} = Site | _]}}
      = R) ->
     case significant(B, R) of

@@ -134,7 +134,19 @@ group_line(Label, Bytes, Note) ->
 
 section_erts(#{erts := {unavailable, _, _} = U}) ->
     [rule_line("2. ERTS"), unavailable_line(U)];
-section_erts(#{erts := E}) ->
+section_erts(#{erts := _} = R) ->
+    [section_erts_layer(R) | erts_malloc_line(R)].
+
+%% The VM's own malloc as the tracker sees it (ERTS memory, never a native
+%% caller): after the carriers' line's "from malloc".
+erts_malloc_line(#{native := #{erts_bytes := B, erts_blocks := N}}) ->
+    para(io_lib:format("the tracker sees ~ts in ~ts blocks malloc'ed by the VM itself "
+                       "(erts_sys_alloc and the rest of beam.smp): counted here, not as a native "
+                       "caller", [bytes(B), count(N)]));
+erts_malloc_line(_) ->
+    [].
+
+section_erts_layer(#{erts := E}) ->
     Mem = maps:get(memory, E),
     M = fun(K) -> bytes(maps:get(K, Mem, undefined)) end,
     Types = [T || #{allocated := A} = T <- maps:get(allocators, E), A > 0],
@@ -233,6 +245,34 @@ heap_map_lines(#{total := T}) ->
 
 section_native(#{native := {unavailable, _, _} = U}) ->
     [rule_line("4. Native callers (tracker)"), unavailable_line(U)];
+section_native(#{native := #{functions := Functions, objects := Objects, olds := Olds} = N}) ->
+    [rule_line("4. Native callers (tracker)"),
+     attached_line(N),
+     para(io_lib:format("mode ~ts: ~ts live in ~ts blocks, ~b dropped",
+                        [maps:get(mode, N), bytes(maps:get(live_bytes, N, 0)),
+                         count(maps:get(live_entries, N, 0)), maps:get(dropped, N, 0)])),
+     para(io_lib:format("left out of every ranking and verdict: the VM's own malloc (~ts in ~ts "
+                        "blocks, erts_alloc's carriers: ERTS memory), mallocinfo's own "
+                        "allocations (~ts in ~ts blocks), its processes and this shell",
+                        [bytes(maps:get(erts_bytes, N, 0)), count(maps:get(erts_blocks, N, 0)),
+                         bytes(maps:get(self_bytes, N, 0)), count(maps:get(self_blocks, N, 0))])),
+     "top functions (live bytes, blocks, stacks, first caller past the allocator):\n",
+     [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                    [bytes(B), count(C), count(St), frame_text(maps:get(frame, F, undefined), 50)])
+      || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)],
+     "top objects (live bytes, blocks, stacks, object):\n",
+     [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                    [bytes(B), count(C), count(St), object_text(O)])
+      || #{bytes := B, count := C, stacks := St, object := O} <- Objects],
+     growth_lines(maps:get(growth, N, none)),
+     previous_lines(maps:get(previous, N, none)),
+     "oldest live blocks (size, age, allocated from), start-up (the node's first 30 s)\n"
+     "  left out unless mallocinfo:report(#{startup_blocks => true}):\n",
+     case Olds of
+         [] -> "  none\n";
+         _ -> [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
+               || #{size := Sz, age_ms := A, stack := St} <- Olds]
+     end];
 section_native(#{native := N}) ->
     #{sites := Sites, olds := Olds} = N,
     [rule_line("4. Native callers (tracker)"),
@@ -248,6 +288,47 @@ section_native(#{native := N}) ->
      "oldest live blocks (size, age, allocated from):\n",
      [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+object_text(undefined) -> "(no stack)";
+object_text(O) -> truncate(filename:basename(O), 57).
+
+growth_lines(#{interval_ms := Ms0, samples := N, growers := G, live_delta := D} = Growth) ->
+    Ms = maps:get(span_ms, Growth, Ms0),
+    Head = io_lib:format("growth over ~ts (~b samples): tracker live bytes ~ts~ts; ", [age(Ms), N,
+                                                                                    sign(D),
+                                                                                    bytes(abs(D))]),
+    case G of
+        [] ->
+            para([Head, "no native call site grew in every sample: stable"]);
+        _ ->
+            [para([Head, "native call sites that grew in every sample (growth, per s, now):"]),
+             [io_lib:format("  ~10ts ~10ts ~10ts  ~ts~n",
+                            [bytes(Gr), bytes(R), bytes(B), frame_text(C, 38)])
+              || #{growth_bytes := Gr, rate := R, bytes := B, culprit := C} <- G]]
+    end;
+growth_lines({unavailable, _, _} = U) ->
+    unavailable_line("growth ", U);
+growth_lines(_) ->
+    "growth: mallocinfo:report(#{interval => Ms}) measures it\n".
+
+previous_lines(#{age_ms := Age, native_delta := D, grew := Grew}) ->
+    Head = io_lib:format("since the previous report (~ts ago): tracker live bytes ~ts~ts",
+                         [age(Age), sign(D), bytes(abs(D))]),
+    case Grew of
+        [] -> para([Head, "; no native function grew"]);
+        _ ->
+            [para([Head, "; grew most:"]),
+             [io_lib:format("  +~9ts  ~ts~n", [bytes(B), function_text(O, F)])
+              || #{bytes_delta := B, object := O, function := F} <- Grew]]
+    end;
+previous_lines(_) ->
+    [].
+
+function_text(undefined, _) -> "(no stack)";
+function_text(O, F) -> frame_text(#{object => O, symbol => F}, 60).
+
+sign(D) when D < 0 -> "-";
+sign(_) -> "+".
 
 %% A tracker brought in by mallocinfo_trace:attach/0 has not seen what was
 %% allocated before: the report says since when it looks.

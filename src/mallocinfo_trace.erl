@@ -11,11 +11,13 @@
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
          pprof/0, pprof/1, folded/0, folded/1, profile_data/1,
+         snapshot/0, diff/2, diff/3, growth/2, growth/3, growth_of/1, growth_of/2,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
 -export([knobs/0]).
 
--export_type([mode/0, frame/0, old/0, site/0, profile_opts/0]).
+-export_type([mode/0, frame/0, old/0, site/0, profile_opts/0, snapshot/0, change/0, grower/0,
+              rollup/0]).
 
 -type posix() :: file:posix().
 
@@ -34,8 +36,22 @@
                   bytes := non_neg_integer(),
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
+-type label() :: native | erts | self.
+-type snapshot() :: mallocinfo_growth:snapshot().
+-type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
+                    count_delta := integer(), bytes_delta := integer(),
+                    change := appeared | vanished | changed, estimated := boolean(),
+                    culprit := frame() | undefined, label := label()}.
+-type grower() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
+                    growth_bytes := pos_integer(), rate := non_neg_integer(),
+                    samples := pos_integer(), estimated := boolean(),
+                    culprit := frame() | undefined, label := label()}.
+-type rollup() :: #{label := label(), object := binary() | undefined,
+                    function => binary() | undefined, frame => frame(),
+                    count := non_neg_integer(), bytes := non_neg_integer(),
+                    stacks := pos_integer(), estimated := boolean()}.
 -type opts() :: #{demangle => boolean(), min_age_ms => non_neg_integer(),
-                  min_size => non_neg_integer()}
+                  min_size => non_neg_integer(), max_age_ms => non_neg_integer()}
               | [demangle | {demangle, boolean()} | {min_age_ms, non_neg_integer()}
                  | {min_size, non_neg_integer()}].
 
@@ -90,16 +106,18 @@ olds(N) ->
 
 %% @doc The `N' oldest live blocks, oldest first, each with its size, age
 %% and allocation stack. `Opts': `demangle' (C++ names), `min_age_ms',
-%% `min_size' (bytes). A block whose call stack could not be stored has
+%% `min_size' (bytes), `max_age_ms' (leave out older blocks: the report
+%% leaves out the node's start-up this way). A block whose call stack could not be stored has
 %% `stack => []'. `{error, eagain}' (in theory only) when so many stacks
 %% were reclaimed while it ran that a stack id could have been reused,
 %% three times in a row (doc/tracking.md).
 -spec olds(non_neg_integer(), opts()) ->
           [old()] | {error, not_preloaded | not_recording | eagain}.
 olds(N, Opts) when is_integer(N), N >= 0 ->
-    #{demangle := D, min_age_ms := Age, min_size := Size} =
-        options(Opts, [demangle, min_age_ms, min_size], [N, Opts]),
-    unwrap(mallocinfo_nif:trace_olds(N, Age, Size, D));
+    #{demangle := D, min_age_ms := Age, min_size := Size} = O =
+        options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
+    MaxAge = min(maps:get(max_age_ms, O, 1 bsl 62), 1 bsl 62),
+    unwrap(mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge));
 olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
@@ -116,13 +134,286 @@ sites(N) ->
 %% new stack); blocks without a stored stack form one row with
 %% `stack => []'. Only the `N' stacks returned are symbolized. `{error,
 %% eagain}' as for {@link olds/2}.
--spec sites(non_neg_integer(), opts()) ->
-          [site()] | {error, not_preloaded | not_recording | eagain}.
-sites(N, Opts) when is_integer(N), N >= 0 ->
-    #{demangle := D} = options(Opts, [demangle], [N, Opts]),
-    unwrap(mallocinfo_nif:trace_sites(N, D));
+%%
+%% `by => function' or `by => object' (default `stack') rolls the live
+%% blocks up by their culprit: the first frame of the stack outside the
+%% allocator family (`malloc' and its siblings, `strdup', `operator new',
+%% the C++ runtime `libstdc++', C++ allocator templates, OpenSSL's
+%% `CRYPTO_malloc' family; README "Growth and culprits"), or by the
+%% object (shared library or executable) that frame is in. Each row says
+%% `label': `erts' when the culprit is in the emulator (the VM's own
+%% malloc: erts_alloc's carriers), `self' when a frame of the stack is in
+%% mallocinfo's own objects, `native' otherwise. Rows hold `object',
+%% `function' (`by => function'; `undefined' for an unnamed function,
+%% then one row per address), `frame', `count', `bytes', `stacks' (call
+%% stacks rolled in) and `estimated'. Every live block is in exactly one
+%% row: the rows of `sites(infinity, #{by => B})' add up to the totals of
+%% `by => stack'. Symbolizes, one batch per stack depth, only as many
+%% frames of each stack as it takes to pass its allocator frames. With
+%% `snapshot => S' (a {@link snapshot/0} of this node) the roll-up is of
+%% that snapshot: its rows add up to its `live_bytes' and `live_blocks'.
+-spec sites(non_neg_integer() | infinity,
+            opts() | #{by => stack | function | object, snapshot => snapshot(),
+                       demangle => boolean()}) ->
+          [site()] | [rollup()] | {error, not_preloaded | not_recording | eagain}.
+sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
+    {By, Rest0} = take_by(Opts, [N, Opts]),
+    {Snap, Rest} = case Rest0 of
+                       #{snapshot := S} when By =/= stack ->
+                           is_snapshot(S) orelse erlang:error(badarg, [N, Opts]),
+                           {S, maps:remove(snapshot, Rest0)};
+                       _ -> {undefined, Rest0}
+                   end,
+    #{demangle := D} = options(Rest, [demangle], [N, Opts]),
+    case By of
+        _ when Snap =/= undefined ->
+            Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
+            take(N, mallocinfo_growth:rollup(By, Raw, culprits(Raw, D)));
+        stack ->
+            Limit = case N of infinity -> 1 bsl 62; _ -> N end,
+            case mallocinfo_nif:trace_sites(Limit, D) of
+                {ok, Sites} -> [S#{label => stack_label(Stack)} || #{stack := Stack} = S <- Sites];
+                {error, _} = E -> E
+            end;
+        _ ->
+            case mallocinfo_nif:trace_snapshot() of
+                {ok, {_Mode, _Now, Raw}} ->
+                    Culprits = culprits(Raw, D),
+                    take(N, mallocinfo_growth:rollup(By, Raw, Culprits));
+                {error, _} = E ->
+                    E
+            end
+    end;
 sites(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
+
+take(infinity, L) -> L;
+take(N, L) -> lists:sublist(L, N).
+
+%% `by' out of sites/2's options (a map or a list), the rest for options/3.
+take_by(Opts, Args) when is_map(Opts) ->
+    case maps:take(by, Opts) of
+        {By, Rest} when By =:= stack; By =:= function; By =:= object -> {By, Rest};
+        {_, _} -> erlang:error(badarg, Args);
+        error -> {stack, Opts}
+    end;
+take_by(Opts, Args) when is_list(Opts) ->
+    try length(Opts)
+    catch error:badarg -> erlang:error(badarg, Args)
+    end,
+    case [By || {by, By} <- Opts] of
+        [] -> {stack, Opts};
+        [By] when By =:= stack; By =:= function; By =:= object -> {By, Opts -- [{by, By}]};
+        _ -> erlang:error(badarg, Args)
+    end;
+take_by(_, Args) ->
+    erlang:error(badarg, Args).
+
+%% @doc A snapshot of every live call site: its count, bytes and raw
+%% stack (return addresses, not symbolized: a snapshot of thousands of
+%% sites costs about what {@link heap_profile/0} does and is cheap to keep),
+%% the totals (`live_bytes', `live_blocks'), the `mode', `time_ms'
+%% (`erlang:system_time(millisecond)') and the node. Give two to
+%% {@link diff/2}; {@link growth/2} takes them for you. A snapshot is
+%% meaningful on the node (OS process) that took it: its stacks are
+%% addresses there.
+-spec snapshot() -> snapshot() | {error, not_preloaded | not_recording | eagain}.
+snapshot() ->
+    case mallocinfo_nif:trace_snapshot() of
+        {ok, {Mode, Now, Raw}} ->
+            mallocinfo_growth:snapshot(Mode, {Now, Raw},
+                                       #{node => node(), os_pid => os:getpid(),
+                                         time_ms => erlang:system_time(millisecond),
+                                         monotonic_ms => erlang:monotonic_time(millisecond)});
+        {error, _} = E ->
+            E
+    end.
+
+%% @equiv diff(Old, New, #{})
+-spec diff(snapshot(), snapshot()) -> [change()].
+diff(Old, New) ->
+    diff(Old, New, #{}).
+
+%% @doc What changed between two snapshots of this node: one row per call
+%% site whose live count or bytes changed, largest `bytes_delta' first
+%% (the largest loss last), sites that `appeared' and `vanished'
+%% included: `stack' (symbolized), `count' and `bytes' in `New', the
+%% deltas, `change', `culprit' and `label' (as {@link sites/2}), and
+%% `estimated' (`sample' mode: the deltas are differences of estimates).
+%% Exact in `full' mode. `Opts': `demangle', `limit' (rows returned, the
+%% only ones symbolized; default all).
+-spec diff(snapshot(), snapshot(), #{demangle => boolean(), limit => non_neg_integer()}) ->
+          [change()].
+diff(Old, New, Opts) ->
+    case is_snapshot(Old) andalso is_snapshot(New) of
+        true -> ok;
+        false -> erlang:error(badarg, [Old, New, Opts])
+    end,
+    #{demangle := D} = O = options(Opts, [demangle, limit], [Old, New, Opts]),
+    Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:diff(Old, New)),
+    symbolized(Rows, D).
+
+%% @doc The call sites whose live bytes grew in every interval between
+%% `Snapshots' (two or more {@link snapshot/0}s of this node, oldest
+%% first), as {@link growth/3} returns them (`Opts' the same).
+-spec growth_of([snapshot()], #{demangle => boolean(), limit => non_neg_integer()}) ->
+          [grower()].
+growth_of(Snapshots, Opts) when is_list(Snapshots) ->
+    case length(Snapshots) >= 2 andalso lists:all(fun is_snapshot/1, Snapshots) of
+        true -> ok;
+        false -> erlang:error(badarg, [Snapshots, Opts])
+    end,
+    #{demangle := D} = O = options(Opts, [demangle, limit], [Snapshots, Opts]),
+    symbolized(take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snapshots)), D);
+growth_of(Snapshots, Opts) ->
+    erlang:error(badarg, [Snapshots, Opts]).
+
+%% @equiv growth_of(Snapshots, #{})
+-spec growth_of([snapshot()]) -> [grower()].
+growth_of(Snapshots) ->
+    growth_of(Snapshots, #{}).
+
+%% @equiv growth(IntervalMs, Samples, #{})
+-spec growth(pos_integer(), pos_integer()) ->
+          [grower()] | {error, not_preloaded | not_recording | eagain}.
+growth(IntervalMs, Samples) ->
+    growth(IntervalMs, Samples, #{}).
+
+%% @doc Takes `Samples' snapshots (2 to 2^20) `IntervalMs' apart, in the
+%% calling process (it sleeps between them: no scheduler is held), and
+%% returns the call sites whose live bytes grew in every interval, most
+%% growth first: `growth_bytes' from the first snapshot to the last,
+%% `rate' (bytes per second), `bytes' and `count' now, `samples', `stack',
+%% `culprit', `label', `estimated'. A site that grows every time is a
+%% leak suspect; one that also shrinks (a cache that fills and drains) is
+%% not returned. `Opts': `demangle', `limit'. Lasts about
+%% `IntervalMs * (Samples - 1)'.
+-spec growth(pos_integer(), pos_integer(), #{demangle => boolean(), limit => non_neg_integer()}) ->
+          [grower()] | {error, not_preloaded | not_recording | eagain}.
+growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
+                                       IntervalMs =< 16#ffffffff,
+                                       is_integer(Samples), Samples >= 2,
+                                       Samples =< 1 bsl 20 ->
+    #{demangle := D} = O = options(Opts, [demangle, limit], [IntervalMs, Samples, Opts]),
+    case snapshots(IntervalMs, Samples, []) of
+        {error, _} = E ->
+            E;
+        Snaps ->
+            Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snaps)),
+            symbolized(Rows, D)
+    end;
+growth(IntervalMs, Samples, Opts) ->
+    erlang:error(badarg, [IntervalMs, Samples, Opts]).
+
+snapshots(_, 0, Acc) ->
+    lists:reverse(Acc);
+snapshots(IntervalMs, Left, Acc) ->
+    _ = Acc =/= [] andalso timer:sleep(IntervalMs),
+    case snapshot() of
+        {error, _} = E -> E;
+        S -> snapshots(IntervalMs, Left - 1, [S | Acc])
+    end.
+
+is_snapshot(#{mallocinfo_snapshot := 1, sites := S, monotonic_ms := _}) -> is_map(S);
+is_snapshot(_) -> false.
+
+%% Rows with packed frames get `stack', `culprit' and `label'; their stacks
+%% symbolized in one batch.
+symbolized(Rows, Demangle) ->
+    Stacks = symbolize_stacks([F || #{frames := F} <- Rows], Demangle),
+    [begin
+         Stack = maps:get(F, Stacks),
+         (maps:remove(frames, R))#{stack => Stack,
+                                   culprit => mallocinfo_growth:culprit(Stack),
+                                   label => stack_label(Stack)}
+     end || #{frames := F} = R <- Rows].
+
+stack_label(Stack) ->
+    Self = lists:any(fun(#{object := O}) -> mallocinfo_growth:self_object(O) end, Stack),
+    mallocinfo_growth:label(mallocinfo_growth:culprit(Stack), Self).
+
+%% #{PackedFrames => [frame()]}, one symbolizer batch.
+symbolize_stacks(FramesList, Demangle) ->
+    Addresses = lists:usort(lists:append([mallocinfo_growth:addresses(F) || F <- FramesList])),
+    Symbols = maps:from_list(lists:zip(Addresses,
+                                       mallocinfo_nif:trace_symbolize(Addresses, Demangle))),
+    maps:from_list([{F, [maps:get(A, Symbols) || A <- mallocinfo_growth:addresses(F)]}
+                    || F <- FramesList]).
+
+%% #{PackedFrames => {Label, CulpritFrame | undefined}} for every raw site.
+%% Depth by depth: each round symbolizes (in one batch) frame I of every
+%% stack whose frames so far were all allocator frames, so the usual stack
+%% costs one or two lookups, not its whole depth. Whether a stack is
+%% mallocinfo's own is read from the address ranges of mallocinfo's
+%% objects, without symbols, walking the packed frames in place (20,000
+%% stacks of depth 32 are 640,000 addresses: no list of them is built).
+culprits(Raw, Demangle) ->
+    Ranges = self_ranges(),
+    Found = culprit_rounds([{F, 0} || {_, _, _, F} <- Raw], Demangle, #{}, #{}),
+    maps:map(fun(F, Frame) ->
+                     {mallocinfo_growth:label(Frame, Ranges =/= [] andalso in_ranges(F, Ranges)),
+                      Frame}
+             end, Found).
+
+%% Pending: [{Frames, ByteOffsetOfTheNextFrame}]; First: the first frame
+%% of each stack seen so far (the culprit when every frame is an allocator
+%% frame).
+culprit_rounds([], _, _, Found) ->
+    Found;
+culprit_rounds(Pending, Demangle, First, Found0) ->
+    {Done, Live} = lists:partition(fun({F, Off}) -> Off >= byte_size(F) end, Pending),
+    Found1 = lists:foldl(fun({F, _}, Acc) -> Acc#{F => maps:get(F, First, undefined)} end,
+                         Found0, Done),
+    Want = lists:usort([frame_at(F, Off) || {F, Off} <- Live]),
+    Symbols = case Want of
+                  [] -> #{};
+                  _ -> maps:from_list(lists:zip(Want, mallocinfo_nif:trace_symbolize(Want, Demangle)))
+              end,
+    {Next, First1, Found2} =
+        lists:foldl(
+          fun({F, Off}, {N, Fi, Fo}) ->
+                  Frame = maps:get(frame_at(F, Off), Symbols),
+                  Fi1 = case Off of 0 -> Fi#{F => Frame}; _ -> Fi end,
+                  case mallocinfo_growth:allocator_frame(Frame) of
+                      false -> {N, Fi1, Fo#{F => Frame}};
+                      true -> {[{F, Off + 8} | N], Fi1, Fo}
+                  end
+          end, {[], First, Found1}, Live),
+    culprit_rounds(Next, Demangle, First1, Found2).
+
+frame_at(F, Off) ->
+    <<_:Off/binary, A:64/native, _/binary>> = F,
+    A.
+
+%% Address ranges of mallocinfo's own objects in this process, the
+%% mappings of one object merged.
+self_ranges() ->
+    case file:read_file("/proc/self/maps") of
+        {ok, Maps} ->
+            Ranges = lists:sort(
+                       [{binary_to_integer(Lo, 16), binary_to_integer(Hi, 16)}
+                        || Line <- binary:split(Maps, <<"\n">>, [global]),
+                           [Range, _Perms, _Off, _Dev, _Inode, Path | _] <-
+                               [binary:split(Line, <<" ">>, [global, trim_all])],
+                           mallocinfo_growth:self_object(Path),
+                           [Lo, Hi] <- [binary:split(Range, <<"-">>)]]),
+            merge_ranges(Ranges);
+        {error, _} ->
+            []
+    end.
+
+merge_ranges([{L1, H1}, {L2, H2} | Rest]) when L2 =< H1 -> merge_ranges([{L1, max(H1, H2)} | Rest]);
+merge_ranges([R | Rest]) -> [R | merge_ranges(Rest)];
+merge_ranges([]) -> [].
+
+%% True when an address packed in Frames is in one of Ranges.
+in_ranges(<<A:64/native, Rest/binary>>, Ranges) ->
+    in_any(A, Ranges) orelse in_ranges(Rest, Ranges);
+in_ranges(<<>>, _) ->
+    false.
+
+in_any(A, [{Lo, Hi} | Rest]) -> (A >= Lo andalso A < Hi) orelse in_any(A, Rest);
+in_any(_, []) -> false.
 
 %% @doc Every live call site as a heap profile in the legacy gperftools
 %% text format (`heap profile: ...', one line per site with raw return

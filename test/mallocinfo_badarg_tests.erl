@@ -36,7 +36,10 @@ excluded_modules() ->
      {mallocinfo_profile, "@private: the profiles' pure internals, fed only by mallocinfo_trace "
                           "with the NIF's snapshot; EUnit in mallocinfo_profile_tests"},
      {mallocinfo_flamegraph, "@private: the flame graph page, made only by mallocinfo_http from "
-                             "mallocinfo_trace:folded/0's text"}].
+                             "mallocinfo_trace:folded/0's text"},
+     {mallocinfo_growth, "@private: the pure parts of growth and roll-ups, exported for their "
+                         "EUnit tests; mallocinfo_trace and mallocinfo_report check arguments "
+                         "before calling them"}].
 
 %% {Module, Function, Arity, Position, Reason}: a position that accepts any
 %% term. Every other position of that function is still checked.
@@ -75,7 +78,21 @@ cases(S) ->
     TraceOpts = [junk, [a | b], {a, b}, -1, <<"junk">>, [junk], [{demangle, yes}],
                  #{junk => 1}, #{demangle => 1}],
     OldsOpts = TraceOpts ++ [#{min_size => -1}, #{min_age_ms => 1.5}, [{min_size, junk}],
-                             #{min_size => 1 bsl 64}],
+                             #{min_size => 1 bsl 64}, #{max_age_ms => -1}, #{max_age_ms => x}],
+    ByOpts = [#{by => junk}, #{by => "function"}, [{by, junk}], [{by, stack}, {by, object}],
+              #{by => function, snapshot => junk}, #{by => object, demangle => 1},
+              #{by => function, min_age_ms => 1}],
+    %% A snapshot as mallocinfo_trace:snapshot/0 makes it (this node is not
+    %% tracked: an empty one).
+    Snap = mallocinfo_growth:snapshot(full, {0, []}, #{node => node(), os_pid => "1",
+                                                       time_ms => 0, monotonic_ms => 0}),
+    NotSnap = junk() ++ [maps:remove(sites, Snap), Snap#{sites => junk},
+                         Snap#{mallocinfo_snapshot => 2}],
+    Snaps = [junk, [a | b], [Snap], [], [Snap | b], [Snap, junk], {Snap, Snap}, Snap],
+    GrowthOpts = not_opts() ++ [#{limit => -1}, #{limit => junk}, #{demangle => 1},
+                                #{min_age_ms => 1}],
+    ReportOpts = [#{junk => 1}, #{interval => 0}, #{interval => 1.5}, #{interval => 1 bsl 32},
+                  #{interval => junk}, #{startup_blocks => 1}],
     Count = [junk, -1, 1.5, [a | b], <<"1">>, "1", {1}, 1 bsl 64],
     ProfileOpts = not_opts() ++ [[], [{seconds, 1}], #{seconds => 0}, #{seconds => 301},
                                  #{seconds => 1.5}, #{seconds => junk}, #{demangle => 1},
@@ -100,7 +117,7 @@ cases(S) ->
      {mallocinfo, mallopt, [{arena_max, [junk, "arena_max", <<"arena_max">>, 1, [a | b], {a}]},
                             {0, [1.5, junk, "1", <<"1">>, [a | b]]}]},
      {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1],
-                                 #{}, -1]}]},
+                                 -1] ++ ReportOpts}]},
      {mallocinfo_lib, path_binary, [{Path, not_a_path()}, {[], []}]},
      {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
                                           <<"junk">>, [""]]}]},
@@ -145,7 +162,8 @@ cases(S) ->
                                                       #{sample_bytes => 0}, #{mode => "full"},
                                                       #{stack_table_size => 1.5}]}]},
      {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1]]},
-                           {#{}, not_opts() ++ [#{attach => yes}, #{timeout => 0}]}]},
+                           {#{}, not_opts() ++ [#{attach => yes}, #{timeout => 0}]
+                            ++ ReportOpts}]},
      {mallocinfo_proc, binaries, [{[], [junk, [a | b], {a, b}, -1, [{1, -1, 1}], [{1, 2}],
                                         [{1, 2, three}], [junk]]}]},
      %% mallocinfo_jemalloc
@@ -216,11 +234,11 @@ cases(S) ->
                                             [Family#{samples => [{[], junk}]}], #{}]}]},
      %% mallocinfo_report
      {mallocinfo_report, collect, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["n"], [1],
-                                         #{}, -1]}]},
+                                         -1] ++ ReportOpts}]},
      {mallocinfo_report, collect, [{[], [junk, [a | b], [junk | b], ["n"]]},
                                    {#{}, not_opts() ++ [#{timeout => 0}, #{timeout => -1},
                                                         #{timeout => 1.5},
-                                                        #{timeout => 1 bsl 32}]}]},
+                                                        #{timeout => 1 bsl 32}] ++ ReportOpts}]},
      {mallocinfo_report, format, [{Report, bad_reports(Report)}]},
      {mallocinfo_report, format_cluster, [{[{node(), {ok, Report}}], bad_clusters(Report)}]},
      {mallocinfo_report_text, format, [{Report, bad_reports(Report)}]},
@@ -235,7 +253,14 @@ cases(S) ->
      {mallocinfo_trace, folded, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, profile_data, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, sites, [{1, Count}]},
-     {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}]}]},
+     {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}] ++ ByOpts}]},
+     {mallocinfo_trace, diff, [{Snap, NotSnap}, {Snap, NotSnap}]},
+     {mallocinfo_trace, diff, [{Snap, NotSnap}, {Snap, NotSnap}, {#{}, GrowthOpts}]},
+     {mallocinfo_trace, growth, [{1, Count ++ [0, 1 bsl 32]}, {2, Count ++ [0, 1]}]},
+     {mallocinfo_trace, growth, [{1, Count ++ [0, 1 bsl 32]}, {2, Count ++ [0, 1]},
+                                 {#{}, GrowthOpts}]},
+     {mallocinfo_trace, growth_of, [{[Snap, Snap], Snaps}]},
+     {mallocinfo_trace, growth_of, [{[Snap, Snap], Snaps}, {#{}, GrowthOpts}]},
      {mallocinfo_trace, preload_env, [{#{}, not_opts() ++ [#{mode => junk}, #{table_size => 1},
                                                             #{stack_depth => 129},
                                                             #{exe => ""}, #{exe => junk},

@@ -61,12 +61,11 @@ demo_report(Config) ->
         ok = file:write_file(filename:join(?config(priv_dir, Config), "demo_report.txt"), Text),
         Verdicts = maps:get(verdicts, R),
 
-        %% The leak: the top call site is demo_cache_insert, exactly.
-        #{native := #{sites := [Top | _]}} = R,
-        ?assertMatch(#{bytes := Leaked, count := LeakedBlocks, estimated := false}, Top),
-        #{symbol := <<"demo_cache_insert">>, object := Object} =
-            mallocinfo_report_build:culprit(maps:get(stack, Top)),
-        ?assertEqual(<<"mallocinfo_demo_nif.so">>, filename:basename(Object)),
+        %% The leak: the top native function is demo_cache_insert, exactly.
+        #{native := #{functions := [Top | _]}} = R,
+        ?assertMatch(#{bytes := Leaked, count := LeakedBlocks, estimated := false,
+                       function := <<"demo_cache_insert">>, label := native}, Top),
+        ?assertEqual(<<"mallocinfo_demo_nif.so">>, filename:basename(maps:get(object, Top))),
         [Leak] = [V || V <- Verdicts, has(V, <<"the NIF mallocinfo_demo_nif.so holds">>)],
         ?assert(has(Leak, <<"live blocks allocated from demo_cache_insert">>)),
 

@@ -51,7 +51,7 @@ ErlNifFunc nif_funcs[] = {
     {"trace_reclaim", 0, guarded<n::trace_reclaim>, kCpu},
     // Snapshot of up to millions of entries, sorting, symbolization (reads
     // ELF files on a cold cache).
-    {"trace_olds", 4, guarded<n::trace_olds>, kCpu},
+    {"trace_olds", 5, guarded<n::trace_olds>, kCpu},
     {"trace_sites", 2, guarded<n::trace_sites>, kCpu},
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
@@ -62,6 +62,9 @@ ErlNifFunc nif_funcs[] = {
     // now: one clock read, but finding the interposer may dlopen(RTLD_NOLOAD)
     // (the loader lock) when it is not preloaded.
     {"trace_now", 0, guarded<n::trace_now>, kIo},
+    // Growth snapshots: the same walk and grouping as trace_profile (the
+    // whole live table), no symbolization.
+    {"trace_snapshot", 0, guarded<n::trace_snapshot>, kCpu},
     // attach/detach dlopen the interposer (loader lock, file reads), walk
     // every loaded object's relocations and mprotect RELRO pages: dirty,
     // and I/O because the loader lock can be held by a slow dlopen.

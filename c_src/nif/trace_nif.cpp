@@ -503,12 +503,14 @@ ERL_NIF_TERM trace_reclaim(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   return enif_make_tuple2(env, atoms.ok, u64(env, abi->reclaim()));
 }
 
-// olds(N, MinAgeMs, MinSize, Demangle): the N oldest live blocks.
+// olds(N, MinAgeMs, MinSize, Demangle, MaxAgeMs): the N oldest live blocks
+// no older than MaxAgeMs (the report leaves out the node's start-up).
 ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const uint64_t min_age = get_u64(env, argv[1]);
   const uint64_t min_size = get_u64(env, argv[2]);
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
+  const uint64_t max_age = get_u64(env, argv[4]);
   ERL_NIF_TERM error;
   mi_abi_status status;
   const mi_preload_abi* abi = recording_abi(env, &error, &status);
@@ -517,7 +519,8 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     std::vector<mi_abi_entry> entries = snapshot(abi, st);
     const uint64_t now = abi->now_ns();
     std::erase_if(entries, [&](const mi_abi_entry& e) {
-      return e.size < min_size || age_ms(now, e.timestamp_ns) < min_age;
+      const uint64_t age = age_ms(now, e.timestamp_ns);
+      return e.size < min_size || age < min_age || age > max_age;
     });
     const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
     std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
@@ -684,6 +687,41 @@ ERL_NIF_TERM trace_now(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   const mi_preload_abi* abi = recording_abi(env, &error, &status);
   if (abi == nullptr) return error;
   return enif_make_tuple2(env, atoms.ok, u64(env, abi->now_ns()));
+}
+
+// snapshot(): {ok, {Mode, NowNs, [{Count, Bytes, Estimated, Frames}]}},
+// every live site (the blocks without a stored stack too, Frames = <<>>),
+// unsorted. Frames packs the raw return addresses as native 64-bit words in
+// one binary: a snapshot of thousands of sites stays a few flat binaries
+// (cheap to keep, compare and send), and the Erlang side symbolizes only the
+// stacks it returns. NowNs is the tracker's clock (the blocks' timestamps).
+ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  ERL_NIF_TERM error;
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
+  if (abi == nullptr) return error;
+  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+    const uint64_t now = abi->now_ns();
+    const std::vector<Site> sites = group_by_site(abi, st);
+    std::vector<ERL_NIF_TERM> out;
+    out.reserve(sites.size());
+    for (const Site& s : sites) {
+      uint64_t pcs[mi::sites::kMaxFrames];
+      const uint32_t depth =
+          s.stack == 0 ? 0
+                       : std::min<uint32_t>(abi->stack(s.stack, pcs, mi::sites::kMaxFrames),
+                                            mi::sites::kMaxFrames);
+      ERL_NIF_TERM frames;
+      unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
+      if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
+      out.push_back(enif_make_tuple4(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
+                                     make_bool(s.estimated), frames));
+    }
+    return enif_make_tuple2(
+        env, atoms.ok,
+        enif_make_tuple3(env, mode_atom(st.mode), u64(env, now),
+                         enif_make_list_from_array(env, out.data(), out.size())));
+  });
 }
 
 // symbolizer_stats(): the process-wide symbolizer's counters, so tests can

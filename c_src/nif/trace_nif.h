@@ -38,6 +38,9 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, NowNs}: the tracker's clock, which block timestamps use.
 ERL_NIF_TERM trace_now(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// {ok, {Mode, NowNs, [{Count, Bytes, Estimated, FramesBinary}]}}: every live
+// site, raw addresses packed as native 64-bit words (mallocinfo_trace:snapshot/0).
+ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // attach(Mode, SampleBytes, TableSize, StackTableSize, StackDepth): ok |
 // {error, preloaded | already_attached | {unsupported, What} |
 // {load_failed, Msg} | Posix}. detach(): ok | {error, not_attached}.
