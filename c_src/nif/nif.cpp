@@ -54,6 +54,10 @@ ErlNifFunc nif_funcs[] = {
     // The same snapshot and grouping, every site with raw addresses.
     {"trace_profile", 0, guarded<n::trace_profile>, kCpu},
     {"trace_symbolize", 2, guarded<n::trace_symbolize>, kIo},
+    // Copies the region table, runs mincore(2) over every region (one
+    // system call per 64 Ki pages: gigabyte reservations take many) and
+    // symbolizes their stacks (ELF reads on a cold cache).
+    {"trace_regions", 1, guarded<n::trace_regions>, kIo},
     // attach/detach dlopen the interposer (loader lock, file reads), walk
     // every loaded object's relocations and mprotect RELRO pages: dirty,
     // and I/O because the loader lock can be held by a slow dlopen.
