@@ -156,6 +156,7 @@ gather() ->
       trace_status => guard(fun mallocinfo_trace:status/0),
       sites => guard(fun() -> mallocinfo_trace:sites(?SITES, #{demangle => true}) end),
       olds => guard(fun() -> mallocinfo_trace:olds(?OLDS, #{demangle => true}) end),
+      regions => guard(fun() -> mallocinfo_nif:trace_regions(true) end),
       jemalloc => optional(mallocinfo_jemalloc, summary, []),
       tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
     maps:merge(Raw, heap_evidence(Smaps)).
