@@ -146,7 +146,7 @@ mappings(N) ->
 %% from an interposer older than this function.
 -spec mappings(non_neg_integer(), opts() | #{by => stack}) ->
           [mapping()] | {error, not_preloaded | not_recording | enotsup}.
-mappings(N, Opts) when is_integer(N), N >= 0, is_map(Opts) ->
+mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
     By = case maps:get(by, Opts, stack) of
              stack -> stack;
              _ -> erlang:error(badarg, [N, Opts])
@@ -156,12 +156,14 @@ mappings(N, Opts) when is_integer(N), N >= 0, is_map(Opts) ->
         {ok, Regions} -> lists:sublist(rollup(By, Regions), N);
         {error, _} = E -> E
     end;
-mappings(N, Opts) when is_integer(N), N >= 0, is_list(Opts) ->
-    mappings(N, maps:from_list([case O of
-                                    demangle -> {demangle, true};
-                                    {K, V} -> {K, V};
-                                    _ -> erlang:error(badarg, [N, Opts])
-                                end || O <- Opts]));
+mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_list(Opts) ->
+    Map = try maps:from_list([case O of
+                                  demangle -> {demangle, true};
+                                  {K, V} -> {K, V}
+                              end || O <- Opts])
+          catch error:_ -> erlang:error(badarg, [N, Opts])
+          end,
+    mappings(N, Map);
 mappings(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
