@@ -129,6 +129,9 @@ format_cluster(Results) ->
 gather() ->
     Mem = erlang:memory(),
     Smaps = read_proc("smaps"),
+    %% The tracker's regions right after smaps: they are attributed to its
+    %% mappings by address, and ERTS maps and unmaps carriers meanwhile.
+    Regions = guard(fun() -> mallocinfo_nif:trace_regions(true) end),
     Raw = #{node => node(),
       os_pid => list_to_integer(os:getpid()),
       otp_release => list_to_binary(erlang:system_info(otp_release)),
@@ -156,7 +159,7 @@ gather() ->
       trace_status => guard(fun mallocinfo_trace:status/0),
       sites => guard(fun() -> mallocinfo_trace:sites(?SITES, #{demangle => true}) end),
       olds => guard(fun() -> mallocinfo_trace:olds(?OLDS, #{demangle => true}) end),
-      regions => guard(fun() -> mallocinfo_nif:trace_regions(true) end),
+      regions => Regions,
       jemalloc => optional(mallocinfo_jemalloc, summary, []),
       tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
     maps:merge(Raw, heap_evidence(Smaps)).
