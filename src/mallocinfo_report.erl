@@ -28,8 +28,15 @@
 %%     there.</li>
 %% <li>`native': the tracker's top call sites and oldest blocks.</li>
 %% <li>`other_allocator': jemalloc or tcmalloc figures when active.</li>
+%% <li>`mappings': on a node preloaded with the tracker recording, its
+%%     regions (`mmap' through the interposer) attributed by address:
+%%     `erts' (resident bytes beam.smp mapped), `sites' (`[{Label, Count,
+%%     Resident, Mapped}]', the functions that mapped the rest), `anon' and
+%%     `noreserve' (resident bytes in those groups).</li>
 %% <li>`attributed', `unaccounted_bytes', `unaccounted_percent',
-%%     `erts_slack_bytes'.</li>
+%%     `erts_slack_bytes'; with `mappings', also `mapped_sites' and
+%%     `exact => true' (the unaccounted figure is then a measurement, not
+%%     a lower bound).</li>
 %% <li>`verdicts': sentences, most bytes first.</li>
 %% </ul>
 %% Any section may instead be `{unavailable, Why, How}'.
