@@ -28,8 +28,15 @@
 %%     there.</li>
 %% <li>`native': the tracker's top call sites and oldest blocks.</li>
 %% <li>`other_allocator': jemalloc or tcmalloc figures when active.</li>
+%% <li>`mappings': on a node preloaded with the tracker recording, its
+%%     regions (`mmap' through the interposer) attributed by address:
+%%     `erts' (resident bytes beam.smp mapped), `sites' (`[{Label, Count,
+%%     Resident, Mapped}]', the functions that mapped the rest), `anon' and
+%%     `noreserve' (resident bytes in those groups).</li>
 %% <li>`attributed', `unaccounted_bytes', `unaccounted_percent',
-%%     `erts_slack_bytes'.</li>
+%%     `erts_slack_bytes'; with `mappings', also `mapped_sites' and
+%%     `exact => true' (the unaccounted figure is then a measurement, not
+%%     a lower bound).</li>
 %% <li>`verdicts': sentences, most bytes first.</li>
 %% </ul>
 %% Any section may instead be `{unavailable, Why, How}'.
@@ -165,6 +172,9 @@ gather(Opts) ->
     %% (+Mea min): the report goes on without it.
     Mem = try erlang:memory() catch error:notsup -> [] end,
     Smaps = read_proc("smaps"),
+    %% The tracker's regions right after smaps: they are attributed to its
+    %% mappings by address, and ERTS maps and unmaps carriers meanwhile.
+    Regions = guard(fun() -> mallocinfo_nif:trace_regions(true) end),
     Raw = #{node => node(),
       os_pid => list_to_integer(os:getpid()),
       otp_release => list_to_binary(erlang:system_info(otp_release)),
@@ -191,6 +201,7 @@ gather(Opts) ->
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
       trace_status => guard(fun mallocinfo_trace:status/0),
       olds => guard(fun() -> olds(maps:get(startup_blocks, Opts, false)) end),
+      regions => Regions,
       jemalloc => optional(mallocinfo_jemalloc, summary, []),
       tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
     maps:merge(maps:merge(Raw, heap_evidence(Smaps)), culprits(Opts)).

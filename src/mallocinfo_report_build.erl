@@ -13,7 +13,8 @@
 -export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
          erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
          rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1,
-         resident_parts/1, part_label/1, culprit_view/3, growth_view/1, previous_view/2]).
+         resident_parts/1, part_label/1, culprit_view/3, growth_view/1, previous_view/2,
+         mappings/1]).
 
 -define(MiB, (1 bsl 20)).
 -define(HEAP_MAX, (64 * ?MiB)).
@@ -36,7 +37,8 @@
 -spec build(map()) -> mallocinfo_report:report().
 build(Raw) ->
     Sections = [{resident, fun resident/1}, {erts, fun erts/1}, {libc, fun libc/1},
-                {native, fun native/1}, {other_allocator, fun other_allocator/1}],
+                {native, fun native/1}, {other_allocator, fun other_allocator/1},
+                {mappings, fun mappings/1}],
     Base = maps:merge(maps:with([node, os_pid, otp_release, time, libc_version, allocator], Raw),
                       maps:from_list([{K, section(F, Raw)} || {K, F} <- Sections])),
     R = maps:merge(Base, account(Base)),
@@ -770,6 +772,79 @@ tcmalloc_figure(Text, Label) ->
             undefined
     end.
 
+%%% Mapped memory (issue 14) -------------------------------------------------
+
+%% @doc The tracker's live regions (mmap/mmap64/mremap through the
+%% interposer, `regions' in the raw data) attributed by address: each
+%% region lies in one anonymous mapping of smaps (the one holding its
+%% start); its resident bytes (mincore) go to ERTS when the function that
+%% called mmap is in the emulator (`beam*'), else to that function (its
+%% symbol and object). Only regions in plain anonymous mappings (the `anon'
+%% and `noreserve' groups) count: glibc's heaps and mmapped blocks are
+%% never regions (glibc maps them without the mmap symbol), file mappings
+%% are files. `{unavailable, ...}' without the tracker's regions.
+%% Only on a node preloaded with the tracker recording (`sample' or
+%% `full'): an attached tracker has not seen what was mapped before it.
+-spec mappings(map()) -> map() | {unavailable, term(), binary()}.
+mappings(#{trace_status := #{preloaded := true, mode := Mode}, regions := {ok, Regions},
+           smaps := Smaps})
+  when is_binary(Smaps), (Mode =:= full orelse Mode =:= sample) ->
+    Vmas = list_to_tuple(parse_smaps(Smaps)),
+    Owned = [{owner(R), Kind, Res, L}
+             || #{start := S, length := L, resident := Res} = R <- Regions,
+                Kind <- [vma_kind(find_vma(S, Vmas))], Kind =/= none],
+    Sum = fun(F) -> lists:sum([Res || {_, _, Res, _} = O <- Owned, F(O)]) end,
+    Sites = lists:foldl(fun({{site, Label}, _, Res, L}, Acc) ->
+                                maps:update_with(Label, fun({C, B, M}) -> {C + 1, B + Res, M + L} end,
+                                                 {1, Res, L}, Acc);
+                           (_, Acc) -> Acc
+                        end, #{}, Owned),
+    #{erts => Sum(fun({O, _, _, _}) -> O =:= erts end),
+      erts_mapped => lists:sum([L || {erts, _, _, L} <- Owned]),
+      sites => lists:reverse(lists:keysort(3, [{Label, C, B, M} || {Label, {C, B, M}} <- maps:to_list(Sites)])),
+      anon => Sum(fun({_, K, _, _}) -> K =:= anon end),
+      noreserve => Sum(fun({_, K, _, _}) -> K =:= noreserve end),
+      regions => length(Regions)};
+mappings(#{regions := {error, Why}}) ->
+    {unavailable, Why, <<"the tracker records mappings in sample and full modes">>};
+mappings(_) ->
+    {unavailable, no_regions,
+     <<"a node preloaded with the tracker in sample or full mode attributes mappings">>}.
+
+%% The emulator's own mappings (its carriers, the literal area) are ERTS's;
+%% any other first frame names a call site.
+owner(#{stack := [#{object := Obj, symbol := Sym} | _]}) ->
+    Base = filename:basename(Obj),
+    case Base of
+        <<"beam", _/binary>> -> erts;
+        _ -> {site, iolist_to_binary([case Sym of
+                                            undefined -> <<"?">>;
+                                            _ -> Sym
+                                        end, " (", Base, ")"])}
+    end;
+owner(_) ->
+    {site, <<"(no stack)">>}.
+
+%% Binary search over the mappings (in address order).
+find_vma(A, Vmas) -> find_vma(A, Vmas, 1, tuple_size(Vmas)).
+
+find_vma(_, _, Lo, Hi) when Lo > Hi -> none;
+find_vma(A, Vmas, Lo, Hi) ->
+    Mid = (Lo + Hi) div 2,
+    case element(Mid, Vmas) of
+        #{start := S} when A < S -> find_vma(A, Vmas, Lo, Mid - 1);
+        #{stop := E} when A >= E -> find_vma(A, Vmas, Mid + 1, Hi);
+        V -> V
+    end.
+
+vma_kind(none) -> none;
+vma_kind(#{perms := <<_, _, $x, _>>}) -> none;
+vma_kind(#{path := P} = V) ->
+    case anonymous(P) of
+        true -> plain_anon_kind(V);
+        false -> none
+    end.
+
 %%% Accounting ----------------------------------------------------------------
 
 %% What each layer explains of the resident set. The kernel's grouping is
@@ -783,6 +858,12 @@ tcmalloc_figure(Text, Label) ->
 %% Whatever is left is unaccounted. ERTS's claim is bounded by a virtual
 %% size, so the unaccounted figure is a lower bound: memory mapped behind
 %% ERTS's back can hide in the part of ERTS's mappings that is not resident.
+%% With the tracker's regions (mappings/1) the anonymous memory is split by
+%% address instead: ERTS's and each call site's regions are exact, libc's
+%% mmapped blocks and another allocator claim what is left, and the rest
+%% is unaccounted: an exact figure, no longer a lower bound.
+account(#{resident := #{groups := _}, mappings := #{} = M} = R) ->
+    account_exact(R, M);
 account(#{resident := #{groups := G, rss := Rss}} = R) ->
     Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
     Heaps = Rss_(main_heap) + Rss_(arenas),
@@ -836,6 +917,54 @@ account(#{resident := #{groups := G, rss := Rss}} = R) ->
 account(_) ->
     #{attributed => [], anon_unclaimed => undefined, erts_slack_bytes => undefined,
       unaccounted_bytes => undefined, unaccounted_percent => undefined}.
+
+account_exact(#{resident := #{groups := G, rss := Rss}} = R,
+              #{erts := Erts, sites := Sites, anon := AnonRegions, noreserve := NrRegions}) ->
+    Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
+    Heaps = Rss_(main_heap) + Rss_(arenas),
+    LibcArena = case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
+    LibcMmap = case maps:get(libc, R) of #{mmap_bytes := Mm} -> Mm; _ -> 0 end,
+    Tracker = case maps:get(native, R) of
+                  #{table_bytes := TB, stack_bytes := SB} -> TB + SB;
+                  _ -> 0
+              end,
+    OtherAlloc = case maps:get(other_allocator, R) of
+                     #{resident := OR} when is_integer(OR) -> OR;
+                     _ -> 0
+                 end,
+    %% The regions' resident bytes (mincore, read a moment after smaps) are
+    %% capped by their groups' Rss.
+    InAnon = min(Rss_(anon), AnonRegions),
+    InNr = min(Rss_(noreserve), NrRegions),
+    Regions = InAnon + InNr,
+    ErtsPart = min(Regions, Erts),
+    SitesPart = Regions - ErtsPart,
+    Anon = Rss_(anon) - InAnon,
+    NoReserve = Rss_(noreserve) - InNr,
+    TrackerPart = min(NoReserve, Tracker),
+    MmapPart = min(Anon, LibcMmap),
+    OtherFromNoReserve = min(NoReserve - TrackerPart, OtherAlloc),
+    OtherFromAnon = min(Anon - MmapPart, OtherAlloc - OtherFromNoReserve),
+    Attributed = [{files, Rss_(files)}, {jit, Rss_(jit)}, {stacks, Rss_(stacks)},
+                  {special, Rss_(special)},
+                  {libc_heaps, min(Heaps, LibcArena)},
+                  {tracker_tables, TrackerPart},
+                  {erts_carriers, ErtsPart},
+                  {mapped_sites, SitesPart},
+                  {libc_mmap, MmapPart},
+                  {other_allocator, OtherFromNoReserve + OtherFromAnon}],
+    Mapped = lists:sum([Rss_(K) || K <- maps:keys(G)]),
+    Unaccounted = max(0, Mapped - lists:sum([B || {_, B} <- Attributed])),
+    #{attributed => Attributed,
+      anon_unclaimed => Anon - MmapPart - OtherFromAnon,
+      noreserve_other => OtherFromNoReserve + InNr,
+      mapped_sites => Sites,
+      exact => true,
+      erts_slack_bytes => 0,
+      unaccounted_bytes => Unaccounted,
+      unaccounted_percent => percent(Unaccounted, Mapped),
+      rss_for_accounting => Mapped,
+      headline_rss => Rss}.
 
 percent(_, 0) -> 0.0;
 percent(Part, Whole) -> round(Part * 1000 / Whole) / 10.
@@ -1106,8 +1235,13 @@ resident_parts(#{resident := #{groups := G}} = R) ->
                     U when is_integer(U) -> U;
                     _ -> Rss(anon) - Layer(erts_carriers) - Layer(libc_mmap)
                 end,
+    Erts = case maps:get(exact, R, false) of
+               true -> erts_mapped;
+               false -> erts_carriers
+           end,
     [{main_heap, Rss(main_heap)}, {arenas, Rss(arenas)},
-     {erts_carriers, Layer(erts_carriers)}, {libc_mmap, Layer(libc_mmap)},
+     {Erts, Layer(erts_carriers)}, {mapped_sites, Layer(mapped_sites)},
+     {libc_mmap, Layer(libc_mmap)},
      {other_allocator, Layer(other_allocator)}, {anon_unclaimed, Unclaimed},
      {noreserve, Rss(noreserve) - maps:get(noreserve_other, R, 0)},
      {jit, Rss(jit)}, {stacks, Rss(stacks)}, {files, Rss(files)}, {special, Rss(special)}];
@@ -1119,6 +1253,8 @@ resident_parts(_) ->
 part_label(main_heap) -> "glibc main heap [heap]";
 part_label(arenas) -> "glibc arenas (64 MiB heaps)";
 part_label(erts_carriers) -> "ERTS carriers, mseg cache (est.)";
+part_label(erts_mapped) -> "ERTS carriers (by address)";
+part_label(mapped_sites) -> "mapped by NIFs, libraries";
 part_label(libc_mmap) -> "libc mmapped blocks (est.)";
 part_label(other_allocator) -> "other allocator (est.)";
 part_label(anon_unclaimed) -> "other anonymous";

@@ -107,6 +107,11 @@ section_resident(#{resident := Res} = R) ->
     Twice = maps:get(jit_counted_twice, Res, 0),
     Notes = #{arenas => Count(arenas, "heaps"),
               erts_carriers => "up to what ERTS mapped",
+              erts_mapped => "regions beam.smp mapped",
+              mapped_sites => case maps:get(mapped_sites, R, []) of
+                                  [{Top, _, _, _} | _] -> Top;
+                                  [] -> ""
+                              end,
               anon_unclaimed => "no layer claims it",
               noreserve => "tracker tables, reserves",
               jit => case Twice of
@@ -116,7 +121,7 @@ section_resident(#{resident := Res} = R) ->
               stacks => Count(stacks, "stacks"),
               files => Files},
     %% Parts that are never empty on a BEAM node are always shown.
-    Optional = [libc_mmap, other_allocator, special],
+    Optional = [libc_mmap, other_allocator, special, mapped_sites],
     B = fun(K) -> bytes(maps:get(K, Res, undefined)) end,
     [rule_line("1. Resident set"),
      para(io_lib:format("RSS ~ts (peak ~ts), PSS ~ts: anonymous ~ts, file ~ts, shmem ~ts, swap ~ts",
@@ -126,7 +131,17 @@ section_resident(#{resident := Res} = R) ->
       || {K, Bytes} <- mallocinfo_report_build:resident_parts(R),
          Bytes > 0 orelse not lists:member(K, Optional)],
      [para(io_lib:format("(the kernel's RSS counts ~ts of JIT code twice: its executable and "
-                         "writable views map the same pages)", [bytes(Twice)])) || Twice > 0]].
+                         "writable views map the same pages)", [bytes(Twice)])) || Twice > 0],
+     mapped_sites_lines(R)].
+
+%% The call sites that mapped anonymous memory themselves (the tracker's
+%% regions, attributed by address), largest resident first.
+mapped_sites_lines(#{mapped_sites := [_ | _] = Sites}) ->
+    ["anonymous memory mapped by call sites (resident, mapped):\n",
+     [io_lib:format("  ~-44ts ~10ts ~10ts~n", [truncate(Label, 44), bytes(B), bytes(M)])
+      || {Label, _, B, M} <- lists:sublist(Sites, 5)]];
+mapped_sites_lines(_) ->
+    [].
 
 group_line(Label, Bytes, Note) ->
     io_lib:format("  ~-32ts ~10ts  ~ts~n", [Label, bytes(Bytes), truncate(Note, 32)]).
@@ -386,6 +401,9 @@ section_unaccounted(#{unaccounted_bytes := U, unaccounted_percent := P, attribut
            "; explained by the layers: ", lists:join(", ", Parts)]),
      io_lib:format("unaccounted: ~ts (~.1f% of RSS)~n", [bytes(U), float(P)]),
      case maps:get(erts_slack_bytes, R, 0) of
+         _ when map_get(exact, R) =:= true ->
+             para("(exact: the tracker saw every mmap made through the symbol since it "
+                  "started, and each anonymous mapping is attributed by address)");
          Slack when Slack > 0 ->
              para(io_lib:format("(a lower bound: ERTS has ~ts more mapped than is resident for "
                                 "it, and memory mapped behind its back could hide there)",
@@ -400,6 +418,7 @@ attributed_label(special) -> "vdso etc.";
 attributed_label(libc_heaps) -> "libc heaps";
 attributed_label(tracker_tables) -> "tracker tables";
 attributed_label(erts_carriers) -> "ERTS mappings";
+attributed_label(mapped_sites) -> "mapped by call sites";
 attributed_label(libc_mmap) -> "libc mmapped blocks";
 attributed_label(other_allocator) -> "other allocator".
 

@@ -9,7 +9,7 @@
 %% and never stall allocating threads (the table is lock-free).
 -module(mallocinfo_trace).
 
--export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, heap_profile/0, stats/0,
+-export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, mappings/1, mappings/2, heap_profile/0, stats/0,
          pprof/0, pprof/1, folded/0, folded/1, profile_data/1,
          snapshot/0, diff/2, diff/3, growth/2, growth/3, growth_of/1, growth_of/2,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
@@ -17,7 +17,7 @@
 -export([knobs/0]).
 
 -export_type([mode/0, frame/0, old/0, site/0, profile_opts/0, snapshot/0, change/0, grower/0,
-              rollup/0]).
+              rollup/0, mapping/0]).
 
 -type posix() :: file:posix().
 
@@ -50,6 +50,12 @@
                     function => binary() | undefined, frame => frame(),
                     count := non_neg_integer(), bytes := non_neg_integer(),
                     stacks := pos_integer(), estimated := boolean()}.
+-type mapping() :: #{stack := [frame()],
+                     count := non_neg_integer(),
+                     bytes := non_neg_integer(),
+                     resident := non_neg_integer(),
+                     flags := [anonymous | private_file | shared | no_access | remapped],
+                     oldest_age_ms := non_neg_integer()}.
 -type opts() :: #{demangle => boolean(), min_age_ms => non_neg_integer(),
                   min_size => non_neg_integer(), max_age_ms => non_neg_integer()}
               | [demangle | {demangle, boolean()} | {min_age_ms, non_neg_integer()}
@@ -415,6 +421,49 @@ in_ranges(<<>>, _) ->
 in_any(A, [{Lo, Hi} | Rest]) -> (A >= Lo andalso A < Hi) orelse in_any(A, Rest);
 in_any(_, []) -> false.
 
+%% @equiv mappings(N, #{})
+-spec mappings(non_neg_integer()) ->
+          [mapping()] | {error, not_preloaded | not_recording | enotsup}.
+mappings(N) ->
+    mappings(N, #{}).
+
+%% @doc Live memory mappings made through `mmap'/`mmap64' (and moved or
+%% resized by `mremap') while the tracker recorded, grouped by the call
+%% stack that mapped them, largest first: what a NIF or library mapped
+%% itself (its own arenas, caches, ring buffers), and ERTS's carriers.
+%% `bytes' is what is mapped, `resident' what of it is in memory now
+%% (`mincore(2)'), `flags' the union of the group's kinds (`anonymous',
+%% `private_file', `shared' (counted, flagged), `no_access' (mapped
+%% `PROT_NONE': a reservation), `remapped' (moved or resized since)).
+%% glibc's own mappings (malloc's large blocks and arenas) are not here:
+%% they are malloc's, seen by {@link sites/2}. `Opts': `demangle', and `by'
+%% (`stack', the default: one row per call stack). Regions are recorded in
+%% `sample' and `full' modes (all of them: they are few); `counters' mode
+%% only counts calls (`mappings' in {@link status/0}). `{error, enotsup}'
+%% from an interposer older than this function.
+-spec mappings(non_neg_integer(), opts() | #{by => stack}) ->
+          [mapping()] | {error, not_preloaded | not_recording | enotsup}.
+mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
+    By = case maps:get(by, Opts, stack) of
+             stack -> stack;
+             _ -> erlang:error(badarg, [N, Opts])
+         end,
+    #{demangle := D} = options(maps:remove(by, Opts), [demangle], [N, Opts]),
+    case mallocinfo_nif:trace_regions(D) of
+        {ok, Regions} -> lists:sublist(rollup(By, Regions), N);
+        {error, _} = E -> E
+    end;
+mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_list(Opts) ->
+    Map = try maps:from_list([case O of
+                                  demangle -> {demangle, true};
+                                  {K, V} -> {K, V}
+                              end || O <- Opts])
+          catch error:_ -> erlang:error(badarg, [N, Opts])
+          end,
+    mappings(N, Map);
+mappings(N, Opts) ->
+    erlang:error(badarg, [N, Opts]).
+
 %% @doc Every live call site as a heap profile in the legacy gperftools
 %% text format (`heap profile: ...', one line per site with raw return
 %% addresses, then `MAPPED_LIBRARIES:' and this process's
@@ -697,6 +746,25 @@ env_value(V, glob, Opts) when is_list(V), V =/= [] ->
     end;
 env_value(_, _, Opts) ->
     erlang:error(badarg, [Opts]).
+
+%% Regions (mallocinfo_nif:trace_regions/1) to mapping() rows, largest
+%% first. `stack': one row per call stack (frames compared by address).
+rollup(stack, Regions) ->
+    Groups = lists:foldl(
+               fun(#{stack := Stack} = R, Acc) ->
+                       Key = [A || #{address := A} <- Stack],
+                       maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
+                                        add_region(R, #{stack => Stack, count => 0, bytes => 0,
+                                                        resident => 0, flags => [],
+                                                        oldest_age_ms => 0}),
+                                        Acc)
+               end, #{}, Regions),
+    lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
+
+add_region(#{length := L, resident := Res, flags := F, age_ms := Age},
+           #{count := C, bytes := B, resident := R0, flags := F0, oldest_age_ms := O} = Row) ->
+    Row#{count := C + 1, bytes := B + L, resident := R0 + Res,
+         flags := lists:usort(F ++ F0), oldest_age_ms := max(O, Age)}.
 
 unwrap({ok, V}) -> V;
 unwrap({error, _} = E) -> E.

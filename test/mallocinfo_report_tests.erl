@@ -342,6 +342,56 @@ build_accounting_test() ->
     %% And the report renders, in 80 columns.
     assert_80_columns(?TEXT:format(R)).
 
+%% Issue 14: with the tracker's regions (a preloaded node recording), the
+%% anonymous mapping at window 16 is split by address: 8 MiB that
+%% beam.smp's erts_mmap mapped is ERTS's (exact, no estimate), 8 MiB that a
+%% library function mapped is that function's; a region inside a file
+%% mapping is the file's. The rest of the anonymous memory goes to libc's
+%% mmapped blocks as before, and the unaccounted figure loses the 5352 KiB
+%% of anonymous memory the estimate left over.
+build_mapped_regions_test() ->
+    Frame = fun(Obj, Sym) -> #{address => 1, object => Obj, symbol => Sym, offset => 0} end,
+    Beam = <<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>,
+    Region = fun(Start, Len, Stack) ->
+                     #{start => Start, length => Len, resident => Len, flags => [anonymous],
+                       age_ms => 1, stack => Stack}
+             end,
+    Regions = [Region(?H + 16 * ?W, 8 * ?MiB, [Frame(Beam, <<"erts_mmap">>)]),
+               Region(?H + 16 * ?W + 8 * ?MiB, 8 * ?MiB,
+                      [Frame(<<"/opt/lib/librocks.so">>, <<"rocks_cache">>),
+                       Frame(Beam, <<"process_main">>)]),
+               Region(16#55d000100000, 16#1000, [Frame(<<"/opt/lib/librocks.so">>, <<"x">>)])],
+    Raw = (raw())#{trace_status => #{preloaded => true, recording => true, mode => full},
+                   regions => {ok, Regions}},
+    R = ?R:build(Raw),
+    ?assertMatch(#{exact := true, erts_slack_bytes := 0}, R),
+    ?assertMatch(#{mappings := #{erts := 8388608, anon := 16777216, noreserve := 0,
+                                 sites := [{<<"rocks_cache (librocks.so)">>, 1, 8388608,
+                                            8388608}]}},
+                 R),
+    A = maps:from_list(maps:get(attributed, R)),
+    ?assertEqual(8 * ?MiB, maps:get(erts_carriers, A)),
+    ?assertEqual(8 * ?MiB, maps:get(mapped_sites, A)),
+    ?assertEqual((17640 - 16384) * ?KiB, maps:get(libc_mmap, A)),
+    ?assertEqual(0, maps:get(anon_unclaimed, R)),
+    ?assertEqual((63760 - 5352) * ?KiB, maps:get(unaccounted_bytes, R)),
+    Parts = ?R:resident_parts(R),
+    ?assertEqual(8 * ?MiB, proplists:get_value(erts_mapped, Parts)),
+    ?assertEqual(undefined, proplists:get_value(erts_carriers, Parts)),
+    ?assertEqual(maps:get(rss_for_accounting, R), lists:sum([B || {_, B} <- Parts])),
+    Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
+    ?assertNotEqual(nomatch, string:find(Text, "rocks_cache (librocks.so)")),
+    ?assertNotEqual(nomatch, string:find(Text, "ERTS carriers (by address)")),
+    ?assertNotEqual(nomatch, string:find(Text, "(exact: ")),
+    ?assertEqual(nomatch, string:find(Text, "a lower bound")),
+    assert_80_columns(?TEXT:format(R)),
+    %% Not preloaded (attached, or counters mode): the estimate, as before.
+    Attached = ?R:build(Raw#{trace_status => #{preloaded => false, mode => full}}),
+    ?assertEqual(63760 * ?KiB, maps:get(unaccounted_bytes, Attached)),
+    ?assertMatch({unavailable, no_regions, _}, maps:get(mappings, Attached)),
+    Counters = ?R:build(Raw#{trace_status => #{preloaded => true, mode => counters}}),
+    ?assertEqual(63760 * ?KiB, maps:get(unaccounted_bytes, Counters)).
+
 %% jemalloc maps NORESERVE where the kernel overcommits: its resident bytes
 %% explain NORESERVE memory the tracker does not own.
 build_jemalloc_test() ->

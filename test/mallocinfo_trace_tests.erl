@@ -48,6 +48,8 @@ not_preloaded_test_() ->
      ?_assertEqual({error, not_preloaded}, mallocinfo_trace:olds(5)),
      ?_assertEqual({error, not_preloaded}, mallocinfo_trace:olds(5, [demangle, {min_size, 8}])),
      ?_assertEqual({error, not_preloaded}, mallocinfo_trace:sites(5, #{demangle => true})),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:mappings(5)),
+     ?_assertEqual({error, not_preloaded}, mallocinfo_trace:mappings(5, #{by => stack})),
      ?_assertEqual({error, not_preloaded}, mallocinfo_trace:reset()),
      ?_assertEqual({error, not_preloaded}, mallocinfo_trace:stats())].
 
@@ -59,4 +61,7 @@ badarg_test_() ->
      ?_assertError(badarg, mallocinfo_trace:olds(1, [{bogus, 1}])),
      ?_assertError(badarg, mallocinfo_trace:sites(x)),
      ?_assertError(badarg, mallocinfo_trace:sites(1, #{min_size => 1})),
-     ?_assertError(badarg, mallocinfo_trace:sites(1, 42))].
+     ?_assertError(badarg, mallocinfo_trace:sites(1, 42)),
+     ?_assertError(badarg, mallocinfo_trace:mappings(-1)),
+     ?_assertError(badarg, mallocinfo_trace:mappings(1, #{by => object})),
+     ?_assertError(badarg, mallocinfo_trace:mappings(1, #{min_size => 1}))].

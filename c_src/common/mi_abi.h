@@ -139,6 +139,39 @@ typedef struct mi_attach_status {
 /* Receives snapshot entries in batches; ctx is the caller's. */
 typedef void (*mi_abi_sink)(void* ctx, const mi_abi_entry* entries, size_t n);
 
+/* --- mapped memory (issue 14): types of the region block below. --- */
+/* Frames kept per recorded region (the stack depth, capped at this). */
+#define MI_REGION_FRAMES 64
+/* mi_abi_region.flags */
+#define MI_REGION_ANONYMOUS 1u    /* MAP_ANONYMOUS */
+#define MI_REGION_PRIVATE_FILE 2u /* MAP_PRIVATE of a file */
+#define MI_REGION_SHARED 4u       /* MAP_SHARED (anonymous or file): counted, flagged */
+#define MI_REGION_NO_ACCESS 8u    /* mapped PROT_NONE (an address-space reservation) */
+#define MI_REGION_REMAPPED 16u    /* moved or resized by mremap since */
+
+/* One live mapping made through mmap/mmap64 (or moved there by mremap). */
+typedef struct mi_abi_region {
+  uint64_t start;
+  uint64_t length;       /* bytes, a multiple of the page size */
+  uint64_t timestamp_ns; /* now_ns() when it was mapped */
+  uint32_t flags;        /* MI_REGION_* */
+  uint32_t depth;        /* frames used, innermost first: frames[0] called mmap */
+  uint64_t frames[MI_REGION_FRAMES];
+} mi_abi_region;
+
+typedef struct mi_abi_region_status {
+  uint64_t capacity;    /* regions the table holds at most */
+  uint64_t table_bytes; /* memory reserved for it */
+  uint64_t regions;     /* live regions now */
+  uint64_t bytes;       /* their bytes */
+  uint64_t dropped;     /* regions (or split pieces) not recorded: table full */
+  uint64_t calls_mmap;  /* mmap + mmap64, every recording mode */
+  uint64_t calls_munmap;
+  uint64_t calls_mremap;
+  uint64_t bytes_mapped;   /* by successful mmap calls, every recording mode */
+  uint64_t bytes_unmapped; /* by munmap calls that succeeded */
+} mi_abi_region_status;
+
 typedef struct mi_preload_abi {
   uint32_t abi_version;
   uint32_t struct_size;
@@ -190,6 +223,14 @@ typedef struct mi_preload_abi {
    * frames: readers merging ids by content fetch frames only for ids whose
    * hashes are equal. */
   uint64_t (*stack_hash)(uint32_t id);
+
+  /* --- mapped memory (issue 14): one contiguous block; check struct_size.
+   * The regions mapped through the interposed mmap family while the
+   * tracker recorded (mode sample or full; counters mode only counts). */
+  void (*region_status)(mi_abi_region_status* out, size_t out_size);
+  /* Copies up to max live regions into out (one consistent view); returns
+   * how many are live, which may exceed max. */
+  uint64_t (*regions)(mi_abi_region* out, uint64_t max);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

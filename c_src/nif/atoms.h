@@ -175,7 +175,23 @@
   X(already_running, "already_running")           \
   /* pprof */                                     \
   X(now_ns, "now_ns")                             \
-  X(locations, "locations")
+  X(locations, "locations")                       \
+  /* mapped memory (issue 14) */                  \
+  X(start, "start")                               \
+  X(length, "length")                             \
+  X(flags, "flags")                               \
+  X(anonymous, "anonymous")                       \
+  X(private_file, "private_file")                 \
+  X(shared, "shared")                             \
+  X(no_access, "no_access")                       \
+  X(remapped, "remapped")                         \
+  X(mappings, "mappings")                         \
+  X(regions, "regions")                           \
+  X(calls_mmap, "mmap")                           \
+  X(calls_munmap, "munmap")                       \
+  X(calls_mremap, "mremap")                       \
+  X(bytes_mapped, "bytes_mapped")                 \
+  X(bytes_unmapped, "bytes_unmapped")
 
 namespace mi::nif {
 

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -409,6 +411,32 @@ const mi_preload_abi* recording_tracker() {
   return st.recording != 0 && st.mode >= MI_MODE_SAMPLE ? abi : nullptr;
 }
 
+namespace {
+// status()'s `mappings': the region table and the mmap family's counters
+// (issue 14); undefined from an interposer without them.
+ERL_NIF_TERM mappings_status(ErlNifEnv* env, const mi_preload_abi* abi) {
+  if (abi->struct_size < offsetof(mi_preload_abi, region_status) + sizeof(abi->region_status) ||
+      abi->region_status == nullptr)
+    return atoms.undefined;
+  mi_abi_region_status r{};
+  abi->region_status(&r, sizeof r);
+  return MapBuilder()
+      .put(atoms.regions, u64(env, r.regions))
+      .put(atoms.bytes, u64(env, r.bytes))
+      .put(atoms.table_capacity, u64(env, r.capacity))
+      .put(atoms.table_bytes, u64(env, r.table_bytes))
+      .put(atoms.dropped, u64(env, r.dropped))
+      .put(atoms.calls, MapBuilder()
+                            .put(atoms.calls_mmap, u64(env, r.calls_mmap))
+                            .put(atoms.calls_munmap, u64(env, r.calls_munmap))
+                            .put(atoms.calls_mremap, u64(env, r.calls_mremap))
+                            .build(env))
+      .put(atoms.bytes_mapped, u64(env, r.bytes_mapped))
+      .put(atoms.bytes_unmapped, u64(env, r.bytes_unmapped))
+      .build(env);
+}
+}  // namespace
+
 ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
   const mi_preload_abi* abi = find_abi();
   if (abi == nullptr)
@@ -463,6 +491,7 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.bytes_allocated, u64(env, s.bytes_allocated))
       .put(atoms.bytes_freed, u64(env, s.bytes_freed))
       .put(atoms.calls, calls.build(env))
+      .put(atoms.mappings, mappings_status(env, abi))
       .build(env);
 }
 
@@ -722,6 +751,83 @@ ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
         enif_make_tuple3(env, mode_atom(st.mode), u64(env, now),
                          enif_make_list_from_array(env, out.data(), out.size())));
   });
+}
+
+namespace {
+
+bool has_regions(const mi_preload_abi* abi) {
+  return abi->struct_size >= offsetof(mi_preload_abi, regions) + sizeof(abi->regions) &&
+         abi->regions != nullptr;
+}
+
+// Resident bytes of [start, start + length) by mincore(2), in bounded
+// chunks. A chunk the kernel refuses (unmapped meanwhile: ENOMEM) counts
+// as not resident.
+uint64_t resident_bytes(uint64_t start, uint64_t length, std::vector<unsigned char>& vec) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  constexpr uint64_t kChunkPages = 64 * 1024;
+  uint64_t resident = 0;
+  for (uint64_t off = 0; off < length; off += kChunkPages * page) {
+    const uint64_t len = std::min<uint64_t>(length - off, kChunkPages * page);
+    const uint64_t pages = (len + page - 1) / page;
+    vec.resize(pages);
+    if (::mincore(reinterpret_cast<void*>(start + off), len, vec.data()) != 0) continue;
+    for (uint64_t i = 0; i < pages; ++i) resident += (vec[i] & 1) != 0 ? page : 0;
+  }
+  return resident;
+}
+
+ERL_NIF_TERM region_flags(ErlNifEnv* env, uint32_t f) {
+  std::vector<ERL_NIF_TERM> out;
+  if (f & MI_REGION_ANONYMOUS) out.push_back(atoms.anonymous);
+  if (f & MI_REGION_PRIVATE_FILE) out.push_back(atoms.private_file);
+  if (f & MI_REGION_SHARED) out.push_back(atoms.shared);
+  if (f & MI_REGION_NO_ACCESS) out.push_back(atoms.no_access);
+  if (f & MI_REGION_REMAPPED) out.push_back(atoms.remapped);
+  return enif_make_list_from_array(env, out.data(), static_cast<unsigned>(out.size()));
+}
+
+}  // namespace
+
+ERL_NIF_TERM trace_regions(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  const bool demangle = enif_is_identical(argv[0], atoms.true_);
+  ERL_NIF_TERM error;
+  mi_abi_status st;
+  const mi_preload_abi* abi = recording_abi(env, &error, &st);
+  if (abi == nullptr) return error;
+  if (!has_regions(abi)) return error_tuple(env, atoms.enotsup);
+  mi_abi_region_status rs{};
+  abi->region_status(&rs, sizeof rs);
+  std::vector<mi_abi_region> regions(rs.capacity);
+  const uint64_t n = abi->regions(regions.data(), regions.size());
+  regions.resize(std::min<uint64_t>(n, regions.size()));
+  // One symbolizer batch for every frame of every region.
+  std::vector<uint64_t> addresses;
+  for (const mi_abi_region& r : regions)
+    addresses.insert(addresses.end(), r.frames,
+                     r.frames + std::min<uint32_t>(r.depth, MI_REGION_FRAMES));
+  const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
+  const uint64_t now = abi->now_ns();
+  std::vector<unsigned char> vec;
+  std::vector<ERL_NIF_TERM> out, stack;
+  out.reserve(regions.size());
+  size_t at = 0;
+  for (const mi_abi_region& r : regions) {
+    const uint32_t depth = std::min<uint32_t>(r.depth, MI_REGION_FRAMES);
+    stack.clear();
+    for (uint32_t i = 0; i < depth; ++i) stack.push_back(frame_term(env, frames[at + i]));
+    at += depth;
+    out.push_back(MapBuilder()
+                      .put(atoms.start, u64(env, r.start))
+                      .put(atoms.length, u64(env, r.length))
+                      .put(atoms.flags, region_flags(env, r.flags))
+                      .put(atoms.resident, u64(env, resident_bytes(r.start, r.length, vec)))
+                      .put(atoms.age_ms, u64(env, age_ms(now, r.timestamp_ns)))
+                      .put(atoms.stack, enif_make_list_from_array(env, stack.data(), depth))
+                      .build(env));
+  }
+  return enif_make_tuple2(
+      env, atoms.ok, enif_make_list_from_array(env, out.data(), static_cast<unsigned>(out.size())));
 }
 
 // symbolizer_stats(): the process-wide symbolizer's counters, so tests can

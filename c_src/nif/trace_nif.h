@@ -46,6 +46,11 @@ ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[])
 // {load_failed, Msg} | Posix}. detach(): ok | {error, not_attached}.
 ERL_NIF_TERM trace_attach(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_detach(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// regions(Demangle): {ok, [#{start, length, flags, resident, age_ms, stack}]}
+// every live region the interposer recorded from the mmap family (issue
+// 14), resident bytes from mincore(2); {error, enotsup} from an
+// interposer without the region block.
+ERL_NIF_TERM trace_regions(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // #{lookups, cache_hits, objects_loaded, rescans, maps_reads, cached_addresses}
 ERL_NIF_TERM trace_symbolizer_stats(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 

@@ -4,6 +4,7 @@
 
 #include "../common/mi_abi.h"
 #include "attach.h"
+#include "map_runtime.h"
 #include "runtime.h"
 
 namespace mi::preload {
@@ -69,6 +70,17 @@ uint64_t abi_stack_hash(uint32_t id) {
   return g_tracker.stack_hash(id);
 }
 
+void abi_region_status(mi_abi_region_status* out, size_t out_size) {
+  mi_abi_region_status s{};
+  if (ensure_init() && g_recording) map_status(&s);
+  std::memcpy(out, &s, out_size < sizeof s ? out_size : sizeof s);
+}
+
+uint64_t abi_regions(mi_abi_region* out, uint64_t max) {
+  if (!ensure_init() || !g_recording) return 0;
+  return map_copy(out, max);
+}
+
 constexpr mi_preload_abi kAbi = {
     MI_ABI_VERSION,
     sizeof(mi_preload_abi),
@@ -85,6 +97,9 @@ constexpr mi_preload_abi kAbi = {
     // stack reclamation
     abi_reclaim,
     abi_stack_hash,
+    // mapped memory
+    abi_region_status,
+    abi_regions,
 };
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "../common/mi_abi.h"
 #include "../track/elf_relocs.h"
 #include "attach.h"
+#include "map_runtime.h"
 #include "runtime.h"
 
 extern "C" char __ehdr_start;
@@ -46,12 +47,18 @@ using mi::track::RelocSlot;
 using mi::track::SlotAccess;
 using mi::track::SlotKind;
 
-// Indexes 0..MI_FN_COUNT-1 follow enum mi_fn; dlopen comes last.
+// Indexes 0..MI_FN_COUNT-1 follow enum mi_fn; dlopen comes next, then the
+// mmap family (issue 14: an attached node sees mappings too).
 constexpr size_t kDlopen = MI_FN_COUNT;
-constexpr size_t kNames = MI_FN_COUNT + 1;
+constexpr size_t kMmap = MI_FN_COUNT + 1;
+constexpr size_t kMmap64 = MI_FN_COUNT + 2;
+constexpr size_t kMunmap = MI_FN_COUNT + 3;
+constexpr size_t kMremap = MI_FN_COUNT + 4;
+constexpr size_t kNames = MI_FN_COUNT + 5;
 const char* const kName[kNames] = {
-    "malloc",   "calloc", "realloc", "reallocarray", "free",    "posix_memalign", "aligned_alloc",
-    "memalign", "valloc", "pvalloc", "strdup",       "strndup", "dlopen",
+    "malloc",        "calloc",   "realloc", "reallocarray", "free",   "posix_memalign",
+    "aligned_alloc", "memalign", "valloc",  "pvalloc",      "strdup", "strndup",
+    "dlopen",        "mmap",     "mmap64",  "munmap",       "mremap",
 };
 
 // Original value of every slot this library wrote, by address, so detach
@@ -309,7 +316,8 @@ bool resolve(mi_attach_result* out) {
     std::strcpy(out->what, "elf_layout");
     return false;
   }
-  for (size_t i = 0; i < MI_FN_COUNT; ++i) {
+  for (size_t i = 0; i < kNames; ++i) {
+    if (i == kDlopen) continue;
     g_hook[i] = reinterpret_cast<uintptr_t>(::dlsym(self, kName[i]));
     g_target[i] = reinterpret_cast<uintptr_t>(::dlsym(RTLD_DEFAULT, kName[i]));
   }
@@ -350,6 +358,16 @@ Next next_from_targets() {
   set(n.pvalloc, MI_FN_PVALLOC);
   set(n.strdup, MI_FN_STRDUP);
   set(n.strndup, MI_FN_STRNDUP);
+  return n;
+}
+
+MapNext map_next_from_targets() {
+  MapNext n{};
+  auto set = []<class F>(F*& field, size_t i) { field = reinterpret_cast<F*>(g_target[i]); };
+  set(n.mmap, kMmap);
+  set(n.mmap64, kMmap64);
+  set(n.munmap, kMunmap);
+  set(n.mremap, kMremap);
   return n;
 }
 
@@ -399,6 +417,7 @@ void do_attach(const mi_attach_config& cfg, mi_attach_result* out) {
   config.table_capacity = cfg.table_capacity;
   config.stack_capacity = cfg.stack_capacity;
   config.sample_bytes = cfg.sample_bytes;
+  map_set_next(map_next_from_targets());
   if (!start_attached(next_from_targets(), config)) {
     ::pthread_mutex_unlock(&g_attach_lock);
     out->rc = MI_ATTACH_ERRNO;

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Proves the interposer's boundary (STYLE.md §2): it defines exactly the
-# malloc family and mallocinfo_preload_abi, needs nothing from the Erlang VM
+# malloc family, the mmap family and mallocinfo_preload_abi, needs nothing from the Erlang VM
 # (no enif_ symbol), does not depend on libstdc++, and calls nothing that
 # takes the loader's or libunwind's lock (issue 15).
 #
@@ -12,7 +12,7 @@
 set -eu
 so=$1
 shift
-expected="aligned_alloc calloc free malloc mallocinfo_preload_abi memalign posix_memalign pvalloc realloc reallocarray strdup strndup valloc"
+expected="aligned_alloc calloc free malloc mallocinfo_preload_abi memalign mmap mmap64 mremap munmap posix_memalign pvalloc realloc reallocarray strdup strndup valloc"
 defined=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TWiV]$/ {print $3}' | sed 's/@.*//' | sort | tr '\n' ' ' | sed 's/ $//')
 if [ "$defined" != "$expected" ]; then
   echo "check-exports: $so defines: $defined" >&2

@@ -12,6 +12,7 @@
 
 #include "../common/mi_limits.h"
 #include "../track/glob.h"
+#include "map_runtime.h"
 #include "runtime.h"
 
 extern char** environ;
@@ -190,7 +191,9 @@ bool ensure_init() {
     const bool outer = t_in_hook;
     t_in_hook = true;
     resolve_next();
+    map_resolve_next();
     configure();
+    if (g_recording) map_init();
     t_in_hook = outer;
     g_state.store(kReady, std::memory_order_release);
     update_gate();
@@ -239,6 +242,8 @@ bool change_mode(uint32_t mode) {
   // Leaving off: an allocation that raced the switch to off may have been
   // recorded after the table was cleared, and its free was not seen.
   if (ok && before == MI_MODE_OFF && mode != MI_MODE_OFF) g_tracker.reset();
+  // Regions too: munmaps are not seen while off (map_hooks.cpp).
+  if (ok && (mode == MI_MODE_OFF || before == MI_MODE_OFF)) map_forget_all();
   update_gate();
   ::pthread_mutex_unlock(&g_mode_lock);
   return ok;
@@ -260,8 +265,10 @@ bool start_attached(const Next& next, const mi::track::Config& config) {
       g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
                                reinterpret_cast<uintptr_t>(&etext));
       g_recording = true;
+      map_init();
     }
   } else {
+    map_forget_all();
     ::pthread_mutex_lock(&g_mode_lock);
     g_tracker.reset();
     g_tracker.set_mode(config.mode);

@@ -49,5 +49,12 @@ else
   failed=$((failed + 1))
   echo "preload_smoke: FAILED: stress_loader_lock" >&2
 fi
+# The mmap family: the region table against /proc/self/maps (issue 14).
+if LD_PRELOAD=$so MALLOCINFO_TRACE=full MALLOCINFO_TRACE_EXE=stress_mmap "$build/stress_mmap"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "preload_smoke: FAILED: stress_mmap" >&2
+fi
 echo "preload_smoke: $passed passed, $failed failed"
 [ $failed -eq 0 ]

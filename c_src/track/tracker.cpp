@@ -385,4 +385,24 @@ void Tracker::status(mi_abi_status* out) const {
   *out = s;
 }
 
+// --- mapping hooks (issue 14) ---
+
+unsigned Tracker::capture_frames(uint64_t* out, unsigned max) {
+  uintptr_t buf[kMaxStackDepth + 8];
+  ThreadState* ts = thread_state();
+  if (ts->unwind_cache == nullptr && ts->shared == 0) {
+    void* mem = os_map(unwind_cache_bytes());
+    if (mem != nullptr) ts->unwind_cache = unwind_cache_init(mem);
+  }
+  const size_t n =
+      unwind_(ts->shared != 0 ? nullptr : ts->unwind_cache, buf, config_.stack_depth + 8);
+  size_t skip = 0;
+  while (skip < n && buf[skip] >= self_lo_ && buf[skip] < self_hi_) ++skip;
+  size_t keep = n - skip;
+  if (keep > config_.stack_depth) keep = config_.stack_depth;
+  if (keep > max) keep = max;
+  for (size_t i = 0; i < keep; ++i) out[i] = buf[skip + i];
+  return static_cast<unsigned>(keep);
+}
+
 }  // namespace mi::track

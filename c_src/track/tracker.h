@@ -155,6 +155,13 @@ class Tracker {
   // Counts a call that records nothing itself (strdup, strndup, free(NULL)).
   void count(mi_fn fn);
 
+  // Mapping hooks (issue 14): the calling thread's stack, innermost first,
+  // with the interposer's own frames cut, into out (at most
+  // min(max, stack_depth) frames); returns how many. Does not intern:
+  // regions keep their frames themselves (region_table.h). Hook-safe like
+  // on_alloc (the thread's unwind cache, no lock, no malloc).
+  unsigned capture_frames(uint64_t* out, unsigned max);
+
   // --- queries ---
   void status(mi_abi_status* out) const;
   template <class F>

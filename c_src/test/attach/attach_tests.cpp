@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -286,6 +287,39 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
   lazy_free(f);
   REQUIRE(abi->detach() == 0);
   CHECK(reinterpret_cast<uintptr_t>(now_malloc_ref()) == real_malloc);
+}
+
+// Issue 14: the mmap family's slots are patched too. This executable's
+// own call to mmap goes through its (patched) PLT slot.
+bool has_region(const mi_preload_abi* abi, const void* p, uint64_t length) {
+  mi_abi_region_status st{};
+  abi->region_status(&st, sizeof st);
+  std::vector<mi_abi_region> v(st.capacity);
+  const uint64_t n = abi->regions(v.data(), v.size());
+  for (uint64_t i = 0; i < n && i < v.size(); ++i)
+    if (v[i].start == reinterpret_cast<uintptr_t>(p) && v[i].length == length &&
+        v[i].flags == MI_REGION_ANONYMOUS)
+      return true;
+  return false;
+}
+
+TEST_CASE("attach: mappings made after attach are regions, unmapped ones are not", "[attach]") {
+  const Preload& pl = preload();
+  REQUIRE(pl.abi != nullptr);
+  REQUIRE(pl.abi->struct_size >= sizeof(mi_preload_abi));
+  void* before = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(before != MAP_FAILED);
+  REQUIRE(attach(pl.abi).rc == MI_ATTACH_OK);
+  void* p = ::mmap(nullptr, 3 << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  CHECK(has_region(pl.abi, p, 3 << 20));
+  CHECK_FALSE(has_region(pl.abi, before, 1 << 20));
+  REQUIRE(::munmap(static_cast<char*>(p) + (1 << 20), 2 << 20) == 0);
+  CHECK(has_region(pl.abi, p, 1 << 20));
+  REQUIRE(::munmap(p, 1 << 20) == 0);
+  CHECK_FALSE(has_region(pl.abi, p, 1 << 20));
+  REQUIRE(pl.abi->detach() == 0);
+  ::munmap(before, 1 << 20);
 }
 
 TEST_CASE("attach: a failed attach leaves every slot as it was", "[attach]") {
