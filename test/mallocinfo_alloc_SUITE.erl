@@ -31,15 +31,9 @@ all() ->
      tcmalloc_minimal_no_profiler, mimalloc_detected, both_interposers, late_dlopen_global].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_alloc_nif.so"),
-    %% -g: jeprof and google-pprof name the function from the symbol table.
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_alloc_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    {ok, mi_alloc_nif} = compile:file(filename:join(Data, "mi_alloc_nif.erl"), [{outdir, Priv}]),
+    %% Built with -g: jeprof and google-pprof name the function from the
+    %% symbol table.
+    ok = mi_ct:build_nif(Config, "mi_alloc_nif"),
     [true = filelib:is_regular(F) || F <- [?JEMALLOC, ?TCMALLOC, ?TCMALLOC_MINIMAL, ?MIMALLOC]],
     Config.
 
@@ -63,20 +57,15 @@ peer_env(_Jemalloc) -> [{"LD_PRELOAD", ?JEMALLOC}, {"MALLOC_CONF", ?PROF_CONF}].
 init_per_testcase(Case, Config) ->
     Tmp = filename:join(?config(priv_dir, Config), "tmp_" ++ atom_to_list(Case)),
     ok = file:make_dir(Tmp),
-    Ebin = filename:dirname(code:which(mallocinfo)),
-    {ok, Peer, _Node} =
-        peer:start_link(#{connection => standard_io,
-                          env => [{"TMPDIR", Tmp} | peer_env(Case)],
-                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)]}),
-    {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
-    {module, mi_alloc_nif} = peer:call(Peer, code, ensure_loaded, [mi_alloc_nif]),
-    [{peer, Peer}, {tmp, Tmp} | Config].
+    Config1 = mi_ct:start_peer(Config, [{"TMPDIR", Tmp} | peer_env(Case)]),
+    {module, mi_alloc_nif} = mi_ct:call(Config1, code, ensure_loaded, [mi_alloc_nif]),
+    [{tmp, Tmp} | Config1].
 
 end_per_testcase(_, Config) ->
-    peer:stop(?config(peer, Config)).
+    mi_ct:stop_peer(Config).
 
 call(Config, M, F, A) ->
-    peer:call(?config(peer, Config), M, F, A, 120000).
+    mi_ct:call(Config, M, F, A).
 
 %% Every glibc call of mallocinfo, with arguments of the right types.
 glibc_calls(Config) ->

@@ -17,19 +17,12 @@ all() ->
      preloaded_refuses, bad_arguments, report_attaches_nodes, downstream_after_attach].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    Src = filename:join(Data, "mi_attach_nif.c"),
-    [begin
-         So = filename:join(Priv, "mi_attach_" ++ M ++ ".so"),
-         Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -DMI_MODULE=mi_attach_~s "
-                             "-DMI_LEAK_FN=mi_~s_leak_here -o ~ts ~ts 2>&1",
-                             [Erts, M, M, So, Src]),
-         "" = os:cmd(lists:flatten(Cmd)),
-         {ok, _} = compile:file(filename:join(Data, "mi_attach_" ++ M ++ ".erl"),
-                                [{outdir, Priv}])
-     end || M <- ["a", "b"]],
+    %% One source, two NIFs: mi_attach_a and mi_attach_b, each leaking from
+    %% a function of its own name.
+    [ok = mi_ct:build_nif(Config, "mi_attach_nif", "mi_attach_" ++ M,
+                          io_lib:format("-DMI_MODULE=mi_attach_~s -DMI_LEAK_FN=mi_~s_leak_here",
+                                        [M, M]))
+     || M <- ["a", "b"]],
     Config.
 
 end_per_suite(_Config) ->
@@ -45,25 +38,18 @@ init_per_testcase(_, Config) ->
     start_peer(Config, []).
 
 end_per_testcase(_, Config) ->
-    case ?config(peer, Config) of
-        undefined -> ok;
-        Peer -> peer:stop(Peer)
-    end.
+    mi_ct:stop_peer(Config).
 
+%% Without LD_PRELOAD unless Env sets it: these peers are to be attached.
 start_peer(Config, Env) ->
-    Ebin = filename:dirname(code:which(mallocinfo)),
     Env1 = case lists:keymember("LD_PRELOAD", 1, Env) of
                true -> Env;
                false -> [{"LD_PRELOAD", false} | Env]
            end,
-    {ok, Peer, _Node} =
-        peer:start_link(#{connection => standard_io, env => Env1,
-                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)]}),
-    {module, mallocinfo_trace} = peer:call(Peer, code, ensure_loaded, [mallocinfo_trace]),
-    [{peer, Peer} | Config].
+    mi_ct:start_peer(Config, Env1).
 
 call(Config, M, F, A) ->
-    peer:call(?config(peer, Config), M, F, A, 120000).
+    mi_ct:call(Config, M, F, A).
 
 sites(Config, Symbol) ->
     [S || #{stack := [#{symbol := Sym} | _]} = S <- call(Config, mallocinfo_trace, sites, [50]),

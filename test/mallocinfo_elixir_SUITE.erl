@@ -58,7 +58,7 @@ init_per_suite(Config) ->
     executable("tmux"),
     executable("cc"),
     Priv = ?config(priv_dir, Config),
-    Root = project_root(filename:absname(code:lib_dir(mallocinfo))),
+    Root = mi_ct:project_root(),
     Home = filename:join(Priv, "home"),
     ok = file:make_dir(Home),
     Tag = os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive])),
@@ -223,7 +223,7 @@ tarball_in_plain_release(Config) ->
     Priv = ?config(priv_dir, Config),
     Inject = filename:join(Priv, "operator_copy"),
     ok = file:make_dir(Inject),
-    run(executable("tar"), ["-C", Inject, "-xzf", tarball(Config)], [], Priv),
+    run(executable("tar"), ["-C", Inject, "-xzf", mi_ct:tarball()], [], Priv),
     Ebin = filename:join([Inject, "mallocinfo", "ebin"]),
     copy_project(Config, ?PLAIN),
     mix(Config, app_dir(Config, ?PLAIN), ["release"]),
@@ -446,26 +446,6 @@ compile_leak_nif(Config, App) ->
                            filename:join(PrivDir, "mi_elixir_leak.so"),
                            filename:join([App, "c_src", "mi_elixir_leak.c"])],
         [], ?config(priv_dir, Config)).
-
-%% The tarball `make tarball' built (make ct exports its path), else build it.
-tarball(Config) ->
-    case os:getenv("MALLOCINFO_TARBALL") of
-        Path when is_list(Path), Path =/= "" ->
-            true = filelib:is_regular(Path),
-            Path;
-        _ ->
-            Root = ?config(root, Config),
-            sh("make -s -C " ++ q(Root) ++ " tarball"),
-            filename:join(Root, "mallocinfo.tar.gz")
-    end.
-
-project_root("/") -> ct:fail(no_project_root);
-project_root(Dir) ->
-    case filelib:is_regular(filename:join(Dir, "Makefile"))
-        andalso filelib:is_dir(filename:join(Dir, "c_src")) of
-        true -> Dir;
-        false -> project_root(filename:dirname(Dir))
-    end.
 
 %%% The remote console through tmux ------------------------------------------
 

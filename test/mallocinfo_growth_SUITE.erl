@@ -19,15 +19,10 @@ all() ->
      erts_never_a_native_verdict, cluster_interval, sample_diff_is_estimated].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_growth_nif.so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_growth_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    [{ok, M} = compile:file(filename:join(Data, atom_to_list(M) ++ ".erl"), [{outdir, Priv}])
-     || M <- [mi_growth_nif, mallocinfo_growth_SUITE_helper]],
+    ok = mi_ct:build_nif(Config, "mi_growth_nif"),
+    {ok, _} = compile:file(filename:join(?config(data_dir, Config),
+                                         "mallocinfo_growth_SUITE_helper.erl"),
+                           [{outdir, ?config(priv_dir, Config)}]),
     true = filelib:is_regular(mallocinfo_trace:preload_path()),
     Config.
 
@@ -54,26 +49,18 @@ init_per_testcase(_, Config) ->
     start_peer(Config, []).
 
 end_per_testcase(_, Config) ->
-    case ?config(peer, Config) of
-        undefined -> ok;
-        Peer -> peer:stop(Peer)
-    end.
+    mi_ct:stop_peer(Config).
 
 start_peer(Config, Args) ->
     start_peer(Config, Args, #{}).
 
 start_peer(Config, Args, Env) ->
-    Ebin = filename:dirname(code:which(mallocinfo)),
-    {ok, Peer, _Node} =
-        peer:start_link(#{connection => standard_io,
-                          env => mallocinfo_trace:preload_env(Env),
-                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config) | Args]}),
-    {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
-    {module, mi_growth_nif} = peer:call(Peer, code, ensure_loaded, [mi_growth_nif]),
-    [{peer, Peer} | Config].
+    Config1 = mi_ct:start_peer(Config, mallocinfo_trace:preload_env(Env), Args),
+    {module, mi_growth_nif} = mi_ct:call(Config1, code, ensure_loaded, [mi_growth_nif]),
+    Config1.
 
 call(Config, M, F, A) ->
-    peer:call(?config(peer, Config), M, F, A, 120000).
+    mi_ct:call(Config, M, F, A).
 
 top_symbol(#{stack := [#{symbol := S} | _]}) -> S;
 top_symbol(_) -> undefined.

@@ -18,14 +18,7 @@ all() ->
      bad_arguments, other_allocator].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_frag_nif.so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_frag_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    {ok, mi_frag_nif} = compile:file(filename:join(Data, "mi_frag_nif.erl"), [{outdir, Priv}]),
+    ok = mi_ct:build_nif(Config, "mi_frag_nif"),
     Config.
 
 end_per_suite(_Config) ->
@@ -45,24 +38,16 @@ init_per_testcase(_, Config) ->
     start_peer(Config, []).
 
 end_per_testcase(_, Config) ->
-    case ?config(peer, Config) of
-        undefined -> ok;
-        Peer -> peer:stop(Peer)
-    end.
+    mi_ct:stop_peer(Config).
 
 start_peer(Config, Env) ->
-    start_peer(Config, Env, []).
+    mi_ct:start_peer(Config, Env).
 
 start_peer(Config, Env, Args) ->
-    Ebin = filename:dirname(code:which(mallocinfo)),
-    {ok, Peer, _Node} =
-        peer:start_link(#{connection => standard_io, env => Env,
-                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)] ++ Args}),
-    {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
-    [{peer, Peer} | Config].
+    mi_ct:start_peer(Config, Env, Args).
 
 call(Config, M, F, A) ->
-    peer:call(?config(peer, Config), M, F, A, 120000).
+    mi_ct:call(Config, M, F, A).
 
 dump_path(Config, Name) ->
     filename:join(?config(priv_dir, Config), Name).

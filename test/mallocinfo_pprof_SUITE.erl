@@ -27,14 +27,7 @@ all() ->
      jemalloc_alone, jemalloc_behind_tracker].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_pprof_nif.so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_pprof_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    {ok, mi_pprof_nif} = compile:file(filename:join(Data, "mi_pprof_nif.erl"), [{outdir, Priv}]),
+    ok = mi_ct:build_nif(Config, "mi_pprof_nif"),
     {ok, _} = application:ensure_all_started(inets),
     {ok, _} = inets:start(httpc, [{profile, ?HTTPC}]),
     ok = httpc:set_options([{max_keep_alive_length, 0}, {keep_alive_timeout, 0}], ?HTTPC),
@@ -64,18 +57,12 @@ end_per_testcase(_, Config) ->
 start_peer(Config, Opts) when is_map(Opts) ->
     start_peer(Config, mallocinfo_trace:preload_env(Opts));
 start_peer(Config, Env) ->
-    Ebin = filename:dirname(code:which(mallocinfo)),
-    {ok, Peer, _Node} =
-        peer:start_link(#{connection => standard_io,
-                          env => Env,
-                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config),
-                                   "-pa", filename:dirname(code:which(?MODULE))]}),
-    {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
-    {ok, #{port := Port}} = peer:call(Peer, mallocinfo_http, start, [#{}]),
-    [{peer, Peer}, {port, Port} | Config].
+    Config1 = mi_ct:start_peer(Config, Env, ["-pa", filename:dirname(code:which(?MODULE))]),
+    {ok, #{port := Port}} = mi_ct:call(Config1, mallocinfo_http, start, [#{}]),
+    [{port, Port} | Config1].
 
 call(Config, M, F, A) ->
-    peer:call(?config(peer, Config), M, F, A, 120000).
+    mi_ct:call(Config, M, F, A).
 
 get(Config, Path) ->
     Url = url(Config, Path),

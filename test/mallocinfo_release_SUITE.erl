@@ -24,7 +24,7 @@ init_per_suite(Config) ->
     Priv = filename:join(?config(priv_dir, Config), ?MODULE_STRING),
     ok = file:make_dir(Priv),
     Data = ?config(data_dir, Config),
-    Tarball = tarball(),
+    Tarball = mi_ct:tarball(),
     Fixture = filename:join(Priv, "fixture"),
     sh("cp -r " ++ q(filename:join(Data, "fixture")) ++ " " ++ q(Fixture)),
     Node = "mi_fixture_" ++ integer_to_list(erlang:unique_integer([positive])),
@@ -178,26 +178,6 @@ wait_down(Script, N) ->
     case os:cmd(q(Script) ++ " ping") of
         "pong\n" -> timer:sleep(200), wait_down(Script, N - 1);
         _ -> ok
-    end.
-
-%% The tarball `make tarball' built (make ct exports its path), else build it.
-tarball() ->
-    case os:getenv("MALLOCINFO_TARBALL") of
-        Path when is_list(Path), Path =/= "" ->
-            true = filelib:is_regular(Path),
-            Path;
-        _ ->
-            Root = project_root(filename:absname(code:lib_dir(mallocinfo))),
-            sh("make -s -C " ++ q(Root) ++ " tarball"),
-            filename:join(Root, "mallocinfo.tar.gz")
-    end.
-
-project_root("/") -> ct:fail(no_project_root);
-project_root(Dir) ->
-    case filelib:is_regular(filename:join(Dir, "Makefile"))
-        andalso filelib:is_dir(filename:join(Dir, "c_src")) of
-        true -> Dir;
-        false -> project_root(filename:dirname(Dir))
     end.
 
 %% Runs a shell command; fails the test with its output on a non-zero exit.

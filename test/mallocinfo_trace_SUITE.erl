@@ -18,14 +18,7 @@ all() ->
      racing_threads_one_site, sites_full_stack_table, reclaim_and_status].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_leaky_nif.so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_leaky_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    {ok, mi_leaky_nif} = compile:file(filename:join(Data, "mi_leaky_nif.erl"), [{outdir, Priv}]),
+    ok = mi_ct:build_nif(Config, "mi_leaky_nif"),
     true = filelib:is_regular(mallocinfo_trace:preload_path()),
     Config.
 
@@ -44,22 +37,13 @@ init_per_testcase(_, Config) ->
     start_peer(Config, #{}).
 
 end_per_testcase(_, Config) ->
-    case ?config(peer, Config) of
-        undefined -> ok;
-        Peer -> peer:stop(Peer)
-    end.
+    mi_ct:stop_peer(Config).
 
 start_peer(Config, Opts) ->
-    Ebin = filename:dirname(code:which(mallocinfo)),
-    {ok, Peer, _Node} =
-        peer:start_link(#{connection => standard_io,
-                          env => mallocinfo_trace:preload_env(Opts),
-                          args => ["-pa", Ebin, "-pa", ?config(priv_dir, Config)]}),
-    {module, mallocinfo} = peer:call(Peer, code, ensure_loaded, [mallocinfo]),
-    [{peer, Peer} | Config].
+    mi_ct:start_peer(Config, mallocinfo_trace:preload_env(Opts)).
 
 call(Config, M, F, A) ->
-    peer:call(?config(peer, Config), M, F, A, 60000).
+    mi_ct:call(Config, M, F, A).
 
 %% The frame a leak site starts with.
 leak_sites(Sites) ->
