@@ -50,7 +50,9 @@
                     function => binary() | undefined, frame => frame(),
                     count := non_neg_integer(), bytes := non_neg_integer(),
                     stacks := pos_integer(), estimated := boolean()}.
--type mapping() :: #{stack := [frame()],
+-type mapping() :: #{stack => [frame()],
+                     label => label(), object => binary() | undefined,
+                     function => binary() | undefined, frame => frame(),
                      count := non_neg_integer(),
                      bytes := non_neg_integer(),
                      resident := non_neg_integer(),
@@ -436,21 +438,26 @@ mappings(N) ->
 %% `private_file', `shared' (counted, flagged), `no_access' (mapped
 %% `PROT_NONE': a reservation), `remapped' (moved or resized since)).
 %% glibc's own mappings (malloc's large blocks and arenas) are not here:
-%% they are malloc's, seen by {@link sites/2}. `Opts': `demangle', and `by'
-%% (`stack', the default: one row per call stack). Regions are recorded in
+%% they are malloc's, seen by {@link sites/2}. `Opts': `demangle', and `by':
+%% `stack' (the default: one row per call stack), `function' (one row per
+%% function that called `mmap': the first frame outside the allocator
+%% family, as {@link sites/2}; rows then carry `label', `object',
+%% `function' and `frame' instead of `stack') or `object' (one row per
+%% object of that frame: `label', `object'). Regions are recorded in
 %% `sample' and `full' modes (all of them: they are few); `counters' mode
 %% only counts calls (`mappings' in {@link status/0}). `{error, enotsup}'
 %% from an interposer older than this function.
--spec mappings(non_neg_integer(), opts() | #{by => stack}) ->
+-spec mappings(non_neg_integer(), opts() | #{by => stack | function | object}) ->
           [mapping()] | {error, not_preloaded | not_recording | enotsup}.
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
     By = case maps:get(by, Opts, stack) of
-             stack -> stack;
+             B when B =:= stack; B =:= function; B =:= object -> B;
              _ -> erlang:error(badarg, [N, Opts])
          end,
     #{demangle := D} = options(maps:remove(by, Opts), [demangle], [N, Opts]),
     case mallocinfo_nif:trace_regions(D) of
-        {ok, Regions} -> lists:sublist(rollup(By, Regions), N);
+        {ok, Regions} when By =:= stack -> lists:sublist(rollup(stack, Regions), N);
+        {ok, Regions} -> lists:sublist(culprit_rollup(By, Regions), N);
         {error, _} = E -> E
     end;
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_list(Opts) ->
@@ -760,6 +767,35 @@ rollup(stack, Regions) ->
                                         Acc)
                end, #{}, Regions),
     lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
+
+%% `function' and `object': by the frame that called mmap (the culprit, as
+%% for malloc's sites), labelled erts / self / native as sites/2 does.
+culprit_rollup(By, Regions) ->
+    Groups = lists:foldl(
+               fun(#{stack := Stack} = R, Acc) ->
+                       Culprit = mallocinfo_growth:culprit(Stack),
+                       Self = lists:any(fun(#{object := O}) -> mallocinfo_growth:self_object(O) end,
+                                        Stack),
+                       Label = mallocinfo_growth:label(Culprit, Self),
+                       {Key, Row0} = mapping_key(By, Label, Culprit),
+                       maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
+                                        add_region(R, Row0#{count => 0, bytes => 0, resident => 0,
+                                                            flags => [], oldest_age_ms => 0}),
+                                        Acc)
+               end, #{}, Regions),
+    lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
+
+mapping_key(_, Label, undefined) ->
+    {{Label, none}, #{label => Label, object => undefined}};
+mapping_key(object, Label, #{object := O}) ->
+    {{Label, O}, #{label => Label, object => O}};
+mapping_key(function, Label, #{object := O} = F) ->
+    Name = maps:get(symbol, F, undefined),
+    Key = case Name of
+              undefined -> {Label, O, maps:get(address, F)};
+              _ -> {Label, O, Name}
+          end,
+    {Key, #{label => Label, object => O, function => Name, frame => F}}.
 
 add_region(#{length := L, resident := Res, flags := F, age_ms := Age},
            #{count := C, bytes := B, resident := R0, flags := F0, oldest_age_ms := O} = Row) ->

@@ -263,7 +263,7 @@ cases(S) ->
      {mallocinfo_trace, growth_of, [{[Snap, Snap], Snaps}, {#{}, GrowthOpts}]},
      {mallocinfo_trace, mappings, [{1, Count}]},
      {mallocinfo_trace, mappings, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1},
-                                                                  #{by => function},
+                                                                  #{by => "function"},
                                                                   #{by => junk}]}]},
      {mallocinfo_trace, preload_env, [{#{}, not_opts() ++ [#{mode => junk}, #{table_size => 1},
                                                             #{stack_depth => 129},

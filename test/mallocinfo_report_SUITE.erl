@@ -176,6 +176,14 @@ mapped_by_nif_is_attributed(Config) ->
             [Rg || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = Rg
                        <- element(2, Call(mallocinfo_nif, trace_regions, [false]))],
         ?assert(maps:get(resident, Row) >= Bytes - ?MiB),
+        %% The same region by function and by object, with exact bytes.
+        [FnRow] = [M || #{function := <<"mi_map_private_region">>} = M
+                            <- Call(mallocinfo_trace, mappings, [5, #{by => function}])],
+        ?assertMatch(#{label := native, count := 1, bytes := Bytes}, FnRow),
+        [ObjRow] = [M || #{object := O} = M <- Call(mallocinfo_trace, mappings,
+                                                     [10, #{by => object}]),
+                         O =:= Obj],
+        ?assertMatch(#{label := native, count := 1, bytes := Bytes}, ObjRow),
 
         R1 = Call(mallocinfo_report, collect, []),
         Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format(R1)])),

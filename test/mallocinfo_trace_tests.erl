@@ -63,5 +63,5 @@ badarg_test_() ->
      ?_assertError(badarg, mallocinfo_trace:sites(1, #{min_size => 1})),
      ?_assertError(badarg, mallocinfo_trace:sites(1, 42)),
      ?_assertError(badarg, mallocinfo_trace:mappings(-1)),
-     ?_assertError(badarg, mallocinfo_trace:mappings(1, #{by => object})),
+     ?_assertError(badarg, mallocinfo_trace:mappings(1, #{by => "object"})),
      ?_assertError(badarg, mallocinfo_trace:mappings(1, #{min_size => 1}))].
