@@ -37,8 +37,11 @@ cal_n=20000
 
 # glibc-control is glibc again, run last in each round: its distance from the
 # glibc row is the noise floor the small targets have to be read against.
+# mi-attached is mi-full without LD_PRELOAD: bench_alloc dlopen()s the
+# interposer and calls the ABI's attach entry (as mallocinfo_trace:attach/0
+# does) before its threads start, so the hooks run through patched GOT slots.
 configs=(glibc jemalloc jemalloc-prof mi-nomatch mi-off mi-counters mi-sample mi-full
-  heaptrack glibc-control)
+  mi-attached heaptrack glibc-control)
 
 die() {
   echo "bench: $*" >&2

@@ -312,12 +312,21 @@ bool start_attached(const Next& next, const mi::track::Config& config) {
   if (!g_state.compare_exchange_strong(s, kInitializing, std::memory_order_acq_rel))
     while (g_state.load(std::memory_order_acquire) != kReady) ::sched_yield();
   g_next = next;
+  // The patched slots do not include malloc_usable_size (not interposed):
+  // take the one the process binds to, so attached byte counters count
+  // usable bytes as preloaded ones do (and cost the same).
+  if (g_next.malloc_usable_size == nullptr)
+    g_next.malloc_usable_size =
+        reinterpret_cast<size_t (*)(void*)>(::dlsym(RTLD_DEFAULT, "malloc_usable_size"));
   bool ok = true;
   if (!g_recording) {
     ok = g_tracker.init(config, mi::track::capture_cached, mi::track::coarse_monotonic_ns);
     if (ok) {
       g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
                                reinterpret_cast<uintptr_t>(&etext));
+      g_glibc_chunks = check_glibc_chunks();
+      if (g_glibc_chunks || g_next.malloc_usable_size != nullptr)
+        g_tracker.set_usable_size(usable_size_fn);
       g_recording = true;
     }
   } else {
