@@ -171,9 +171,11 @@ tracker(#{tracker := #{preloaded := Pre} = T}) when Pre;
      counter(<<"tracker_calls_total">>, <<"Calls to each interposed allocation function">>,
              [{[{function, F}], N} || {F, N} <- lists:sort(maps:to_list(maps:get(calls, T, #{})))])]
         ++ Opt(bytes_allocated, <<"tracker_allocated_bytes_total">>, counter,
-               <<"Bytes requested from the allocator while the tracker counted (every mode but off)">>)
+               <<"Bytes allocated while the tracker counted: usable bytes in full and counters modes, "
+                 "the sample's unbiased estimate in sample mode">>)
         ++ Opt(bytes_freed, <<"tracker_freed_bytes_total">>, counter,
-               <<"Bytes of recorded blocks freed">>)
+               <<"Bytes freed, counted as tracker_allocated_bytes_total counts them: allocated minus "
+                 "freed is the live bytes (an estimate in sample mode)">>)
         ++ Opt(live_bytes, <<"tracker_live_bytes">>, gauge,
                <<"Bytes of recorded blocks still live (in sample mode, of the sampled blocks only)">>)
         ++ Opt(live_entries, <<"tracker_live_blocks">>, gauge,

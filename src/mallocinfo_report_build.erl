@@ -1115,17 +1115,13 @@ rule(erts_mseg_cache, #{erts := #{mseg_cache_bytes := C, mmap_bytes := M}} = R)
                     "all): they are reused for new carriers or released over time",
                     [bytes(C), bytes(M)])}
     end;
-rule(tracker_tables, #{native := #{table_bytes := TB, stack_bytes := SB},
+rule(tracker_tables, #{native := #{table_bytes := TB, stack_bytes := SB} = N,
                        attributed := Attributed} = R) ->
     case proplists:get_value(tracker_tables, Attributed, 0) of
         B when is_integer(B) ->
             case significant(B, R) of
                 false -> none;
-                true ->
-                    {B, fmt("the mallocinfo tracker's own tables keep ~ts resident (~ts of RSS, "
-                            "~ts reserved): MALLOCINFO_TABLE_SIZE and MALLOCINFO_TRACE=sample "
-                            "make them smaller",
-                            [bytes(B), share(B, R), bytes(TB + SB)])}
+                true -> {B, tracker_tables_text(B, TB + SB, N, R)}
             end;
         _ -> none
     end;
@@ -1298,3 +1294,22 @@ fmt(Format, Args) ->
 bytes(B) -> mallocinfo_units:bytes(B).
 count(N) -> mallocinfo_units:count(N).
 age(Ms) -> mallocinfo_units:age(Ms).
+
+%% The tracker verdict reads the mode: what the tables cost in it, and what
+%% each knob would change from there (never "switch to sample" in sample).
+tracker_tables_text(B, Reserved, N, R) ->
+    Live = maps:get(live_entries, N, 0),
+    Head = fmt("the mallocinfo tracker's own tables keep ~ts resident (~ts of RSS, ~ts reserved)",
+               [bytes(B), share(B, R), bytes(Reserved)]),
+    case maps:get(mode, N, full) of
+        sample ->
+            fmt("~ts in sample mode, for ~b sampled blocks: mostly the stack table and the "
+                "per-thread unwind caches; mallocinfo_trace:reset() gives the live table's pages "
+                "back, a larger MALLOCINFO_SAMPLE_BYTES samples fewer blocks, and "
+                "MALLOCINFO_TRACE=counters keeps no table at all", [Head, Live]);
+        _ ->
+            fmt("~ts in full mode, ~ts per live block for ~b blocks: MALLOCINFO_TRACE=sample "
+                "(or mallocinfo_trace:set_mode(sample)) keeps an unbiased sample in a few MiB, "
+                "mallocinfo_trace:reset() gives the live table's pages back, and a smaller "
+                "MALLOCINFO_TABLE_SIZE caps the table", [Head, bytes(B div max(1, Live)), Live])
+    end.

@@ -809,9 +809,26 @@ other_allocator_test() ->
 tracker_tables_test() ->
     R = (quiet())#{attributed := [{tracker_tables, 70 * ?MiB}]},
     ?assertEqual({70 * ?MiB, <<"the mallocinfo tracker's own tables keep 70.0 MiB resident (6% of "
-                               "RSS, 80.0 MiB reserved): MALLOCINFO_TABLE_SIZE and "
-                               "MALLOCINFO_TRACE=sample make them smaller">>},
+                               "RSS, 80.0 MiB reserved) in full mode, 71.7 KiB per live block for "
+                               "1000 blocks: MALLOCINFO_TRACE=sample (or "
+                               "mallocinfo_trace:set_mode(sample)) keeps an unbiased sample in a "
+                               "few MiB, mallocinfo_trace:reset() gives the live table's pages "
+                               "back, and a smaller MALLOCINFO_TABLE_SIZE caps the table">>},
                  ?R:rule(tracker_tables, R)).
+
+%% A node already in sample mode is never told to switch to sample.
+tracker_tables_sample_mode_test() ->
+    Q = quiet(),
+    R = Q#{attributed := [{tracker_tables, 67 * ?MiB}],
+           native := (maps:get(native, Q))#{mode := sample, live_entries := 66}},
+    {_, Text} = ?R:rule(tracker_tables, R),
+    ?assertEqual(nomatch, binary:match(Text, <<"TRACE=sample">>)),
+    ?assertEqual(nomatch, binary:match(Text, <<"set_mode(sample)">>)),
+    ?assertEqual(<<"the mallocinfo tracker's own tables keep 67.0 MiB resident (6% of RSS, 80.0 "
+                   "MiB reserved) in sample mode, for 66 sampled blocks: mostly the stack table "
+                   "and the per-thread unwind caches; mallocinfo_trace:reset() gives the live "
+                   "table's pages back, a larger MALLOCINFO_SAMPLE_BYTES samples fewer blocks, "
+                   "and MALLOCINFO_TRACE=counters keeps no table at all">>, Text).
 
 unexplained_test() ->
     R = (quiet())#{unaccounted_bytes := 300 * ?MiB, unaccounted_percent := 29.3},

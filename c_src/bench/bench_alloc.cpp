@@ -10,6 +10,12 @@
 //   threads=2 depth=12 iters=4000000 ns_per_pair=41.2 per_thread=40.9,41.5
 //     malloc_from=libc.so.6
 // ns_per_pair is the mean over threads of (thread's loop time / iters).
+// With -m N the program measures memory instead: each thread allocates its
+// share of N live 64-byte blocks through the D-deep chain, holds them, and
+// the line reports rss_kib (VmRSS with all blocks live) and rss_base_kib
+// (VmRSS before the first block), so run.sh can compare the resident set of
+// the same live population with and without a tracker.
+//
 // malloc_from names the object that defines the malloc this process calls,
 // so run.sh can tell a preload that was silently ignored by ld.so. When the
 // mallocinfo interposer is loaded, its status (read through the one ABI
@@ -40,7 +46,7 @@ constexpr size_t kRingSlots = 1024;  // power of two: slot = random & mask
 constexpr size_t kMinSize = 16;
 constexpr size_t kMaxSize = 255;
 constexpr int kMaxDepth = 64;
-constexpr int kMaxThreads = 64;
+constexpr int kMaxThreads = 256;
 
 // The call chain. level<K> calls level<K-1>; level<0> calls malloc. Each is a
 // separate function (distinct return addresses, as in real code). The empty
@@ -80,11 +86,62 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+const char* malloc_provider();
+void mallocinfo_status(char* buf, size_t len);
+
 struct Params {
   int threads = 1;
   int depth = 12;
   uint64_t iters = 2000000;
+  uint64_t hold = 0;  // -m: live blocks to hold (memory mode); 0: timing mode
 };
+
+// VmRSS of this process in KiB, from /proc/self/status (read with read(2):
+// no stdio buffer is allocated between the two samples).
+uint64_t rss_kib() {
+  char buf[4096];
+  FILE* f = fopen("/proc/self/status", "re");
+  if (f == nullptr) return 0;
+  uint64_t kib = 0;
+  while (fgets(buf, sizeof buf, f) != nullptr) {
+    if (sscanf(buf, "VmRSS: %" SCNu64, &kib) == 1) break;
+  }
+  fclose(f);
+  return kib;
+}
+
+// Memory mode: each of p.threads threads holds its share of p.hold blocks.
+int hold_blocks(const Params& p) {
+  const AllocFn alloc = kChain[p.depth - 1];
+  std::vector<void*> blocks(p.hold);
+  const uint64_t base = rss_kib();
+  std::barrier<> sync(p.threads + 1);
+  std::vector<std::thread> threads;
+  for (int id = 0; id < p.threads; id++) {
+    threads.emplace_back([&, id] {
+      const uint64_t lo = p.hold * static_cast<uint64_t>(id) / static_cast<uint64_t>(p.threads);
+      const uint64_t hi = p.hold * static_cast<uint64_t>(id + 1) / static_cast<uint64_t>(p.threads);
+      for (uint64_t i = lo; i < hi; i++) {
+        void* b = alloc(64);
+        memset(b, 1, 64);
+        blocks[i] = b;
+      }
+      sync.arrive_and_wait();  // all held
+      sync.arrive_and_wait();  // measured
+    });
+  }
+  sync.arrive_and_wait();
+  const uint64_t held = rss_kib();
+  char mi[512];
+  mallocinfo_status(mi, sizeof mi);
+  sync.arrive_and_wait();
+  for (auto& t : threads) t.join();
+  for (void* b : blocks) free(b);
+  printf("threads=%d depth=%d hold=%" PRIu64 " rss_base_kib=%" PRIu64 " rss_kib=%" PRIu64
+         " malloc_from=%s%s\n",
+         p.threads, p.depth, p.hold, base, held, malloc_provider(), mi);
+  return 0;
+}
 
 // Phases of the shared barrier (threads + main): start, loop done, status read.
 void worker(const Params& p, int id, std::barrier<>& sync, double* ns_out) {
@@ -203,6 +260,7 @@ bool parse_num(const char* s, uint64_t lo, uint64_t hi, uint64_t* out) {
           "usage: %s [-t threads (1..%d)] [-d depth (1..%d)] [-n iterations per thread]\n"
           "          [-a libmallocinfo_preload.so (attach at run time instead of preloading)]\n"
           "          [-o dir (dlopen every *.so in dir first)]\n"
+          "       [-m live blocks to hold: memory mode]\n"
           "One line: threads= depth= iters= ns_per_pair= (mean over threads) ...\n",
           argv0, kMaxThreads, kMaxDepth);
   exit(2);
@@ -228,6 +286,8 @@ int main(int argc, char** argv) {
       attach_so = val;
     } else if (strcmp(flag, "-o") == 0 && val != nullptr) {
       objects = load_objects(val);
+    } else if (strcmp(flag, "-m") == 0 && parse_num(val, 1, uint64_t{1} << 32, &v)) {
+      p.hold = v;
     } else {
       usage(argv[0]);
     }
@@ -239,6 +299,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "bench_alloc: attach through %s failed\n", attach_so);
     return 1;
   }
+  if (p.hold != 0) return hold_blocks(p);
+
   std::vector<double> ns(p.threads, 0.0);
   std::barrier<> sync(p.threads + 1);
   std::vector<std::thread> threads;

@@ -3,6 +3,7 @@
 // map the tracker's tables. Runs inside the first malloc call.
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@ constinit std::atomic<int> g_state{kUninit};
 constinit std::atomic<int> g_gate{kGateInit};
 alignas(64) char g_pool[kPoolBytes];
 constinit bool g_recording = false;
+constinit bool g_glibc_chunks = false;
 constinit mi::track::Tracker g_tracker;
 __thread bool t_in_hook = false;
 
@@ -133,6 +135,41 @@ void resolve_next() {
   resolve(g_next.pvalloc, "pvalloc");
   resolve(g_next.strdup, "strdup");
   resolve(g_next.strndup, "strndup");
+  resolve(g_next.malloc_usable_size, "malloc_usable_size");
+}
+
+// Whether glibc_usable_size() agrees with the next allocator's own
+// malloc_usable_size: the next malloc must be libc's, and the two must agree
+// on blocks of every kind (tiny, small, large, memaligned, mmapped).
+bool check_glibc_chunks() {
+  if (g_next.malloc_usable_size == nullptr || g_next.malloc == nullptr ||
+      g_next.memalign == nullptr)
+    return false;
+  // _dl_find_object, not dladdr: it takes no loader lock (this runs inside
+  // the process's first malloc, whoever holds that lock).
+  dl_find_object obj{};
+  if (::_dl_find_object(reinterpret_cast<void*>(g_next.malloc), &obj) != 0 ||
+      obj.dlfo_link_map == nullptr || obj.dlfo_link_map->l_name == nullptr)
+    return false;
+  const char* name = obj.dlfo_link_map->l_name;
+  const char* base = std::strrchr(name, '/');
+  base = base != nullptr ? base + 1 : name;
+  if (std::strncmp(base, "libc.so", 7) != 0) return false;
+  bool same = true;
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{24}, size_t{25}, size_t{100}, size_t{1000},
+                         size_t{5000}, size_t{300000}, size_t{4} << 20}) {
+    void* a = g_next.malloc(n);
+    void* b = g_next.memalign(4096, n);
+    if (a != nullptr) same = same && glibc_usable_size(a) == g_next.malloc_usable_size(a);
+    if (b != nullptr) same = same && glibc_usable_size(b) == g_next.malloc_usable_size(b);
+    g_next.free(a);
+    g_next.free(b);
+  }
+  return same;
+}
+
+size_t usable_size_fn(void* p) {
+  return next_usable_size(p);
 }
 
 void configure() {
@@ -178,6 +215,9 @@ void configure() {
   if (!g_tracker.init(config, mi::track::capture_cached, mi::track::coarse_monotonic_ns)) return;
   g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
                            reinterpret_cast<uintptr_t>(&etext));
+  g_glibc_chunks = check_glibc_chunks();
+  if (g_glibc_chunks || g_next.malloc_usable_size != nullptr)
+    g_tracker.set_usable_size(usable_size_fn);
   g_recording = true;
 }
 
@@ -225,8 +265,23 @@ void* pool_alloc(size_t size, size_t align) {
 }
 
 void update_gate() {
-  const bool track = g_recording && g_tracker.mode() != MI_MODE_OFF;
-  g_gate.store(track ? kGateTrack : kGatePass, std::memory_order_release);
+  int gate = kGatePass;
+  if (g_recording) {
+    switch (g_tracker.mode()) {
+      case MI_MODE_FULL:
+        gate = kGateFull;
+        break;
+      case MI_MODE_SAMPLE:
+        gate = kGateSample;
+        break;
+      case MI_MODE_COUNTERS:
+        gate = kGateCounters;
+        break;
+      default:
+        break;
+    }
+  }
+  g_gate.store(gate, std::memory_order_release);
 }
 
 namespace {
@@ -238,6 +293,10 @@ pthread_mutex_t g_mode_lock = PTHREAD_MUTEX_INITIALIZER;
 bool change_mode(uint32_t mode) {
   ::pthread_mutex_lock(&g_mode_lock);
   const uint32_t before = g_tracker.mode();
+  // While the mode changes every call takes the slow path, which reads the
+  // tracker's own mode: no call is handled by the fast path of the mode
+  // being left (sample mode's would skip a free recorded by full mode).
+  if (g_recording && mode <= MI_MODE_FULL) g_gate.store(kGateFull, std::memory_order_seq_cst);
   const bool ok = g_tracker.set_mode(mode);
   // Leaving off: an allocation that raced the switch to off may have been
   // recorded after the table was cleared, and its free was not seen.
@@ -258,12 +317,21 @@ bool start_attached(const Next& next, const mi::track::Config& config) {
   if (!g_state.compare_exchange_strong(s, kInitializing, std::memory_order_acq_rel))
     while (g_state.load(std::memory_order_acquire) != kReady) ::sched_yield();
   g_next = next;
+  // The patched slots do not include malloc_usable_size (not interposed):
+  // take the one the process binds to, so attached byte counters count
+  // usable bytes as preloaded ones do (and cost the same).
+  if (g_next.malloc_usable_size == nullptr)
+    g_next.malloc_usable_size =
+        reinterpret_cast<size_t (*)(void*)>(::dlsym(RTLD_DEFAULT, "malloc_usable_size"));
   bool ok = true;
   if (!g_recording) {
     ok = g_tracker.init(config, mi::track::capture_cached, mi::track::coarse_monotonic_ns);
     if (ok) {
       g_tracker.set_self_range(reinterpret_cast<uintptr_t>(&__ehdr_start),
                                reinterpret_cast<uintptr_t>(&etext));
+      g_glibc_chunks = check_glibc_chunks();
+      if (g_glibc_chunks || g_next.malloc_usable_size != nullptr)
+        g_tracker.set_usable_size(usable_size_fn);
       g_recording = true;
       map_init();
     }

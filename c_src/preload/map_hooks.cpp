@@ -75,9 +75,10 @@ inline bool ready() {
   return g_state.load(std::memory_order_acquire) == kReady;
 }
 
-// Counting: tracking on and not inside another hook.
+// Counting: start-up done, a tracking mode on (full, counters or sample:
+// the gates above kGateInit), and not inside another hook.
 inline bool tracking() {
-  return !t_in_hook && g_gate.load(std::memory_order_relaxed) == kGateTrack;
+  return !t_in_hook && g_gate.load(std::memory_order_relaxed) >= kGateFull;
 }
 
 // Recording regions: counting, and a mode that keeps live entries.

@@ -26,15 +26,21 @@ struct Next {
   void* (*pvalloc)(size_t);
   char* (*strdup)(const char*);
   char* (*strndup)(const char*, size_t);
+  // Not interposed; null when the next allocator has none (the byte
+  // counters then count requested bytes, see track/tracker.h).
+  size_t (*malloc_usable_size)(void*);
 };
 
 enum : int { kUninit = 0, kInitializing = 1, kReady = 2 };
 
 // The hooks' one-load fast path. kGatePass: start-up is done and nothing is
-// recorded (executable not matched, or mode off): forward at once. Anything
-// else goes through the slow path (start-up, or tracking). Written with
-// release after start-up and on every mode change.
-enum : int { kGatePass = 0, kGateTrack = 1, kGateInit = 2 };
+// recorded (executable not matched, or mode off): forward at once.
+// kGateSample: an allocation runs the thread's sample countdown and a free
+// tests the pointer's page offset, and only the rare hit leaves the
+// exported function. kGateInit, kGateFull, kGateCounters: the slow path
+// (start-up, or a mode that sees every call), which reads the tracker's
+// real mode. Written with release after start-up and on every mode change.
+enum : int { kGatePass = 0, kGateInit = 1, kGateFull = 2, kGateCounters = 3, kGateSample = 4 };
 extern std::atomic<int> g_gate;
 // Re-derives g_gate from g_recording and the tracker's mode.
 void update_gate();
@@ -43,6 +49,26 @@ void update_gate();
 bool change_mode(uint32_t mode);
 
 extern Next g_next;
+
+// True when the next allocator is glibc's and its chunk header gives
+// malloc_usable_size exactly (checked at start against the real function on
+// small, large and mmapped blocks): the hooks then read it inline, a few
+// instructions instead of a call.
+extern bool g_glibc_chunks;
+inline size_t glibc_usable_size(const void* p) {
+  // ptmalloc: the size field precedes the block; bits 0-2 are flags, bit 1
+  // IS_MMAPPED. In-use chunk: size - 8; mmapped chunk: size - 16.
+  const size_t h = static_cast<const size_t*>(p)[-1];
+  return (h & ~size_t{7}) - 8 - ((h & 2) << 2);
+}
+// Usable size of p (a block of the next allocator), 0 for nullptr or when
+// the next allocator cannot say. Never allocates, no lock.
+inline size_t next_usable_size(void* p) {
+  if (p == nullptr) return 0;
+  if (g_glibc_chunks) [[likely]]
+    return glibc_usable_size(p);
+  return g_next.malloc_usable_size != nullptr ? g_next.malloc_usable_size(p) : 0;
+}
 extern std::atomic<int> g_state;
 extern bool g_recording;  // this executable matched MALLOCINFO_TRACE_EXE
 extern mi::track::Tracker g_tracker;

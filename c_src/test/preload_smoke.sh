@@ -3,7 +3,8 @@
 # forced on for every executable (MALLOCINFO_TRACE_EXE='*'): each must
 # behave exactly as without it. Then the concurrency stress binary, and the
 # lock-order stress (allocations inside dl_iterate_phdr callbacks and from
-# new call sites, 10 s, a watchdog ends it on a deadlock).
+# new call sites, 10 s, a watchdog ends it on a deadlock), and the
+# byte-counter balance in full, counters and sample modes.
 # Prints "preload_smoke: N passed, N failed" and fails if any failed.
 set -u
 so=$(cd "$(dirname "$0")/../../priv" && pwd)/libmallocinfo_preload.so
@@ -56,5 +57,14 @@ else
   failed=$((failed + 1))
   echo "preload_smoke: FAILED: stress_mmap" >&2
 fi
+# Byte counters that balance (and reset() giving pages back, in full mode).
+for mode in full counters sample; do
+  if LD_PRELOAD=$so MALLOCINFO_TRACE_EXE=drift_preload MALLOCINFO_TRACE=$mode "$build/drift_preload"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "preload_smoke: FAILED: drift_preload ($mode)" >&2
+  fi
+done
 echo "preload_smoke: $passed passed, $failed failed"
 [ $failed -eq 0 ]

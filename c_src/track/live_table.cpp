@@ -117,6 +117,16 @@ bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
   return false;
 }
 
+uint64_t LiveTable::clear_and_release(uint64_t* bytes) {
+  const uint64_t n = clear(bytes);
+  os_release(slots_, bytes_);
+  return n;
+}
+
+size_t LiveTable::resident_bytes() const {
+  return os_resident(slots_, bytes_);
+}
+
 uint64_t LiveTable::clear(uint64_t* bytes) {
   uint64_t n = 0;
   uint64_t b = 0;

@@ -71,7 +71,16 @@ class LiveTable {
   void for_each_stack(size_t lo, size_t hi, F&& f) const;
 
   // Removes every live entry; returns how many, and their bytes in *bytes.
+  // Safe while other threads insert and remove.
   uint64_t clear(uint64_t* bytes);
+  // The same, then gives every page back to the kernel (the table then
+  // costs no resident memory until written again). Precondition: no thread
+  // inserts or removes meanwhile (the tracker makes sure of it); readers may
+  // run (a zeroed slot reads as empty, a slot zeroed mid-read fails its
+  // sequence check and is retried).
+  uint64_t clear_and_release(uint64_t* bytes);
+  // Resident bytes of the table's mapping (mincore). Thread-safe.
+  size_t resident_bytes() const;
 
   size_t capacity() const { return mask_ + 1; }
   size_t bytes_reserved() const { return bytes_; }
@@ -90,6 +99,7 @@ class LiveTable {
   static constexpr uint64_t kTomb = 1;
   static constexpr uint64_t kBusy = 2;
   static constexpr unsigned kGroupShift = 6;
+  static_assert(kWindow <= (size_t{1} << kGroupShift), "for_each_stack skips by two groups");
 
   size_t home(uint64_t address) const;
   bool read_slot(const Slot& s, LiveEntry* out) const;
@@ -129,6 +139,19 @@ uint64_t LiveTable::for_each(F&& f) const {
 template <class F>
 void LiveTable::for_each_stack(size_t lo, size_t hi, F&& f) const {
   for (size_t i = lo; i < hi && i <= mask_; ++i) {
+    // A slot holds an entry whose home is at most kWindow - 1 slots before
+    // it: in its own group or the one before. Both groups empty, no entry
+    // can be in this group's slots; skip them unread, so a sweep over a
+    // sparse (or just released) table reads only the pages that hold
+    // entries and does not map the rest back in. An insert counts its group
+    // before it publishes the key (see insert), so nothing visible is lost.
+    const size_t g = i >> kGroupShift;
+    if ((i & ((size_t{1} << kGroupShift) - 1)) == 0 &&
+        groups_[g].load(std::memory_order_relaxed) == 0 &&
+        groups_[(g - 1) & (mask_ >> kGroupShift)].load(std::memory_order_relaxed) == 0) {
+      i += (size_t{1} << kGroupShift) - 1;
+      continue;
+    }
     // Acquire on the key: the stack field written before it was published
     // is visible (or a later one, if the slot was reused meanwhile).
     if (slots_[i].key.load(std::memory_order_acquire) <= kBusy) continue;

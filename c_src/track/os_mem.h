@@ -11,6 +11,14 @@ namespace mi::track {
 // cost no resident memory. nullptr on failure. Thread-safe.
 void* os_map(size_t bytes);
 void os_unmap(void* p, size_t bytes);
+// Gives the pages of [p, p + bytes) back to the kernel (MADV_DONTNEED):
+// they read as zero afterwards and cost no resident memory until written.
+// p page-aligned. No other thread may write there meanwhile (a write racing
+// the call may be lost). Thread-safe otherwise.
+void os_release(void* p, size_t bytes);
+// Resident bytes of the page-aligned mapping [p, p + bytes) (mincore).
+// Never allocates. Thread-safe.
+size_t os_resident(const void* p, size_t bytes);
 
 }  // namespace mi::track
 

@@ -1,6 +1,9 @@
 #include "tracker.h"
 
+#include <sched.h>
 #include <time.h>
+
+#include <cmath>
 
 #include "os_mem.h"
 
@@ -10,7 +13,8 @@ namespace {
 
 // The calling thread's state. initial-exec TLS (set for all of track/ by
 // the Makefile): no allocation, no lazy TLS resolution inside malloc.
-thread_local ThreadState* t_state = nullptr;
+// Whether t_sample_left holds a drawn countdown (0 at thread start).
+__thread bool t_sample_armed = false;
 
 constexpr size_t kThreadStates = 1024;
 
@@ -49,7 +53,21 @@ inline uint64_t mix(uint64_t x) {
   return x;
 }
 
+// What one sampled block of `size` bytes stands for: 1/p calls, size/p bytes.
+struct Weight {
+  uint64_t calls, bytes;
+};
+Weight weight_of(uint64_t size, uint64_t mean) {
+  const double p = sample_probability(size, mean);
+  if (!(p > 0)) return {1, size};
+  return {static_cast<uint64_t>(std::llround(1.0 / p)),
+          static_cast<uint64_t>(std::llround(static_cast<double>(size) / p))};
+}
+
 }  // namespace
+
+__thread int64_t t_sample_left = 0;
+__thread ThreadState* t_state = nullptr;
 
 uint64_t coarse_monotonic_ns() {
   // Ages are reported in ms: the coarse clock (a few ms resolution, a vDSO
@@ -85,7 +103,9 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
     return false;
   }
   nstates_ = kThreadStates;
-  for (size_t i = 0; i < nstates_; ++i) states_[i].owner = this;
+  // Only the shared state is written now: a state's page becomes resident
+  // when a thread first takes it (acquire_state), not at start.
+  states_[0].owner = this;
   states_[0].shared = 1;
   states_[0].in_use.store(1, std::memory_order_relaxed);
   // pthread_key_create does not allocate; the destructor hands a thread's
@@ -120,15 +140,27 @@ ThreadState* Tracker::acquire_state() {
     if (s.in_use.load(std::memory_order_relaxed) == 0 &&
         s.in_use.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
       state_hint_.store(i + 1 < nstates_ ? i + 1 : 1, std::memory_order_relaxed);
+      s.owner = this;
+      s.solo = this;
       if (s.sampler.rng == 0) {
         sampler_seed(s.sampler, mix(reinterpret_cast<uintptr_t>(&s) ^ clock_()),
                      config_.sample_bytes);
       }
+      // t_state first: pthread_setspecific may calloc (keys past the first
+      // 32), and that call must find this state rather than take another.
+      t_state = &s;
       if (key_ok_) ::pthread_setspecific(key_, &s);
       return &s;
     }
   }
+  t_state = &states_[0];
   return &states_[0];
+}
+
+void Tracker::count_call_slow(mi_fn fn, bool freed, uint64_t bytes) {
+  ThreadState* ts = thread_state();
+  bump(ts, ts->calls[fn], 1);
+  bump(ts, freed ? ts->bytes_freed : ts->bytes_allocated, bytes);
 }
 
 void Tracker::release_state(void* p) {
@@ -140,19 +172,14 @@ void Tracker::release_state(void* p) {
   ts->in_use.store(0, std::memory_order_release);
 }
 
-inline ThreadState* Tracker::thread_state() {
-  ThreadState* ts = t_state;
-  if (ts != nullptr && ts->owner == this) [[likely]]
-    return ts;
-  ts = acquire_state();
-  t_state = ts;
-  return ts;
-}
-
 bool Tracker::set_mode(uint32_t mode) {
   if (mode > MI_MODE_FULL) return false;
-  mode_.store(mode, std::memory_order_release);
-  if (mode == MI_MODE_OFF) reset();
+  const uint32_t before = mode_.exchange(mode, std::memory_order_seq_cst);
+  // The mode is stored before the table closes: a thread that enters the
+  // table after clear_table() reopened it sees the new mode (record()).
+  if (mode == MI_MODE_OFF || mode == MI_MODE_COUNTERS ||
+      (mode == MI_MODE_SAMPLE && before == MI_MODE_FULL))
+    clear_table();
   return true;
 }
 
@@ -206,6 +233,20 @@ uint32_t Tracker::pin_id(std::atomic<uint32_t>* pin, uint32_t id, uint32_t e,
   return 0;
 }
 
+bool Tracker::enter_table(ThreadState* ts) {
+  // Dekker with clear_table(): either it sees this thread busy and waits,
+  // or this thread sees the table closed. Both sides are seq_cst.
+  ts->table_busy.fetch_add(1, std::memory_order_seq_cst);
+  if (table_open_.load(std::memory_order_seq_cst)) [[likely]]
+    return true;
+  ts->table_busy.fetch_sub(1, std::memory_order_release);
+  return false;
+}
+
+void Tracker::leave_table(ThreadState* ts) {
+  ts->table_busy.fetch_sub(1, std::memory_order_release);
+}
+
 void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled) {
   std::atomic<uint32_t>* pin = pending_slot(ts);
   const uint32_t e = stacks_.epoch();
@@ -225,10 +266,19 @@ void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   }
   if (test_hook_ != nullptr) [[unlikely]]
     test_hook_(TestPoint::kPinned, test_ctx_);
-  if (table_.insert(address, size, clock_(), id | (sampled ? kSampledBit : 0u))) {
+  // Closed table: reset() in progress, it forgets this block anyway. A
+  // full-mode block must not land after a switch to sample mode emptied the
+  // table either: sample mode would never see its free (sampled_address).
+  int inserted = -1;  // -1 not tried, else whether it fit
+  if (enter_table(ts)) {
+    if (sampled || mode_.load(std::memory_order_seq_cst) == MI_MODE_FULL)
+      inserted = table_.insert(address, size, clock_(), id | (sampled ? kSampledBit : 0u)) ? 1 : 0;
+    leave_table(ts);
+  }
+  if (inserted == 1) {
     bump(ts, ts->inserts, 1);
     bump(ts, ts->insert_bytes, size);
-  } else {
+  } else if (inserted == 0) {
     bump(ts, ts->dropped, 1);
   }
   // Release: a sweep that reads the cleared slot also sees the entry.
@@ -239,66 +289,117 @@ void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
     sweep_hook_step();
 }
 
+bool Tracker::table_remove(ThreadState* ts, uint64_t address, LiveEntry* out) {
+  if (!enter_table(ts)) return false;
+  const bool found = table_.remove(address, out);
+  leave_table(ts);
+  if (found) {
+    bump(ts, ts->removes, 1);
+    bump(ts, ts->remove_bytes, out->size);
+  }
+  return found;
+}
+
 void Tracker::on_alloc(mi_fn fn, void* p, size_t size) {
   const uint32_t mode = mode_.load(std::memory_order_relaxed);
   if (mode == MI_MODE_OFF) return;
+  if (mode == MI_MODE_SAMPLE) {
+    if (p != nullptr && sample_due(size) && sample_take(size)) on_sampled_alloc(fn, p, size);
+    return;
+  }
   ThreadState* ts = thread_state();
   bump(ts, ts->calls[fn], 1);
   if (p == nullptr) {
     unpin_taken(ts);
     return;
   }
-  bump(ts, ts->bytes_allocated, size);
+  bump(ts, ts->bytes_allocated, usable_ != nullptr ? usable_(p) : size);
   if (mode == MI_MODE_COUNTERS) {
     unpin_taken(ts);
     return;
   }
-  const uint64_t address = reinterpret_cast<uintptr_t>(p);
-  if (mode == MI_MODE_SAMPLE) {
-    bool hit;
-    if (ts->shared == 0) {
-      hit = sampler_hit(ts->sampler, size, config_.sample_bytes);
-    } else {
-      // Many threads share this state: an independent Bernoulli draw with
-      // the same probability p(size), keyed on the address.
-      const double u = static_cast<double>(mix(address ^ clock_()) >> 11) * 0x1.0p-53;
-      hit = u < sample_probability(size, config_.sample_bytes);
-    }
-    if (!hit) {
-      unpin_taken(ts);
-      return;
-    }
-    record(ts, address, size, true);
-    return;
-  }
-  record(ts, address, size, false);
+  record(ts, reinterpret_cast<uintptr_t>(p), size, false);
 }
 
-void Tracker::forget(ThreadState* ts, uint64_t address, bool count_untracked) {
-  LiveEntry e;
-  if (table_.remove(address, &e)) {
-    bump(ts, ts->removes, 1);
-    bump(ts, ts->remove_bytes, e.size);
-    bump(ts, ts->bytes_freed, e.size);
-  } else if (count_untracked) {
-    bump(ts, ts->frees_untracked, 1);
+int64_t Tracker::draw_interval(ThreadState* ts) {
+  if (ts->shared == 0) return sampler_next_interval(ts->sampler, config_.sample_bytes);
+  // Many threads share this state's generator: draw from a private one
+  // seeded from this thread's stack address and the clock.
+  SamplerState local{};
+  int here = 0;
+  local.rng = mix(reinterpret_cast<uintptr_t>(&here) ^ clock_()) | 1;
+  return sampler_next_interval(local, config_.sample_bytes);
+}
+
+bool Tracker::sample_take(size_t size) {
+  ThreadState* ts = thread_state();
+  if (!t_sample_armed) [[unlikely]] {
+    // First allocation of this thread: the sample points are a Poisson
+    // process, memoryless, so starting the countdown here is exact.
+    t_sample_armed = true;
+    t_sample_left = draw_interval(ts) - static_cast<int64_t>(size);
+    if (t_sample_left > 0) return false;
+  } else if (t_sample_left > 0) {
+    return false;  // the countdown was not run for this call (mode changed meanwhile)
   }
+  // Several sample points may fall inside one large block: it is still one
+  // sample, and p(size) accounts for that. The next interval starts afresh
+  // (memoryless), as sampler_hit() does.
+  t_sample_left = draw_interval(ts);
+  return true;
+}
+
+void Tracker::on_sampled_alloc(mi_fn fn, void* p, size_t size) {
+  if (p == nullptr) return;
+  ThreadState* ts = thread_state();
+  const Weight w = weight_of(size, config_.sample_bytes);
+  bump(ts, ts->calls[fn], w.calls);
+  bump(ts, ts->bytes_allocated, w.bytes);
+  record(ts, reinterpret_cast<uintptr_t>(p), size, true);
+}
+
+void Tracker::account_free(ThreadState* ts, uint32_t mode, mi_fn fn, const LiveEntry* e,
+                           size_t usable) {
+  if (mode == MI_MODE_SAMPLE) {
+    // Only sampled blocks are seen: count what their allocation counted.
+    if (e == nullptr || (e->stack_id & kSampledBit) == 0) return;
+    const Weight w = weight_of(e->size, config_.sample_bytes);
+    bump(ts, ts->calls[fn], w.calls);
+    bump(ts, ts->bytes_freed, w.bytes);
+    return;
+  }
+  bump(ts, ts->calls[fn], 1);
+  if (usable_ != nullptr)
+    bump(ts, ts->bytes_freed, usable);
+  else if (e != nullptr)
+    bump(ts, ts->bytes_freed, e->size);
 }
 
 void Tracker::on_free(mi_fn fn, void* p) {
-  if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
+  const uint32_t mode = mode_.load(std::memory_order_relaxed);
+  if (mode == MI_MODE_OFF) return;
   ThreadState* ts = thread_state();
-  bump(ts, ts->calls[fn], 1);
-  if (p != nullptr) forget(ts, reinterpret_cast<uintptr_t>(p), true);
+  if (p == nullptr) {
+    if (mode != MI_MODE_SAMPLE) bump(ts, ts->calls[fn], 1);
+    return;
+  }
+  if (mode == MI_MODE_COUNTERS) {
+    account_free(ts, mode, fn, nullptr, usable(p));
+    return;
+  }
+  LiveEntry e;
+  const bool found = table_remove(ts, reinterpret_cast<uintptr_t>(p), &e);
+  if (!found && mode == MI_MODE_FULL) bump(ts, ts->frees_untracked, 1);
+  account_free(ts, mode, fn, found ? &e : nullptr, mode == MI_MODE_FULL ? usable(p) : 0);
 }
 
 bool Tracker::take(void* p, LiveEntry* out) {
-  if (p == nullptr || mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return false;
+  if (p == nullptr) return false;
+  const uint32_t mode = mode_.load(std::memory_order_relaxed);
+  if (mode == MI_MODE_OFF || mode == MI_MODE_COUNTERS) return false;
   ThreadState* ts = thread_state();
   const uint32_t e = stacks_.epoch();
-  if (!table_.remove(reinterpret_cast<uintptr_t>(p), out)) return false;
-  bump(ts, ts->removes, 1);
-  bump(ts, ts->remove_bytes, out->size);
+  if (!table_remove(ts, reinterpret_cast<uintptr_t>(p), out)) return false;
   // Until restore() re-inserts it, the entry's stack is referenced only
   // from here: pin it like a freshly interned one (stamp first). The
   // shared state does not pin (its slots would leak on the success path);
@@ -311,38 +412,88 @@ bool Tracker::take(void* p, LiveEntry* out) {
   return true;
 }
 
+void Tracker::freed(mi_fn fn, const LiveEntry* e, size_t usable) {
+  // The realloc succeeded: the taken entry is gone for good and its stack
+  // needs no pin (released before the mode test: a switch to off meanwhile
+  // must not leave it pinned).
+  if (t_state != nullptr && t_state->owner == this) unpin_taken(t_state);
+  const uint32_t mode = mode_.load(std::memory_order_relaxed);
+  if (mode == MI_MODE_OFF) return;
+  ThreadState* ts = thread_state();
+  if (mode == MI_MODE_SAMPLE) {
+    // The realloc's own call is counted with its new block, if sampled.
+    if (e == nullptr || (e->stack_id & kSampledBit) == 0) return;
+    bump(ts, ts->bytes_freed, weight_of(e->size, config_.sample_bytes).bytes);
+    return;
+  }
+  if (usable_ != nullptr)
+    bump(ts, ts->bytes_freed, usable);
+  else if (e != nullptr)
+    bump(ts, ts->bytes_freed, e->size);
+  (void)fn;
+}
+
 void Tracker::restore(const LiveEntry& e) {
   // Switched off meanwhile: the table was cleared and frees are not seen.
-  if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
+  const uint32_t mode = mode_.load(std::memory_order_relaxed);
+  if (mode == MI_MODE_OFF || mode == MI_MODE_COUNTERS) return;
   ThreadState* ts = thread_state();
   LiveEntry entry = e;
   const uint32_t id = e.stack_id & ~kSampledBit;
   if (id != 0 && ts->shared != 0 && !stacks_.hold(id, stacks_.epoch()))
     entry.stack_id &= kSampledBit;
-  if (table_.insert(entry.address, entry.size, entry.timestamp_ns, entry.stack_id)) {
+  int inserted = -1;  // -1 not tried (reset() closed the table), else whether it fit
+  if (enter_table(ts)) {
+    inserted = table_.insert(entry.address, entry.size, entry.timestamp_ns, entry.stack_id) ? 1 : 0;
+    leave_table(ts);
+  }
+  if (inserted == 1) {
     bump(ts, ts->inserts, 1);
     bump(ts, ts->insert_bytes, e.size);
-  } else {
+  } else if (inserted == 0) {
     bump(ts, ts->dropped, 1);
   }
   unpin_taken(ts);
 }
 
 void Tracker::count(mi_fn fn) {
-  if (mode_.load(std::memory_order_relaxed) == MI_MODE_OFF) return;
+  const uint32_t mode = mode_.load(std::memory_order_relaxed);
+  if (mode == MI_MODE_OFF || mode == MI_MODE_SAMPLE) return;
   ThreadState* ts = thread_state();
   bump(ts, ts->calls[fn], 1);
   unpin_taken(ts);
+}
+
+uint64_t Tracker::clear_table() {
+  ::pthread_mutex_lock(&clear_lock_);
+  table_open_.store(false, std::memory_order_seq_cst);
+  // Wait for the threads inside a table operation (a few hundred
+  // instructions each) to leave it; then nobody writes the table and its
+  // pages can be given back. A thread stopped inside one (a debugger) must
+  // not hang us: after quiesce_rounds yields, clear without releasing.
+  bool quiet = false;
+  for (unsigned round = 0; !quiet; ++round) {
+    quiet = true;
+    for (size_t i = 0; i < nstates_ && quiet; ++i)
+      if (states_[i].table_busy.load(std::memory_order_seq_cst) != 0) quiet = false;
+    if (quiet || round >= config_.quiesce_rounds) break;
+    ::sched_yield();
+  }
+  uint64_t bytes = 0;
+  const uint64_t n = quiet ? table_.clear_and_release(&bytes) : table_.clear(&bytes);
+  cleared_.fetch_add(n, std::memory_order_relaxed);
+  cleared_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (!quiet) unreleased_clears_.fetch_add(1, std::memory_order_relaxed);
+  table_open_.store(true, std::memory_order_seq_cst);
+  ::pthread_mutex_unlock(&clear_lock_);
+  return n;
 }
 
 uint64_t Tracker::reset() {
   // Also the moment to drop cached unwind rules: code may have been
   // unloaded (a purged NIF) since they were learned.
   unwind_code_unmapped();
-  uint64_t bytes = 0;
-  const uint64_t n = table_.clear(&bytes);
-  cleared_.fetch_add(n, std::memory_order_relaxed);
-  cleared_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  const uint64_t n = clear_table();
   reclaim();
   return n;
 }

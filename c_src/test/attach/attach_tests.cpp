@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -195,7 +196,11 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
   for (const Slot& s : slots_of("libattach_now", "malloc")) CHECK(s.value == hook_malloc);
   CHECK(reinterpret_cast<uintptr_t>(now_malloc_ref()) == hook_malloc);
 
+  const uint64_t allocated_before = status(abi).bytes_allocated;
   void* a = lazy_alloc(12345);
+  // Byte counters count usable bytes, as with LD_PRELOAD (the patched slots
+  // do not give malloc_usable_size; attach finds it).
+  CHECK(status(abi).bytes_allocated - allocated_before == ::malloc_usable_size(a));
   void* b = now_alloc(23456);
   void* c = now_calloc(3, 11111);
   {

@@ -1,0 +1,267 @@
+// Runs under the real interposer in full or counters mode:
+//   LD_PRELOAD=priv/libmallocinfo_preload.so MALLOCINFO_TRACE_EXE=drift_preload
+//   MALLOCINFO_TRACE=counters build/drift_preload
+// Threads make a random mix of malloc, calloc, realloc (grow, shrink, move,
+// to 0, from NULL), reallocarray, posix_memalign, aligned_alloc and free;
+// then, with the blocks they hold still live, bytes_allocated - bytes_freed
+// must have moved by exactly the usable bytes of those blocks
+// (malloc_usable_size), and by exactly 0 once they are freed. In sample
+// mode (MALLOCINFO_TRACE=sample) it checks what sample mode promises
+// instead: allocated - freed equals the estimate of the live sampled
+// blocks, and returns to where it was once they are freed.
+// In full mode it then checks that reset() gives the live table's pages
+// back: VmRSS drops once 200,000 freed-but-recorded-then-removed entries'
+// pages are released.
+// Prints "drift_preload: N passed, N failed"; exit status 1 on any failure.
+#include <dlfcn.h>
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <barrier>
+#include <thread>
+#include <vector>
+
+#include "../../common/mi_abi.h"
+
+namespace {
+
+int g_passed = 0, g_failed = 0;
+
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (cond) {                                                         \
+      ++g_passed;                                                       \
+    } else {                                                            \
+      ++g_failed;                                                       \
+      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                   \
+  } while (0)
+
+const mi_preload_abi* g_abi = nullptr;
+
+mi_abi_status status() {
+  mi_abi_status s{};
+  g_abi->status(&s, sizeof s);
+  return s;
+}
+
+int64_t net(const mi_abi_status& s) {
+  return static_cast<int64_t>(s.bytes_allocated - s.bytes_freed);
+}
+
+// Keeps the compiler from pairing malloc/free calls or folding sizes.
+template <class T>
+T opaque(T v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
+constexpr int kThreads = 4;
+constexpr int kOps = 60000;
+constexpr size_t kMaxHeld = 400;
+
+struct Held {
+  void* p[kMaxHeld];
+  size_t n = 0;
+};
+
+// Sizes that cross glibc's bins, tcache and the mmap threshold.
+size_t pick_size(uint64_t v) {
+  switch (v % 8) {
+    case 0:
+      return 0;
+    case 1:
+      return 1 + v % 24;
+    case 2:
+      return 200000 + v % 100000;  // mmapped
+    default:
+      return 1 + v % 3000;
+  }
+}
+
+void worker(int id, Held* h) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 7);
+  auto rnd = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int op = 0; op < kOps; ++op) {
+    const uint64_t v = rnd();
+    if (h->n >= kMaxHeld || (h->n > 0 && v % 3 == 0)) {
+      const size_t at = static_cast<size_t>(rnd() % h->n);
+      void*& slot = h->p[at];
+      switch (v % 6) {
+        case 0: {  // realloc(p, 0): glibc frees p, returns NULL
+          void* r = realloc(slot, opaque<size_t>(0));
+          if (r == nullptr) {
+            slot = h->p[--h->n];
+          } else {
+            slot = r;
+          }
+          break;
+        }
+        case 1:  // grow (often a move)
+        case 2: {
+          void* r = realloc(slot, pick_size(rnd()) + 4096);
+          if (r != nullptr) slot = r;
+          break;
+        }
+        case 3: {  // shrink (in place)
+          const size_t u = malloc_usable_size(slot);
+          void* r = realloc(slot, u / 2 + 1);
+          if (r != nullptr) slot = r;
+          break;
+        }
+        case 4: {
+          void* r = reallocarray(slot, 3, 1 + rnd() % 700);
+          if (r != nullptr) slot = r;
+          break;
+        }
+        default:
+          free(slot);
+          slot = h->p[--h->n];
+          break;
+      }
+      continue;
+    }
+    const size_t size = pick_size(rnd());
+    void* p = nullptr;
+    switch (v % 6) {
+      case 0:
+        p = malloc(size);
+        break;
+      case 1:
+        p = calloc(1 + v % 5, size);
+        break;
+      case 2:
+        p = realloc(opaque<void*>(nullptr), size);
+        break;
+      case 3:
+        if (posix_memalign(&p, 64, size) != 0) p = nullptr;
+        break;
+      case 4:
+        p = aligned_alloc(32, (size + 31) & ~size_t{31});
+        break;
+      default:
+        p = memalign(4096, size);
+        break;
+    }
+    if (p != nullptr) h->p[h->n++] = p;
+  }
+}
+
+// VmRSS in KiB (read(2) on /proc: no allocation between two samples).
+long rss_kib() {
+  char buf[4096];
+  FILE* f = fopen("/proc/self/status", "re");
+  if (f == nullptr) return -1;
+  long kib = -1;
+  while (fgets(buf, sizeof buf, f) != nullptr)
+    if (sscanf(buf, "VmRSS: %ld", &kib) == 1) break;
+  fclose(f);
+  return kib;
+}
+
+// Full mode: 200,000 blocks recorded and freed leave the table's pages
+// touched; reset() must give them back.
+void check_reset_releases() {
+  static void* blocks[200000];
+  for (void*& b : blocks) b = malloc(opaque<size_t>(40));
+  for (void* b : blocks) free(b);
+  const long before = rss_kib();
+  g_abi->reset();
+  const long after = rss_kib();
+  printf("drift_preload: reset: VmRSS %ld KiB -> %ld KiB\n", before, after);
+  CHECK(before - after >= 4096);  // the entries covered > 6 MiB of table
+}
+
+}  // namespace
+
+int main() {
+  auto fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
+  if (fn == nullptr) {
+    fprintf(stderr, "drift_preload: run me with LD_PRELOAD=libmallocinfo_preload.so\n");
+    return 2;
+  }
+  g_abi = fn();
+  const mi_abi_status s = status();
+  if (s.recording != 1 || s.mode == MI_MODE_OFF) {
+    fprintf(stderr, "drift_preload: not recording (MALLOCINFO_TRACE_EXE? MALLOCINFO_TRACE?)\n");
+    return 2;
+  }
+  const bool sample = s.mode == MI_MODE_SAMPLE;
+
+  static Held held[kThreads];
+  // Phases: threads started; s0 read; work done; s1 read; blocks freed; s2
+  // read; threads exit. Between two reads only the workers allocate
+  // (barriers do not), and no thread exits (exit frees thread state).
+  std::barrier<> sync(kThreads + 1);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kThreads; ++i)
+    ts.emplace_back([&sync, i] {
+      sync.arrive_and_wait();
+      sync.arrive_and_wait();
+      worker(i, &held[i]);
+      sync.arrive_and_wait();
+      sync.arrive_and_wait();
+      for (size_t k = 0; k < held[i].n; ++k) free(held[i].p[k]);
+      sync.arrive_and_wait();
+      sync.arrive_and_wait();
+    });
+  sync.arrive_and_wait();
+  const mi_abi_status s0 = status();
+  sync.arrive_and_wait();
+  sync.arrive_and_wait();
+  const mi_abi_status s1 = status();
+  int64_t live_usable = 0;
+  size_t nheld = 0;
+  for (auto& h : held) {
+    nheld += h.n;
+    for (size_t k = 0; k < h.n; ++k)
+      live_usable += static_cast<int64_t>(malloc_usable_size(h.p[k]));
+  }
+  sync.arrive_and_wait();
+  sync.arrive_and_wait();
+  const mi_abi_status s2 = status();
+  sync.arrive_and_wait();
+  for (auto& t : ts) t.join();
+
+  const int64_t moved = net(s1) - net(s0);
+  if (net(s2) != net(s0))
+    fprintf(stderr, "drift_preload: after freeing: %lld (allocated %llu, freed %llu since s0)\n",
+            static_cast<long long>(net(s2) - net(s0)),
+            static_cast<unsigned long long>(s2.bytes_allocated - s0.bytes_allocated),
+            static_cast<unsigned long long>(s2.bytes_freed - s0.bytes_freed));
+  if (sample) {
+    // allocated - freed is the estimate of the live sampled bytes: it comes
+    // back exactly once they are all freed, and it is positive while they
+    // live (the workers hold megabytes: many sampled blocks).
+    printf("drift_preload: sample: live %zu blocks, %lld usable bytes; estimate moved by %lld\n",
+           nheld, static_cast<long long>(live_usable), static_cast<long long>(moved));
+    CHECK(moved > 0);
+    CHECK(net(s2) == net(s0));
+    CHECK(s1.live_entries > s0.live_entries);
+    CHECK(s2.live_entries == s0.live_entries);
+  } else {
+    printf(
+        "drift_preload: %s: live %zu blocks, %lld usable bytes; allocated - freed moved by %lld\n",
+        s.mode == MI_MODE_FULL ? "full" : "counters", nheld, static_cast<long long>(live_usable),
+        static_cast<long long>(moved));
+    CHECK(nheld > 0);
+    CHECK(moved == live_usable);
+    CHECK(net(s2) == net(s0));
+    CHECK(s1.calls[MI_FN_REALLOC] - s0.calls[MI_FN_REALLOC] > 0);
+    if (s.mode == MI_MODE_FULL) {
+      CHECK(s1.dropped == s0.dropped);
+      CHECK(s1.live_entries - s0.live_entries == nheld);
+    }
+  }
+  if (s.mode == MI_MODE_FULL) check_reset_releases();
+  printf("drift_preload: %d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
