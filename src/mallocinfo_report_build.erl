@@ -866,22 +866,13 @@ account(#{resident := #{groups := _}, mappings := #{} = M} = R) ->
     account_exact(R, M);
 account(#{resident := #{groups := G, rss := Rss}} = R) ->
     Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
-    Heaps = Rss_(main_heap) + Rss_(arenas),
     Anon = Rss_(anon),
-    LibcArena = case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
-    LibcMmap = case maps:get(libc, R) of #{mmap_bytes := M} -> M; _ -> 0 end,
-    Tracker = case maps:get(native, R) of
-                  #{table_bytes := TB, stack_bytes := SB} -> TB + SB;
-                  _ -> 0
-              end,
+    #{heaps := Heaps, libc_arena := LibcArena, libc_mmap := LibcMmap, tracker := Tracker,
+      other_alloc := OtherAlloc} = claims(R),
     ErtsMmap = case maps:get(erts, R) of
                    #{mmap_bytes := E} when is_integer(E) -> E;
                    _ -> 0
                end,
-    OtherAlloc = case maps:get(other_allocator, R) of
-                     #{resident := OR} when is_integer(OR) -> OR;
-                     _ -> 0
-                 end,
     NoReserve = Rss_(noreserve),
     %% The tracker's tables are NORESERVE mappings. libc's mmapped blocks
     %% and another allocator's resident bytes are resident figures (jemalloc
@@ -918,20 +909,28 @@ account(_) ->
     #{attributed => [], anon_unclaimed => undefined, erts_slack_bytes => undefined,
       unaccounted_bytes => undefined, unaccounted_percent => undefined}.
 
+%% What each layer says it holds, for both accountings: the glibc heaps'
+%% resident bytes and libc's, the tracker's and another allocator's own
+%% figures (0 where a layer has none).
+claims(#{resident := #{groups := G}} = R) ->
+    Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
+    #{heaps => Rss_(main_heap) + Rss_(arenas),
+      libc_arena => case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
+      libc_mmap => case maps:get(libc, R) of #{mmap_bytes := M} -> M; _ -> 0 end,
+      tracker => case maps:get(native, R) of
+                     #{table_bytes := TB, stack_bytes := SB} -> TB + SB;
+                     _ -> 0
+                 end,
+      other_alloc => case maps:get(other_allocator, R) of
+                         #{resident := OR} when is_integer(OR) -> OR;
+                         _ -> 0
+                     end}.
+
 account_exact(#{resident := #{groups := G, rss := Rss}} = R,
               #{erts := Erts, sites := Sites, anon := AnonRegions, noreserve := NrRegions}) ->
     Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
-    Heaps = Rss_(main_heap) + Rss_(arenas),
-    LibcArena = case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
-    LibcMmap = case maps:get(libc, R) of #{mmap_bytes := Mm} -> Mm; _ -> 0 end,
-    Tracker = case maps:get(native, R) of
-                  #{table_bytes := TB, stack_bytes := SB} -> TB + SB;
-                  _ -> 0
-              end,
-    OtherAlloc = case maps:get(other_allocator, R) of
-                     #{resident := OR} when is_integer(OR) -> OR;
-                     _ -> 0
-                 end,
+    #{heaps := Heaps, libc_arena := LibcArena, libc_mmap := LibcMmap, tracker := Tracker,
+      other_alloc := OtherAlloc} = claims(R),
     %% The regions' resident bytes (mincore, read a moment after smaps) are
     %% capped by their groups' Rss.
     InAnon = min(Rss_(anon), AnonRegions),

@@ -161,32 +161,13 @@ cli_usage(Config) ->
 
 %% make tarball ships the escript, runnable from the unpacked tree.
 cli_in_tarball(Config) ->
-    Tarball = tarball(Config),
+    Tarball = mi_ct:tarball(),
     {ok, Names} = erl_tar:table(Tarball, [compressed]),
     ?assert(lists:member("mallocinfo/priv/mallocinfo-heapmap", Names)),
     Dir = filename:join(?config(priv_dir, Config), "unpacked"),
     ok = erl_tar:extract(Tarball, [compressed, {cwd, Dir}]),
     Cli = filename:join([Dir, "mallocinfo", "priv", "mallocinfo-heapmap"]),
     {0, _, <<>>} = run(Config, [Cli, ?config(big, Config), filename:join(Dir, "out")]).
-
-%% The tarball `make tarball' built (make ct exports its path), else build it.
-tarball(Config) ->
-    case os:getenv("MALLOCINFO_TARBALL") of
-        Path when is_list(Path), Path =/= "" ->
-            Path;
-        _ ->
-            Root = project_root(filename:absname(code:lib_dir(mallocinfo))),
-            {0, _, _} = run(Config, ["make", "-s", "-C", Root, "tarball"]),
-            filename:join(Root, "mallocinfo.tar.gz")
-    end.
-
-project_root("/") -> ct:fail(no_project_root);
-project_root(Dir) ->
-    case filelib:is_regular(filename:join(Dir, "Makefile"))
-        andalso filelib:is_dir(filename:join(Dir, "c_src")) of
-        true -> Dir;
-        false -> project_root(filename:dirname(Dir))
-    end.
 
 %%% Chromium ---------------------------------------------------------------------
 

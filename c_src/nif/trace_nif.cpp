@@ -114,6 +114,23 @@ const mi_preload_abi* recording_abi(ErlNifEnv* env, ERL_NIF_TERM* error, mi_abi_
   return abi;
 }
 
+// Runs body(abi, status) when an interposer records in this process
+// (recording_abi); its {error, not_preloaded | not_recording} otherwise.
+template <class F>
+ERL_NIF_TERM when_recording(ErlNifEnv* env, F&& body) {
+  ERL_NIF_TERM error;
+  mi_abi_status status;
+  const mi_preload_abi* abi = recording_abi(env, &error, &status);
+  return abi == nullptr ? error : body(abi, status);
+}
+
+// The stored frames of stack `id` into pcs (kMaxFrames of room), innermost
+// first; 0 for id 0 (no stack stored) or a stack freed since.
+uint32_t stack_frames(const mi_preload_abi* abi, uint32_t id, uint64_t* pcs) {
+  if (id == 0) return 0;
+  return std::min<uint32_t>(abi->stack(id, pcs, mi::sites::kMaxFrames), mi::sites::kMaxFrames);
+}
+
 ERL_NIF_TERM mode_atom(uint32_t mode) {
   switch (mode) {
     case MI_MODE_FULL:
@@ -515,21 +532,17 @@ ERL_NIF_TERM trace_set_mode(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 }
 
 ERL_NIF_TERM trace_reset(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  ERL_NIF_TERM error;
-  mi_abi_status st;
-  const mi_preload_abi* abi = recording_abi(env, &error, &st);
-  if (abi == nullptr) return error;
-  return enif_make_tuple2(env, atoms.ok, u64(env, abi->reset()));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status&) {
+    return enif_make_tuple2(env, atoms.ok, u64(env, abi->reset()));
+  });
 }
 
 ERL_NIF_TERM trace_reclaim(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  ERL_NIF_TERM error;
-  mi_abi_status st;
-  const mi_preload_abi* abi = recording_abi(env, &error, &st);
-  if (abi == nullptr) return error;
-  // An interposer from before reclamation (preloaded from an older build).
-  if (!has_reclaim(abi)) return error_tuple(env, atoms.enotsup);
-  return enif_make_tuple2(env, atoms.ok, u64(env, abi->reclaim()));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status&) {
+    // An interposer from before reclamation (preloaded from an older build).
+    if (!has_reclaim(abi)) return error_tuple(env, atoms.enotsup);
+    return enif_make_tuple2(env, atoms.ok, u64(env, abi->reclaim()));
+  });
 }
 
 // olds(N, MinAgeMs, MinSize, Demangle, MaxAgeMs): the N oldest live blocks
@@ -540,39 +553,37 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t min_size = get_u64(env, argv[2]);
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
   const uint64_t max_age = get_u64(env, argv[4]);
-  ERL_NIF_TERM error;
-  mi_abi_status status;
-  const mi_preload_abi* abi = recording_abi(env, &error, &status);
-  if (abi == nullptr) return error;
-  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
-    std::vector<mi_abi_entry> entries = snapshot(abi, st);
-    const uint64_t now = abi->now_ns();
-    std::erase_if(entries, [&](const mi_abi_entry& e) {
-      const uint64_t age = age_ms(now, e.timestamp_ns);
-      return e.size < min_size || age < min_age || age > max_age;
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      std::vector<mi_abi_entry> entries = snapshot(abi, st);
+      const uint64_t now = abi->now_ns();
+      std::erase_if(entries, [&](const mi_abi_entry& e) {
+        const uint64_t age = age_ms(now, e.timestamp_ns);
+        return e.size < min_size || age < min_age || age > max_age;
+      });
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
+      std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
+                        [](const mi_abi_entry& a, const mi_abi_entry& b) {
+                          return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
+                                                                  : a.address < b.address;
+                        });
+      StackTerms stacks(abi, demangle);
+      for (size_t i = 0; i < k; ++i) stacks.want(entries[i].stack_id);
+      stacks.resolve(env);
+      std::vector<ERL_NIF_TERM> out;
+      out.reserve(k);
+      for (size_t i = 0; i < k; ++i) {
+        const mi_abi_entry& e = entries[i];
+        out.push_back(MapBuilder()
+                          .put(atoms.address, u64(env, e.address))
+                          .put(atoms.size, u64(env, e.size))
+                          .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
+                          .put(atoms.stack, stacks.term(e.stack_id))
+                          .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
+                          .build(env));
+      }
+      return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
     });
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
-    std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
-                      [](const mi_abi_entry& a, const mi_abi_entry& b) {
-                        return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
-                                                                : a.address < b.address;
-                      });
-    StackTerms stacks(abi, demangle);
-    for (size_t i = 0; i < k; ++i) stacks.want(entries[i].stack_id);
-    stacks.resolve(env);
-    std::vector<ERL_NIF_TERM> out;
-    out.reserve(k);
-    for (size_t i = 0; i < k; ++i) {
-      const mi_abi_entry& e = entries[i];
-      out.push_back(MapBuilder()
-                        .put(atoms.address, u64(env, e.address))
-                        .put(atoms.size, u64(env, e.size))
-                        .put(atoms.age_ms, u64(env, age_ms(now, e.timestamp_ns)))
-                        .put(atoms.stack, stacks.term(e.stack_id))
-                        .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
-                        .build(env));
-    }
-    return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
   });
 }
 
@@ -581,32 +592,30 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
-  ERL_NIF_TERM error;
-  mi_abi_status status;
-  const mi_preload_abi* abi = recording_abi(env, &error, &status);
-  if (abi == nullptr) return error;
-  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
-    const uint64_t now = abi->now_ns();
-    std::vector<Site> sites = group_by_site(abi, st);
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
-    std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
-                      larger_site);
-    StackTerms stacks(abi, demangle);
-    for (size_t i = 0; i < k; ++i) stacks.want(sites[i].stack);
-    stacks.resolve(env);
-    std::vector<ERL_NIF_TERM> out;
-    out.reserve(k);
-    for (size_t i = 0; i < k; ++i) {
-      const Site& s = sites[i];
-      out.push_back(MapBuilder()
-                        .put(atoms.stack, stacks.term(s.stack))
-                        .put(atoms.count, u64(env, rounded(s.count)))
-                        .put(atoms.bytes, u64(env, rounded(s.bytes)))
-                        .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
-                        .put(atoms.estimated, make_bool(s.estimated))
-                        .build(env));
-    }
-    return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      const uint64_t now = abi->now_ns();
+      std::vector<Site> sites = group_by_site(abi, st);
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
+      std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
+                        larger_site);
+      StackTerms stacks(abi, demangle);
+      for (size_t i = 0; i < k; ++i) stacks.want(sites[i].stack);
+      stacks.resolve(env);
+      std::vector<ERL_NIF_TERM> out;
+      out.reserve(k);
+      for (size_t i = 0; i < k; ++i) {
+        const Site& s = sites[i];
+        out.push_back(MapBuilder()
+                          .put(atoms.stack, stacks.term(s.stack))
+                          .put(atoms.count, u64(env, rounded(s.count)))
+                          .put(atoms.bytes, u64(env, rounded(s.bytes)))
+                          .put(atoms.oldest_age_ms, u64(env, age_ms(now, s.oldest)))
+                          .put(atoms.estimated, make_bool(s.estimated))
+                          .build(env));
+      }
+      return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+    });
   });
 }
 
@@ -616,27 +625,25 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 // Blocks recorded without a stack (or with one freed since) have no frames
 // to show and are left out.
 ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  ERL_NIF_TERM error;
-  mi_abi_status status;
-  const mi_preload_abi* abi = recording_abi(env, &error, &status);
-  if (abi == nullptr) return error;
-  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
-    std::vector<Site> sites = group_by_site(abi, st);
-    std::sort(sites.begin(), sites.end(), larger_site);
-    std::vector<ERL_NIF_TERM> out;
-    out.reserve(sites.size());
-    std::vector<ERL_NIF_TERM> frames;
-    for (const Site& s : sites) {
-      uint64_t pcs[mi::sites::kMaxFrames];
-      const uint32_t depth = std::min<uint32_t>(abi->stack(s.stack, pcs, mi::sites::kMaxFrames),
-                                                mi::sites::kMaxFrames);
-      if (depth == 0) continue;
-      frames.clear();
-      for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
-      out.push_back(enif_make_tuple3(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
-                                     enif_make_list_from_array(env, frames.data(), depth)));
-    }
-    return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), out.size()));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      std::vector<Site> sites = group_by_site(abi, st);
+      std::sort(sites.begin(), sites.end(), larger_site);
+      std::vector<ERL_NIF_TERM> out;
+      out.reserve(sites.size());
+      std::vector<ERL_NIF_TERM> frames;
+      for (const Site& s : sites) {
+        uint64_t pcs[mi::sites::kMaxFrames];
+        const uint32_t depth = stack_frames(abi, s.stack, pcs);
+        if (depth == 0) continue;
+        frames.clear();
+        for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
+        out.push_back(enif_make_tuple3(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
+                                       enif_make_list_from_array(env, frames.data(), depth)));
+      }
+      return enif_make_tuple2(env, atoms.ok,
+                              enif_make_list_from_array(env, out.data(), out.size()));
+    });
   });
 }
 
@@ -648,74 +655,67 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const bool demangle = enif_is_identical(argv[0], atoms.true_);
   const uint64_t since = get_u64(env, argv[1]);
-  ERL_NIF_TERM error;
-  mi_abi_status status;
-  const mi_preload_abi* abi = recording_abi(env, &error, &status);
-  if (abi == nullptr) return error;
-  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
-    const uint64_t now = abi->now_ns();
-    std::vector<Site> sites = group_by_site(abi, st, since);
-    std::sort(sites.begin(), sites.end(), larger_site);
-    std::unordered_map<uint64_t, uint32_t> index;  // address -> 1-based location id
-    std::vector<uint64_t> addresses;
-    std::vector<uint32_t> ids;  // every site's location ids, one after the other
-    std::vector<uint32_t> depths(sites.size());
-    for (size_t i = 0; i < sites.size(); ++i) {
-      uint64_t pcs[mi::sites::kMaxFrames];
-      const uint32_t depth =
-          sites[i].stack == 0
-              ? 0
-              : std::min<uint32_t>(abi->stack(sites[i].stack, pcs, mi::sites::kMaxFrames),
-                                   mi::sites::kMaxFrames);
-      depths[i] = depth;
-      for (uint32_t f = 0; f < depth; ++f) {
-        auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
-        if (fresh) addresses.push_back(pcs[f]);
-        ids.push_back(it->second);
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      const uint64_t now = abi->now_ns();
+      std::vector<Site> sites = group_by_site(abi, st, since);
+      std::sort(sites.begin(), sites.end(), larger_site);
+      std::unordered_map<uint64_t, uint32_t> index;  // address -> 1-based location id
+      std::vector<uint64_t> addresses;
+      std::vector<uint32_t> ids;  // every site's location ids, one after the other
+      std::vector<uint32_t> depths(sites.size());
+      for (size_t i = 0; i < sites.size(); ++i) {
+        uint64_t pcs[mi::sites::kMaxFrames];
+        const uint32_t depth = stack_frames(abi, sites[i].stack, pcs);
+        depths[i] = depth;
+        for (uint32_t f = 0; f < depth; ++f) {
+          auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
+          if (fresh) addresses.push_back(pcs[f]);
+          ids.push_back(it->second);
+        }
       }
-    }
-    const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
-    // One binary per object, shared by its locations.
-    std::unordered_map<std::string, ERL_NIF_TERM> objects;
-    std::vector<ERL_NIF_TERM> locs;
-    locs.reserve(frames.size());
-    for (const mi::symbolize::Frame& f : frames) {
-      auto [it, fresh] = objects.try_emplace(f.object, 0);
-      if (fresh) it->second = make_binary(env, f.object);
-      locs.push_back(enif_make_tuple4(env, u64(env, f.address), it->second,
-                                      f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
-                                      u64(env, f.object_offset)));
-    }
-    std::vector<ERL_NIF_TERM> out;
-    out.reserve(sites.size());
-    std::vector<ERL_NIF_TERM> stack;
-    size_t next = 0;
-    for (size_t i = 0; i < sites.size(); ++i) {
-      stack.clear();
-      for (uint32_t f = 0; f < depths[i]; ++f) stack.push_back(enif_make_uint(env, ids[next++]));
-      out.push_back(enif_make_tuple3(env, u64(env, rounded(sites[i].count)),
-                                     u64(env, rounded(sites[i].bytes)),
-                                     enif_make_list_from_array(env, stack.data(), depths[i])));
-    }
-    return enif_make_tuple2(
-        env, atoms.ok,
-        MapBuilder()
-            .put(atoms.mode, mode_atom(st.mode))
-            .put(atoms.sample_bytes, u64(env, st.sample_bytes))
-            .put(atoms.now_ns, u64(env, now))
-            .put(atoms.sites, enif_make_list_from_array(env, out.data(), out.size()))
-            .put(atoms.locations, enif_make_list_from_array(env, locs.data(), locs.size()))
-            .build(env));
+      const std::vector<mi::symbolize::Frame> frames =
+          symbolizer().resolve_all(addresses, demangle);
+      // One binary per object, shared by its locations.
+      std::unordered_map<std::string, ERL_NIF_TERM> objects;
+      std::vector<ERL_NIF_TERM> locs;
+      locs.reserve(frames.size());
+      for (const mi::symbolize::Frame& f : frames) {
+        auto [it, fresh] = objects.try_emplace(f.object, 0);
+        if (fresh) it->second = make_binary(env, f.object);
+        locs.push_back(enif_make_tuple4(env, u64(env, f.address), it->second,
+                                        f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
+                                        u64(env, f.object_offset)));
+      }
+      std::vector<ERL_NIF_TERM> out;
+      out.reserve(sites.size());
+      std::vector<ERL_NIF_TERM> stack;
+      size_t next = 0;
+      for (size_t i = 0; i < sites.size(); ++i) {
+        stack.clear();
+        for (uint32_t f = 0; f < depths[i]; ++f) stack.push_back(enif_make_uint(env, ids[next++]));
+        out.push_back(enif_make_tuple3(env, u64(env, rounded(sites[i].count)),
+                                       u64(env, rounded(sites[i].bytes)),
+                                       enif_make_list_from_array(env, stack.data(), depths[i])));
+      }
+      return enif_make_tuple2(
+          env, atoms.ok,
+          MapBuilder()
+              .put(atoms.mode, mode_atom(st.mode))
+              .put(atoms.sample_bytes, u64(env, st.sample_bytes))
+              .put(atoms.now_ns, u64(env, now))
+              .put(atoms.sites, enif_make_list_from_array(env, out.data(), out.size()))
+              .put(atoms.locations, enif_make_list_from_array(env, locs.data(), locs.size()))
+              .build(env));
+    });
   });
 }
 
 // now(): {ok, NowNs}, the tracker's clock (block timestamps use it).
 ERL_NIF_TERM trace_now(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  ERL_NIF_TERM error;
-  mi_abi_status status;
-  const mi_preload_abi* abi = recording_abi(env, &error, &status);
-  if (abi == nullptr) return error;
-  return enif_make_tuple2(env, atoms.ok, u64(env, abi->now_ns()));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status&) {
+    return enif_make_tuple2(env, atoms.ok, u64(env, abi->now_ns()));
+  });
 }
 
 // snapshot(): {ok, {Mode, NowNs, [{Count, Bytes, Estimated, Frames}]}},
@@ -725,31 +725,26 @@ ERL_NIF_TERM trace_now(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 // (cheap to keep, compare and send), and the Erlang side symbolizes only the
 // stacks it returns. NowNs is the tracker's clock (the blocks' timestamps).
 ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  ERL_NIF_TERM error;
-  mi_abi_status status;
-  const mi_preload_abi* abi = recording_abi(env, &error, &status);
-  if (abi == nullptr) return error;
-  return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
-    const uint64_t now = abi->now_ns();
-    const std::vector<Site> sites = group_by_site(abi, st);
-    std::vector<ERL_NIF_TERM> out;
-    out.reserve(sites.size());
-    for (const Site& s : sites) {
-      uint64_t pcs[mi::sites::kMaxFrames];
-      const uint32_t depth =
-          s.stack == 0 ? 0
-                       : std::min<uint32_t>(abi->stack(s.stack, pcs, mi::sites::kMaxFrames),
-                                            mi::sites::kMaxFrames);
-      ERL_NIF_TERM frames;
-      unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
-      if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
-      out.push_back(enif_make_tuple4(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
-                                     make_bool(s.estimated), frames));
-    }
-    return enif_make_tuple2(
-        env, atoms.ok,
-        enif_make_tuple3(env, mode_atom(st.mode), u64(env, now),
-                         enif_make_list_from_array(env, out.data(), out.size())));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      const uint64_t now = abi->now_ns();
+      const std::vector<Site> sites = group_by_site(abi, st);
+      std::vector<ERL_NIF_TERM> out;
+      out.reserve(sites.size());
+      for (const Site& s : sites) {
+        uint64_t pcs[mi::sites::kMaxFrames];
+        const uint32_t depth = stack_frames(abi, s.stack, pcs);
+        ERL_NIF_TERM frames;
+        unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
+        if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
+        out.push_back(enif_make_tuple4(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
+                                       make_bool(s.estimated), frames));
+      }
+      return enif_make_tuple2(
+          env, atoms.ok,
+          enif_make_tuple3(env, mode_atom(st.mode), u64(env, now),
+                           enif_make_list_from_array(env, out.data(), out.size())));
+    });
   });
 }
 
@@ -791,43 +786,42 @@ ERL_NIF_TERM region_flags(ErlNifEnv* env, uint32_t f) {
 
 ERL_NIF_TERM trace_regions(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const bool demangle = enif_is_identical(argv[0], atoms.true_);
-  ERL_NIF_TERM error;
-  mi_abi_status st;
-  const mi_preload_abi* abi = recording_abi(env, &error, &st);
-  if (abi == nullptr) return error;
-  if (!has_regions(abi)) return error_tuple(env, atoms.enotsup);
-  mi_abi_region_status rs{};
-  abi->region_status(&rs, sizeof rs);
-  std::vector<mi_abi_region> regions(rs.capacity);
-  const uint64_t n = abi->regions(regions.data(), regions.size());
-  regions.resize(std::min<uint64_t>(n, regions.size()));
-  // One symbolizer batch for every frame of every region.
-  std::vector<uint64_t> addresses;
-  for (const mi_abi_region& r : regions)
-    addresses.insert(addresses.end(), r.frames,
-                     r.frames + std::min<uint32_t>(r.depth, MI_REGION_FRAMES));
-  const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
-  const uint64_t now = abi->now_ns();
-  std::vector<unsigned char> vec;
-  std::vector<ERL_NIF_TERM> out, stack;
-  out.reserve(regions.size());
-  size_t at = 0;
-  for (const mi_abi_region& r : regions) {
-    const uint32_t depth = std::min<uint32_t>(r.depth, MI_REGION_FRAMES);
-    stack.clear();
-    for (uint32_t i = 0; i < depth; ++i) stack.push_back(frame_term(env, frames[at + i]));
-    at += depth;
-    out.push_back(MapBuilder()
-                      .put(atoms.start, u64(env, r.start))
-                      .put(atoms.length, u64(env, r.length))
-                      .put(atoms.flags, region_flags(env, r.flags))
-                      .put(atoms.resident, u64(env, resident_bytes(r.start, r.length, vec)))
-                      .put(atoms.age_ms, u64(env, age_ms(now, r.timestamp_ns)))
-                      .put(atoms.stack, enif_make_list_from_array(env, stack.data(), depth))
-                      .build(env));
-  }
-  return enif_make_tuple2(
-      env, atoms.ok, enif_make_list_from_array(env, out.data(), static_cast<unsigned>(out.size())));
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status&) {
+    if (!has_regions(abi)) return error_tuple(env, atoms.enotsup);
+    mi_abi_region_status rs{};
+    abi->region_status(&rs, sizeof rs);
+    std::vector<mi_abi_region> regions(rs.capacity);
+    const uint64_t n = abi->regions(regions.data(), regions.size());
+    regions.resize(std::min<uint64_t>(n, regions.size()));
+    // One symbolizer batch for every frame of every region.
+    std::vector<uint64_t> addresses;
+    for (const mi_abi_region& r : regions)
+      addresses.insert(addresses.end(), r.frames,
+                       r.frames + std::min<uint32_t>(r.depth, MI_REGION_FRAMES));
+    const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
+    const uint64_t now = abi->now_ns();
+    std::vector<unsigned char> vec;
+    std::vector<ERL_NIF_TERM> out, stack;
+    out.reserve(regions.size());
+    size_t at = 0;
+    for (const mi_abi_region& r : regions) {
+      const uint32_t depth = std::min<uint32_t>(r.depth, MI_REGION_FRAMES);
+      stack.clear();
+      for (uint32_t i = 0; i < depth; ++i) stack.push_back(frame_term(env, frames[at + i]));
+      at += depth;
+      out.push_back(MapBuilder()
+                        .put(atoms.start, u64(env, r.start))
+                        .put(atoms.length, u64(env, r.length))
+                        .put(atoms.flags, region_flags(env, r.flags))
+                        .put(atoms.resident, u64(env, resident_bytes(r.start, r.length, vec)))
+                        .put(atoms.age_ms, u64(env, age_ms(now, r.timestamp_ns)))
+                        .put(atoms.stack, enif_make_list_from_array(env, stack.data(), depth))
+                        .build(env));
+    }
+    return enif_make_tuple2(
+        env, atoms.ok,
+        enif_make_list_from_array(env, out.data(), static_cast<unsigned>(out.size())));
+  });
 }
 
 // symbolizer_stats(): the process-wide symbolizer's counters, so tests can

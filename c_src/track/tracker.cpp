@@ -185,6 +185,14 @@ bool Tracker::set_mode(uint32_t mode) {
 
 uint32_t Tracker::capture(ThreadState* ts) {
   uintptr_t buf[kMaxStackDepth + 8];
+  size_t skip = 0;
+  const size_t keep = unwind_here(ts, buf, &skip);
+  return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
+}
+
+// Inlined into both callers: the full-mode hot path must not pay a call.
+__attribute__((always_inline)) inline size_t Tracker::unwind_here(ThreadState* ts, uintptr_t* buf,
+                                                                  size_t* skip) {
   // The shared overflow state has no cache (many threads use it at once):
   // its captures derive every rule, slower but just as lock-free.
   if (ts->unwind_cache == nullptr && ts->shared == 0) {
@@ -193,11 +201,11 @@ uint32_t Tracker::capture(ThreadState* ts) {
   }
   const size_t n =
       unwind_(ts->shared != 0 ? nullptr : ts->unwind_cache, buf, config_.stack_depth + 8);
-  size_t skip = 0;
-  while (skip < n && buf[skip] >= self_lo_ && buf[skip] < self_hi_) ++skip;
-  size_t keep = n - skip;
-  if (keep > config_.stack_depth) keep = config_.stack_depth;
-  return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
+  size_t s = 0;
+  while (s < n && buf[s] >= self_lo_ && buf[s] < self_hi_) ++s;
+  *skip = s;
+  const size_t keep = n - s;
+  return keep > config_.stack_depth ? config_.stack_depth : keep;
 }
 
 std::atomic<uint32_t>* Tracker::pending_slot(ThreadState* ts) {
@@ -540,17 +548,8 @@ void Tracker::status(mi_abi_status* out) const {
 
 unsigned Tracker::capture_frames(uint64_t* out, unsigned max) {
   uintptr_t buf[kMaxStackDepth + 8];
-  ThreadState* ts = thread_state();
-  if (ts->unwind_cache == nullptr && ts->shared == 0) {
-    void* mem = os_map(unwind_cache_bytes());
-    if (mem != nullptr) ts->unwind_cache = unwind_cache_init(mem);
-  }
-  const size_t n =
-      unwind_(ts->shared != 0 ? nullptr : ts->unwind_cache, buf, config_.stack_depth + 8);
   size_t skip = 0;
-  while (skip < n && buf[skip] >= self_lo_ && buf[skip] < self_hi_) ++skip;
-  size_t keep = n - skip;
-  if (keep > config_.stack_depth) keep = config_.stack_depth;
+  size_t keep = unwind_here(thread_state(), buf, &skip);
   if (keep > max) keep = max;
   for (size_t i = 0; i < keep; ++i) out[i] = buf[skip + i];
   return static_cast<unsigned>(keep);

@@ -341,6 +341,10 @@ class Tracker {
   [[gnu::noinline, gnu::cold]] void count_call_slow(mi_fn fn, bool freed, uint64_t bytes);
   static void release_state(void* p);
   uint32_t capture(ThreadState* ts);
+  // The calling thread's stack into buf (kMaxStackDepth + 8 slots): returns
+  // how many frames to keep from buf[*skip] (the interposer's own frames
+  // skipped, at most stack_depth). Hook-safe: no lock, no malloc.
+  size_t unwind_here(ThreadState* ts, uintptr_t* buf, size_t* skip);
   void record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled);
   // Brackets a table operation (see ThreadState::table_busy): false when
   // reset() has closed the table, and then nothing may be touched.
