@@ -51,21 +51,25 @@ bool change_mode(uint32_t mode);
 extern Next g_next;
 
 // True when the next allocator is glibc's and its chunk header gives
-// malloc_usable_size exactly (checked at start against the real function on
-// small, large and mmapped blocks): the hooks then read it inline, a few
-// instructions instead of a call.
+// malloc_usable_size exactly for heap chunks (checked at start against the
+// real function on heap blocks of every kind): the hooks then read it
+// inline, a few instructions instead of a call.
 extern bool g_glibc_chunks;
+// ptmalloc: the size field precedes the block; bits 0-2 are flags, bit 1
+// IS_MMAPPED. A heap chunk in use holds size - 8 usable bytes.
+inline bool glibc_mmapped(const void* p) {
+  return (static_cast<const size_t*>(p)[-1] & 2) != 0;
+}
 inline size_t glibc_usable_size(const void* p) {
-  // ptmalloc: the size field precedes the block; bits 0-2 are flags, bit 1
-  // IS_MMAPPED. In-use chunk: size - 8; mmapped chunk: size - 16.
-  const size_t h = static_cast<const size_t*>(p)[-1];
-  return (h & ~size_t{7}) - 8 - ((h & 2) << 2);
+  return (static_cast<const size_t*>(p)[-1] & ~size_t{7}) - 8;
 }
 // Usable size of p (a block of the next allocator), 0 for nullptr or when
-// the next allocator cannot say. Never allocates, no lock.
+// the next allocator cannot say. Never allocates, no lock. Mmapped chunks
+// (rare, and costly anyway) are asked of glibc: the start-up check does not
+// make one (see check_glibc_chunks).
 inline size_t next_usable_size(void* p) {
   if (p == nullptr) return 0;
-  if (g_glibc_chunks) [[likely]]
+  if (g_glibc_chunks && !glibc_mmapped(p)) [[likely]]
     return glibc_usable_size(p);
   return g_next.malloc_usable_size != nullptr ? g_next.malloc_usable_size(p) : 0;
 }
