@@ -19,7 +19,7 @@
 -on_load(load_siblings/0).
 
 -export([allocator/0, info/0, info/1, heaps/0, stats/0, summary/0, log_stats/0,
-         mallinfo/0, trim/0, trim/1, mallopt/2, version/0]).
+         mallinfo/0, trim/0, trim/1, mallopt/2, version/0, rss/0, libc_version/0]).
 %% The report (mallocinfo_report): printed, for this node or a cluster.
 -export([report/0, report/1, report/2]).
 
@@ -169,6 +169,20 @@ mallopt(Param, Value) ->
 version() ->
     mallocinfo_nif:version().
 
+%% @doc This process's resident set size in bytes (`/proc/self/statm'),
+%% `undefined' when it cannot be read. One small file read: cheap enough
+%% for a dashboard.
+-spec rss() -> non_neg_integer() | undefined.
+rss() ->
+    mallocinfo_nif:rss().
+
+%% @doc The C library's version as it reports it at run time
+%% (`gnu_get_libc_version()', e.g. `<<"2.36">>'), whichever allocator
+%% serves `malloc'.
+-spec libc_version() -> binary().
+libc_version() ->
+    mallocinfo_nif:libc_version().
+
 %%% ---------------------------------------------------------------------------
 %%% Internals
 
@@ -185,8 +199,10 @@ glibc(Call) ->
 %% would leave mallocinfo_nif (and the rest) undefined.
 load_siblings() ->
     %% code:ensure_modules_loaded/1 refuses in embedded mode; load_file/1
-    %% (what l/1 does) works in both modes.
-    Mods = app_modules(),
+    %% (what l/1 does) works in both modes. mallocinfo_lib knows the
+    %% application's modules: it goes first.
+    _ = code:is_loaded(mallocinfo_lib) =:= false andalso code:load_file(mallocinfo_lib),
+    Mods = try mallocinfo_lib:app_modules() catch error:undef -> [] end,
     Loaded = code:is_loaded(mallocinfo_nif) =/= false,
     Failed = [{M, Why} || M <- Mods -- [?MODULE],
                           code:is_loaded(M) =:= false,
@@ -200,26 +216,6 @@ load_siblings() ->
         _ -> logger:error("mallocinfo: could not load ~p", [Failed])
     end,
     ok.
-
-app_modules() ->
-    %% While on_load runs the code server has not recorded this module yet,
-    %% so code:which/1 searches the path; mallocinfo.app is found the same
-    %% way, and both fail only if the ebin is not on the path at all.
-    Ebin = case code:which(?MODULE) of
-               File when is_list(File) -> filename:dirname(File);
-               _ ->
-                   case code:where_is_file("mallocinfo.app") of
-                       non_existing -> ".";
-                       App -> filename:dirname(App)
-                   end
-           end,
-    case file:consult(filename:join(Ebin, "mallocinfo.app")) of
-        {ok, [{application, mallocinfo, Props}]} ->
-            proplists:get_value(modules, Props, []);
-        _ ->
-            [list_to_atom(filename:basename(F, ".beam"))
-             || F <- filelib:wildcard(filename:join(Ebin, "mallocinfo*.beam"))]
-    end.
 
 %%% ---------------------------------------------------------------------------
 %%% The report (see mallocinfo_report)

@@ -400,7 +400,7 @@ memory_json(Params) ->
 memory_document(Allocator) ->
     Tracker = mallocinfo_trace:status(),
     Base = #{allocator => Allocator,
-             rss_bytes => mallocinfo_nif:rss(),
+             rss_bytes => mallocinfo:rss(),
              tracker => Tracker},
     case Allocator of
         glibc ->

@@ -1,11 +1,12 @@
-%% @private Helpers the public modules share: file names as the NIFs take
-%% them, and finding OTP applications a release may lack (xmerl for
+%% @private Library loading and what the public modules share: the
+%% application's own modules (mallocinfo's on_load loads them all),
+%% finding OTP applications a release may lack (xmerl for
 %% mallocinfo:heaps/0, inets for mallocinfo_http) in the OTP installation
-%% the emulator runs from.
+%% the emulator runs from, and file names as the NIFs take them.
 -module(mallocinfo_lib).
 
--export([path_binary/2, ensure_xmerl/0, load_xmerl/1, xmerl_candidates/1, lib_candidates/2,
-         otp_roots/0]).
+-export([path_binary/2, app_modules/0, ensure_xmerl/0, load_xmerl/1, xmerl_candidates/1,
+         lib_candidates/2, otp_roots/0]).
 
 -define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
 
@@ -39,6 +40,37 @@ check_nul(Bin, Args) ->
     case binary:match(Bin, <<0>>) of
         nomatch -> Bin;
         _ -> erlang:error(badarg, Args)
+    end.
+
+%% The application's modules: the `modules' of mallocinfo.app beside
+%% mallocinfo.beam, else the mallocinfo*.beam files there, else (loaded
+%% from binaries over distribution: no files) the loaded mallocinfo*
+%% modules. Called from mallocinfo's on_load, while the code server has
+%% not recorded that module yet: code:which/1 then searches the path, and
+%% mallocinfo.app is found the same way.
+-spec app_modules() -> [module()].
+app_modules() ->
+    Ebin = case code:which(mallocinfo) of
+               File when is_list(File) -> filename:dirname(File);
+               _ ->
+                   case code:where_is_file("mallocinfo.app") of
+                       non_existing -> undefined;
+                       App -> filename:dirname(App)
+                   end
+           end,
+    Consulted = case Ebin of
+                    undefined -> none;
+                    _ -> file:consult(filename:join(Ebin, "mallocinfo.app"))
+                end,
+    case Consulted of
+        {ok, [{application, mallocinfo, Props}]} ->
+            proplists:get_value(modules, Props, []);
+        _ when Ebin =/= undefined ->
+            [list_to_atom(filename:basename(F, ".beam"))
+             || F <- filelib:wildcard(filename:join(Ebin, "mallocinfo*.beam"))];
+        _ ->
+            lists:usort([M || {M, _} <- code:all_loaded(),
+                              lists:prefix("mallocinfo", atom_to_list(M))])
     end.
 
 %% xmerl is part of OTP but not of every release. When it is not loadable

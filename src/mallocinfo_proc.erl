@@ -226,15 +226,10 @@ run(Pid, What, O) ->
 
 %% Sends this module's object code to Node (it is pure Erlang).
 load_remote(Node, Timeout) ->
-    case code:get_object_code(?MODULE) of
-        {Mod, Bin, File} ->
-            try erpc:call(Node, code, load_binary, [Mod, File, Bin], Timeout) of
-                {module, Mod} -> ok;
-                {error, Why} -> {error, {load_failed, Node, Why}}
-            catch error:{erpc, Reason} -> {error, {erpc, Reason}}
-            end;
-        error ->
-            {error, {load_failed, Node, no_object_code}}
+    try mallocinfo_remote:load_modules(Node, [?MODULE], Timeout) of
+        ok -> ok;
+        {error, {_, Why}} -> {error, {load_failed, Node, Why}}
+    catch error:{erpc, Reason} -> {error, {erpc, Reason}}
     end.
 
 %% @private The remote end of run/3.

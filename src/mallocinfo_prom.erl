@@ -48,7 +48,7 @@ metrics() ->
 -spec collect() -> sources().
 collect() ->
     Allocator = mallocinfo:allocator(),
-    Base = #{allocator => Allocator, rss => mallocinfo_nif:rss()},
+    Base = #{allocator => Allocator, rss => mallocinfo:rss()},
     Glibc = case Allocator of
                 glibc -> ok_sources([{mallinfo, fun mallocinfo:mallinfo/0},
                                      {heaps, fun mallocinfo:heaps/0}]);

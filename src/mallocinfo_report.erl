@@ -182,7 +182,7 @@ gather(Opts) ->
                                                              [{unit, millisecond}])),
       cores => erlang:system_info(logical_processors_online),
       word_size => erlang:system_info(wordsize),
-      libc_version => guard(fun() -> mallocinfo_nif:libc_version() end),
+      libc_version => guard(fun mallocinfo:libc_version/0),
       smaps => Smaps,
       smaps_rollup => read_proc("smaps_rollup"),
       status => read_proc("status"),
@@ -202,8 +202,8 @@ gather(Opts) ->
       trace_status => guard(fun mallocinfo_trace:status/0),
       olds => guard(fun() -> olds(maps:get(startup_blocks, Opts, false)) end),
       regions => Regions,
-      jemalloc => optional(mallocinfo_jemalloc, summary, []),
-      tcmalloc => optional(mallocinfo_tcmalloc, stats, [])},
+      jemalloc => guard(fun mallocinfo_jemalloc:summary/0),
+      tcmalloc => guard(fun mallocinfo_tcmalloc:stats/0)},
     maps:merge(maps:merge(Raw, heap_evidence(Smaps)), culprits(Opts)).
 
 %% The tracker's culprits from one snapshot (so the roll-ups agree with
@@ -302,7 +302,7 @@ top_processes() ->
     Shell = [P || P <- element(2, process_info(Self, links)), is_pid(P),
                   shell_process(P)],
     Excluded = [Self | Shell],
-    Ours = app_modules() -- [mallocinfo_demo, mallocinfo_demo_nif],
+    Ours = mallocinfo_lib:app_modules() -- [mallocinfo_demo, mallocinfo_demo_nif],
     Top = mallocinfo_proc:top(?TOP + length(Excluded) + 5, memory),
     lists:sublist([P || #{pid := Pid, name := Name} = P <- Top,
                         not lists:member(Pid, Excluded), not ours(Name, Ours)], ?TOP).
@@ -377,18 +377,8 @@ instrument_call(F) ->
         {error, _} -> {error, {missing_application, tools}}
     end.
 
-%% A function of a module that may not exist in this node (another part of
-%% mallocinfo, or an older version): {error, {missing, M, F}} when absent.
-%% The module is a variable, so xref does not ask for it.
-optional(M, F, Args) ->
-    case code:ensure_loaded(M) =:= {module, M} andalso
-        erlang:function_exported(M, F, length(Args)) of
-        true -> guard(fun() -> apply(M, F, Args) end);
-        false -> {error, {missing, M, F}}
-    end.
-
 allocator() ->
-    case optional(mallocinfo, allocator, []) of
+    case guard(fun mallocinfo:allocator/0) of
         A when is_atom(A) -> A;
         _ -> glibc
     end.
@@ -404,7 +394,7 @@ libc_summary() ->
 %% (killing a waiting Erlang process would not); the report reads only the
 %% totals, so no call sites are numbered or symbolized.
 heap_map() ->
-    optional(mallocinfo_heap, summary, [#{timeout => ?HEAP_MAP_TIMEOUT, max_sites => 0}]).
+    guard(fun() -> mallocinfo_heap:summary(#{timeout => ?HEAP_MAP_TIMEOUT, max_sites => 0}) end).
 
 ets_top() ->
     W = erlang:system_info(wordsize),
@@ -448,7 +438,10 @@ node_report(Node, _Timeout, Attach, Local) when Node =:= node() ->
     end;
 node_report(Node, Timeout, Attach, Local) ->
     try
-        Injected = ensure_remote(Node, Timeout),
+        Injected = case mallocinfo_remote:ensure_app(Node, Timeout) of
+                       {ok, I} -> I;
+                       {error, NotLoaded} -> throw({inject, NotLoaded})
+                   end,
         Attached = case Attach of
                        true -> #{attach => erpc:call(Node, mallocinfo_trace, attach, [], Timeout)};
                        false -> #{}
@@ -464,100 +457,4 @@ node_report(Node, Timeout, Attach, Local) ->
         throw:{inject, Why} -> {error, {inject_failed, Why}};
         error:{exception, Reason, _Stack} -> {error, {collect_failed, Reason}};
         Class:Reason -> {error, {Class, Reason}}
-    end.
-
-%% true when mallocinfo had to be loaded over distribution, false when the
-%% node had it. Throws {inject, Why} when it cannot be loaded there.
-ensure_remote(Node, Timeout) ->
-    case erpc:call(Node, code, ensure_loaded, [?MODULE], Timeout) of
-        {module, ?MODULE} -> false;
-        {error, _} -> inject(Node, Timeout), true
-    end.
-
-%% Modules whose object code is sent: the application's, without the demo.
--define(NOT_SENT, [mallocinfo_demo, mallocinfo_demo_nif]).
-%% Shared objects that are not sent: the interposer only works from
-%% LD_PRELOAD at start, and the demo is not the tool.
--define(SO_NOT_SENT, ["libmallocinfo_preload.so", "mallocinfo_demo_nif.so"]).
-
-inject(Node, Timeout) ->
-    Call = fun(M, F, A) -> erpc:call(Node, M, F, A, Timeout) end,
-    Missing = [M || M <- app_modules() -- ?NOT_SENT,
-                    element(1, Call(code, ensure_loaded, [M])) =:= error],
-    Objects = [case code:get_object_code(M) of
-                   {M, Bin, _File} -> {M, Bin};
-                   error -> throw({inject, {no_object_code, M}})
-               end || M <- Missing],
-    Tmp = case Call(os, getenv, ["TMPDIR"]) of
-              T when is_list(T), T =/= "" -> T;
-              _ -> "/tmp"
-          end,
-    Dir = private_dir(Call, Tmp, 3),
-    try
-        Priv = filename:dirname(mallocinfo_nif:so_path()),
-        [begin
-             Bin = must(file:read_file(filename:join(Priv, So)), {read, So}),
-             Target = filename:join(Dir, So),
-             must(Call(file, write_file, [Target, Bin]), {write, Target}),
-             must(Call(file, change_mode, [Target, 8#500]), {chmod, Target})
-         end || So <- filelib:wildcard("*.so", Priv) -- ?SO_NOT_SENT],
-        %% mallocinfo_nif's on_load looks here first (see so_path/0); the
-        %% NIF first, mallocinfo last (its on_load loads its siblings).
-        must(Call(application, set_env, [mallocinfo, nif_dir, Dir]), set_env),
-        First = [M || M <- [mallocinfo_nif], lists:keymember(M, 1, Objects)],
-        Last = [M || M <- [mallocinfo], lists:keymember(M, 1, Objects)],
-        [begin
-             {M, Bin} = lists:keyfind(M, 1, Objects),
-             Beam = filename:join(Dir, atom_to_list(M) ++ ".beam"),
-             case Call(code, load_binary, [M, Beam, Bin]) of
-                 {module, M} -> ok;
-                 {error, Why} -> throw({inject, {load_failed, M, Why}})
-             end
-         end || M <- First ++ ([M || {M, _} <- Objects] -- (First ++ Last)) ++ Last],
-        ok
-    after
-        %% A loaded shared object stays mapped after its file is gone:
-        %% nothing is left on the target's disk.
-        _ = Call(application, unset_env, [mallocinfo, nif_dir]),
-        _ = Call(file, del_dir_r, [Dir])
-    end.
-
-%% ok and {ok, Value} pass (as ok and Value); anything else stops the
-%% injection, saying which step failed.
-must(ok, _) -> ok;
-must({ok, Value}, _) -> Value;
-must(Other, Step) -> throw({inject, {Step, Other}}).
-
-%% mkdtemp over distribution: a fresh random name, created (never reused:
-%% make_dir fails on anything that exists, links included), then 0700.
-private_dir(_Call, _Tmp, 0) ->
-    throw({inject, no_private_dir});
-private_dir(Call, Tmp, Tries) ->
-    Name = "mallocinfo-" ++ string:lowercase(binary_to_list(binary:encode_hex(rand:bytes(8)))),
-    Dir = filename:join(Tmp, Name),
-    case Call(file, make_dir, [Dir]) of
-        ok ->
-            must(Call(file, change_mode, [Dir, 8#700]), {chmod, Dir}),
-            Dir;
-        {error, eexist} ->
-            private_dir(Call, Tmp, Tries - 1);
-        {error, Why} ->
-            throw({inject, {make_dir, Dir, Why}})
-    end.
-
-%% The application's modules as this node knows them: its .app file beside
-%% mallocinfo.beam, else every loaded mallocinfo* module.
-app_modules() ->
-    App = case code:which(mallocinfo) of
-              File when is_list(File) ->
-                  filename:join(filename:dirname(File), "mallocinfo.app");
-              _ ->
-                  "mallocinfo.app"
-          end,
-    case file:consult(App) of
-        {ok, [{application, mallocinfo, Props}]} ->
-            proplists:get_value(modules, Props, []);
-        _ ->
-            lists:usort([?MODULE | [M || {M, _} <- code:all_loaded(),
-                                         lists:prefix("mallocinfo", atom_to_list(M))]])
     end.

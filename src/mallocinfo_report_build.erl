@@ -576,8 +576,6 @@ libc_glibc(#{mallinfo := #{arena := _} = MI} = Raw) ->
     InUse = maps:get(uordblks, MI),
     HeapMap = case maps:get(heap_map, Raw, undefined) of
                   {ok, #{total := _} = S} -> S;
-                  {error, {missing, mallocinfo_heap, _}} = E ->
-                      unavailable(E, <<"the heap map needs mallocinfo_heap (not in this build)">>);
                   Other ->
                       unavailable(Other, <<"mallocinfo_heap:summary() failed">>)
               end,

@@ -37,6 +37,8 @@ excluded_modules() ->
                           "with the NIF's snapshot; EUnit in mallocinfo_profile_tests"},
      {mallocinfo_flamegraph, "@private: the flame graph page, made only by mallocinfo_http from "
                              "mallocinfo_trace:folded/0's text"},
+     {mallocinfo_remote, "@private: loads mallocinfo over distribution for mallocinfo_report "
+                         "and mallocinfo_proc, which checked the node and timeout first"},
      {mallocinfo_growth, "@private: the pure parts of growth and roll-ups, exported for their "
                          "EUnit tests; mallocinfo_trace and mallocinfo_report check arguments "
                          "before calling them"}].

@@ -227,3 +227,17 @@ version_test() ->
     _ = application:load(mallocinfo),
     {ok, AppVsn} = application:get_key(mallocinfo, vsn),
     ?assertEqual(list_to_binary(AppVsn), mallocinfo:version()).
+
+%% rss/0 is /proc/self/statm's resident pages: it agrees with VmRSS from
+%% /proc/self/status, read just before, within what a few reads allocate.
+rss_test() ->
+    {ok, Status} = file:read_file("/proc/self/status"),
+    {match, [Kb]} = re:run(Status, "VmRSS:\\s+(\\d+) kB", [{capture, all_but_first, list}]),
+    Rss = mallocinfo:rss(),
+    ?assert(is_integer(Rss)),
+    ?assert(abs(Rss - list_to_integer(Kb) * 1024) < 16 * 1024 * 1024).
+
+%% libc_version/0 is what getconf GNU_LIBC_VERSION says ("glibc 2.36").
+libc_version_test() ->
+    "glibc " ++ V = string:trim(os:cmd("getconf GNU_LIBC_VERSION")),
+    ?assertEqual(list_to_binary(V), mallocinfo:libc_version()).

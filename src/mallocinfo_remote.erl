@@ -1,0 +1,119 @@
+%% @private Loading mallocinfo into another node over distribution: the
+%% object code of modules this node has loaded, and, for the whole
+%% application, the NIF's shared object through a private directory.
+%%
+%% Used by `mallocinfo_report:collect/1' (a node of the cluster without
+%% mallocinfo gets all of it) and `mallocinfo_process' (a remote pid's
+%% node gets that one pure module). Nothing is written on the target but
+%% the shared objects, in a directory that is gone when the call returns.
+%% erpc's own errors (`{erpc, noconnection}', `{erpc, timeout}', ...) are
+%% raised as erpc raises them: the callers map them to their own shapes.
+-module(mallocinfo_remote).
+
+-export([ensure_app/2, load_modules/3]).
+
+%% Modules whose object code is never sent (make run's workload, when it
+%% is on this node's path).
+-define(NOT_SENT, [mallocinfo_demo, mallocinfo_demo_nif]).
+%% Shared objects that are not sent: the interposer only works from
+%% LD_PRELOAD at start or attach/0 on the node's own copy.
+-define(SO_NOT_SENT, ["libmallocinfo_preload.so", "mallocinfo_demo_nif.so"]).
+
+%% `{ok, false}' when `Node' already has mallocinfo, `{ok, true}' when it
+%% was loaded there now: every module of the application it lacks, sent
+%% from this node, and the NIF's shared object written to a private
+%% directory (mode 0700, random name, under the target's `TMPDIR' or
+%% `/tmp'), loaded from there, and the directory removed. `{error, Why}'
+%% says which step failed.
+-spec ensure_app(node(), timeout()) -> {ok, boolean()} | {error, term()}.
+ensure_app(Node, Timeout) ->
+    case erpc:call(Node, code, ensure_loaded, [mallocinfo], Timeout) of
+        {module, mallocinfo} ->
+            {ok, false};
+        {error, _} ->
+            try inject(Node, Timeout) of
+                ok -> {ok, true}
+            catch throw:{inject, Why} -> {error, Why}
+            end
+    end.
+
+%% Loads the object code of `Modules' (loaded or loadable on this node) on
+%% `Node', in that order. `{error, {Module, Why}}' for the first that
+%% could not be loaded (`no_object_code' when this node has none).
+-spec load_modules(node(), [module()], timeout()) -> ok | {error, {module(), term()}}.
+load_modules(Node, Modules, Timeout) ->
+    load_modules(Node, Modules, fun(_, File) -> File end, Timeout).
+
+%% The same, each module's file name on the target given by Name(Module,
+%% ItsFileHere).
+load_modules(_Node, [], _Name, _Timeout) ->
+    ok;
+load_modules(Node, [M | Rest], Name, Timeout) ->
+    case code:get_object_code(M) of
+        {M, Bin, File} ->
+            case erpc:call(Node, code, load_binary, [M, Name(M, File), Bin], Timeout) of
+                {module, M} -> load_modules(Node, Rest, Name, Timeout);
+                {error, Why} -> {error, {M, Why}}
+            end;
+        error ->
+            {error, {M, no_object_code}}
+    end.
+
+inject(Node, Timeout) ->
+    Call = fun(M, F, A) -> erpc:call(Node, M, F, A, Timeout) end,
+    Missing = [M || M <- mallocinfo_lib:app_modules() -- ?NOT_SENT,
+                    element(1, Call(code, ensure_loaded, [M])) =:= error],
+    Tmp = case Call(os, getenv, ["TMPDIR"]) of
+              T when is_list(T), T =/= "" -> T;
+              _ -> "/tmp"
+          end,
+    Dir = private_dir(Call, Tmp, 3),
+    try
+        Priv = filename:dirname(mallocinfo_nif:so_path()),
+        [begin
+             Bin = must(file:read_file(filename:join(Priv, So)), {read, So}),
+             Target = filename:join(Dir, So),
+             must(Call(file, write_file, [Target, Bin]), {write, Target}),
+             must(Call(file, change_mode, [Target, 8#500]), {chmod, Target})
+         end || So <- filelib:wildcard("*.so", Priv) -- ?SO_NOT_SENT],
+        %% mallocinfo_nif's on_load looks here first (see so_path/0); the
+        %% NIF first, mallocinfo last (its on_load loads its siblings).
+        must(Call(application, set_env, [mallocinfo, nif_dir, Dir]), set_env),
+        First = [M || M <- [mallocinfo_nif], lists:member(M, Missing)],
+        Last = [M || M <- [mallocinfo], lists:member(M, Missing)],
+        %% Each module's file name is where it would be in that directory:
+        %% code:which/1 there names the directory it came from.
+        InDir = fun(M, _) -> filename:join(Dir, atom_to_list(M) ++ ".beam") end,
+        case load_modules(Node, First ++ ((Missing -- First) -- Last) ++ Last, InDir, Timeout) of
+            ok -> ok;
+            {error, {M, Why}} -> throw({inject, {load_failed, M, Why}})
+        end
+    after
+        %% A loaded shared object stays mapped after its file is gone:
+        %% nothing is left on the target's disk.
+        _ = Call(application, unset_env, [mallocinfo, nif_dir]),
+        _ = Call(file, del_dir_r, [Dir])
+    end.
+
+%% ok and {ok, Value} pass (as ok and Value); anything else stops the
+%% injection, saying which step failed.
+must(ok, _) -> ok;
+must({ok, Value}, _) -> Value;
+must(Other, Step) -> throw({inject, {Step, Other}}).
+
+%% mkdtemp over distribution: a fresh random name, created (never reused:
+%% make_dir fails on anything that exists, links included), then 0700.
+private_dir(_Call, _Tmp, 0) ->
+    throw({inject, no_private_dir});
+private_dir(Call, Tmp, Tries) ->
+    Name = "mallocinfo-" ++ string:lowercase(binary_to_list(binary:encode_hex(rand:bytes(8)))),
+    Dir = filename:join(Tmp, Name),
+    case Call(file, make_dir, [Dir]) of
+        ok ->
+            must(Call(file, change_mode, [Dir, 8#700]), {chmod, Dir}),
+            Dir;
+        {error, eexist} ->
+            private_dir(Call, Tmp, Tries - 1);
+        {error, Why} ->
+            throw({inject, {make_dir, Dir, Why}})
+    end.
