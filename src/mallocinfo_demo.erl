@@ -111,7 +111,7 @@ make_run(Dir) ->
     io:format("~nwritten: ~ts (~p)~n", [Xml, mallocinfo:info(Xml)]),
     heap_map(Dir),
     io:format("explore: mallocinfo:report().  mallocinfo_trace:sites(5).~n"
-              "  mallocinfo_proc:print(whereis(~s)).~n"
+              "  mallocinfo_process:print(whereis(~s)).~n"
               "  mallocinfo:trim().  mallocinfo_demo:stop().  mallocinfo:report().~n", [?HOARDER]),
     %% The shell printed its prompt before all this (erl -eval runs once
     %% the shell has started).

@@ -303,7 +303,7 @@ top_processes() ->
                   shell_process(P)],
     Excluded = [Self | Shell],
     Ours = mallocinfo_lib:app_modules() -- [mallocinfo_demo, mallocinfo_demo_nif],
-    Top = mallocinfo_proc:top(?TOP + length(Excluded) + 5, memory),
+    Top = mallocinfo_process:top(?TOP + length(Excluded) + 5, memory),
     lists:sublist([P || #{pid := Pid, name := Name} = P <- Top,
                         not lists:member(Pid, Excluded), not ours(Name, Ours)], ?TOP).
 

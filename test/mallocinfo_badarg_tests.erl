@@ -38,7 +38,7 @@ excluded_modules() ->
      {mallocinfo_flamegraph, "@private: the flame graph page, made only by mallocinfo_http from "
                              "mallocinfo_trace:folded/0's text"},
      {mallocinfo_remote, "@private: loads mallocinfo over distribution for mallocinfo_report "
-                         "and mallocinfo_proc, which checked the node and timeout first"},
+                         "and mallocinfo_process, which checked the node and timeout first"},
      {mallocinfo_growth, "@private: the pure parts of growth and roll-ups, exported for their "
                          "EUnit tests; mallocinfo_trace and mallocinfo_report check arguments "
                          "before calling them"}].
@@ -47,8 +47,8 @@ excluded_modules() ->
 %% term. Every other position of that function is still checked.
 any_term() ->
     [{mallocinfo_lib, path_binary, 2, 2, "the arguments to put in the badarg it raises"},
-     {mallocinfo_proc, in_process, 3, 1, "the inspected process's OTP state: any term"},
-     {mallocinfo_proc, in_process, 3, 3, "the reply alias: unused but passed through"}].
+     {mallocinfo_process, in_process, 3, 1, "the inspected process's OTP state: any term"},
+     {mallocinfo_process, in_process, 3, 3, "the reply alias: unused but passed through"}].
 
 %%% The cases -------------------------------------------------------------------
 
@@ -113,6 +113,7 @@ cases(S) ->
     Family = #{name => <<"x">>, type => gauge, help => <<"h">>, samples => [{[], 1}]},
     HttpOpts = not_opts() ++ [#{port => -1}, #{port => 65536}, #{port => "80"},
                               #{ip => junk}, #{ip => {1, 2, 3}}, #{ip => "127.0.0.1"}],
+    Cases =
     [%% mallocinfo
      {mallocinfo, info, [{Path, not_a_path()}]},
      {mallocinfo, trim, [{0, Count}]},
@@ -166,7 +167,7 @@ cases(S) ->
      {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1]]},
                            {#{}, not_opts() ++ [#{attach => yes}, #{timeout => 0}]
                             ++ ReportOpts}]},
-     {mallocinfo_proc, binaries, [{[], [junk, [a | b], {a, b}, -1, [{1, -1, 1}], [{1, 2}],
+     {mallocinfo_process, binaries, [{[], [junk, [a | b], {a, b}, -1, [{1, -1, 1}], [{1, 2}],
                                         [{1, 2, three}], [junk]]}]},
      %% mallocinfo_jemalloc
      {mallocinfo_jemalloc, profile_active, [{false, [junk, 1, 0, "true", <<"true">>, [true | b],
@@ -207,22 +208,22 @@ cases(S) ->
                               [{-1, 8, [1]}], [{1, -8, [1]}], [{1, 8, [-1]}], [{1, 8, [a | b]}],
                               [{1, 8, [1 bsl 64]}], [{1, 8, junk}], {a, b}, <<"s">>]},
        {<<>>, [junk, "maps", [a | b], {a, b}, -1, #{}]}]},
-     %% mallocinfo_proc
-     {mallocinfo_proc, inspect_heap, [{self(), not_pid()}]},
-     {mallocinfo_proc, inspect_heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
-     {mallocinfo_proc, inspect, [{self(), not_pid()}, {#{}, ProcOpts}]},
-     {mallocinfo_proc, heap, [{self(), not_pid()}]},
-     {mallocinfo_proc, heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     %% mallocinfo_process
+     {mallocinfo_process, inspect_heap, [{self(), not_pid()}]},
+     {mallocinfo_process, inspect_heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_process, inspect, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_process, heap, [{self(), not_pid()}]},
+     {mallocinfo_process, heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
      %% top/2: any count is valid (more than there are processes gives them all).
-     {mallocinfo_proc, top, [{1, Count -- [1 bsl 64]},
+     {mallocinfo_process, top, [{1, Count -- [1 bsl 64]},
                              {memory, [junk, "memory", <<"memory">>, 1, [a | b]]}]},
-     {mallocinfo_proc, print, [{self(), not_pid()}]},
-     {mallocinfo_proc, print, [{self(), not_pid()}, {#{}, ProcOpts}]},
-     {mallocinfo_proc, in_process, [{state, []}, {#{}, ProcOpts}, {ref, []}]},
-     {mallocinfo_proc, remote, [{report_local, [junk, inspect, heap, "report_local", 1]},
+     {mallocinfo_process, print, [{self(), not_pid()}]},
+     {mallocinfo_process, print, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_process, in_process, [{state, []}, {#{}, ProcOpts}, {ref, []}]},
+     {mallocinfo_process, remote, [{report_local, [junk, inspect, heap, "report_local", 1]},
                                 {self(), not_pid()}, {#{}, ProcOpts}]},
-     {mallocinfo_proc, report_local, [{self(), not_pid()}, {#{}, ProcOpts}]},
-     {mallocinfo_proc, verdict, [{heap_figures(), junk() ++ [#{}, maps:remove(complete,
+     {mallocinfo_process, report_local, [{self(), not_pid()}, {#{}, ProcOpts}]},
+     {mallocinfo_process, verdict, [{heap_figures(), junk() ++ [#{}, maps:remove(complete,
                                                                              heap_figures())]}]},
      %% mallocinfo_prom
      {mallocinfo_prom, families, [{#{}, (junk() -- [#{junk => 1}]) ++
@@ -278,7 +279,12 @@ cases(S) ->
      {mallocinfo_units, count, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, age, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      %% module_info/1, which the compiler adds to every module
-     {'*', module_info, [{exports, [junk, "exports", 1, [a | b], {exports}]}]}].
+     {'*', module_info, [{exports, [junk, "exports", 1, [a | b], {exports}]}]}],
+    %% mallocinfo_proc, the deprecated name of mallocinfo_process: the same
+    %% cases for each function it still has.
+    Old = mallocinfo_proc:module_info(exports),
+    Cases ++ [{mallocinfo_proc, F, A} || {mallocinfo_process, F, A} <- Cases,
+                                         lists:member({F, length(A)}, Old)].
 
 not_pid() ->
     [junk, [a | b], {a, b}, -1, <<"<0.1.0>">>, "<0.1.0>", #{}, make_ref(), hd(erlang:ports())].
@@ -290,7 +296,7 @@ arena() ->
       chunks => 10, free_chunks => 4, largest_free => 100, resident_bytes => 800,
       trimmable_bytes => 0, pinned_bytes => 250, segments => 1}.
 
-%% What mallocinfo_proc:verdict/1 reads.
+%% What mallocinfo_process:verdict/1 reads.
 heap_figures() ->
     #{total_heap_size => 100, live_words => 50, stack_size => 10, message_queue_len => 0,
       complete => true, binaries => #{bytes => 0, count => 0, shared_bytes => 0}}.

@@ -771,7 +771,7 @@ process_heap_test() ->
                                              value => 300 * ?MiB, by => memory}]}
                   end),
     ?assertEqual({300 * ?MiB, <<"process <0.123.0> (mallocinfo_demo_hoarder) holds 300.0 MiB "
-                                "(29% of RSS): mallocinfo_proc:print(<0.123.0>) shows what is on "
+                                "(29% of RSS): mallocinfo_process:print(<0.123.0>) shows what is on "
                                 "its heap">>},
                  ?R:rule(process_heap, R)),
     Mfa = with_erts(fun(E) -> E#{processes := [#{pid => Pid, name => {foo, init, 1},
@@ -783,7 +783,7 @@ process_heap_test() ->
 erts_binary_and_ets_test() ->
     Bin = with_erts(fun(E) -> E#{memory := #{binary => 400 * ?MiB, ets => 0}} end),
     ?assertEqual({400 * ?MiB, <<"refc binaries take 400.0 MiB (39% of RSS): "
-                                "mallocinfo_proc:top(10, binary) names the processes that keep "
+                                "mallocinfo_process:top(10, binary) names the processes that keep "
                                 "them">>},
                  ?R:rule(erts_binary, Bin)),
     Sessions = #{table => sessions, bytes => 250 * ?MiB, objects => 9},

@@ -1,5 +1,5 @@
 %% A gen_server with a state and dictionary chosen by the test
-%% (mallocinfo_proc_SUITE).
+%% (mallocinfo_process_SUITE).
 -module(mi_test_server).
 -behaviour(gen_server).
 -export([start/2, start/3, init/1, handle_call/3, handle_cast/2, spawn_idle/1]).

@@ -1,5 +1,5 @@
-%% EUnit: mallocinfo_proc's verdict rules on crafted heap figures.
--module(mallocinfo_proc_tests).
+%% EUnit: mallocinfo_process's verdict rules on crafted heap figures.
+-module(mallocinfo_process_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 base() ->
@@ -8,37 +8,37 @@ base() ->
       binaries => #{count => 0, bytes => 0, shared_bytes => 0}}.
 
 healthy_test() ->
-    ?assertEqual(none, mallocinfo_proc:verdict(base())).
+    ?assertEqual(none, mallocinfo_process:verdict(base())).
 
 garbage_test() ->
-    V = mallocinfo_proc:verdict((base())#{live_words => 10000}),
+    V = mallocinfo_process:verdict((base())#{live_words => 10000}),
     ?assertMatch(<<"mostly garbage: 89% of the ", _/binary>>, V).
 
 incomplete_view_is_not_garbage_test() ->
     %% The state was not seen (a plain process, or a limit): its data would
     %% count as "unseen"; no garbage verdict then.
-    ?assertEqual(none, mallocinfo_proc:verdict((base())#{live_words => 10000,
+    ?assertEqual(none, mallocinfo_process:verdict((base())#{live_words => 10000,
                                                           complete => false})).
 
 small_heap_is_not_garbage_test() ->
     %% A tiny heap that is mostly unseen is not worth a sentence.
-    ?assertEqual(none, mallocinfo_proc:verdict((base())#{total_heap_size => 2000,
+    ?assertEqual(none, mallocinfo_process:verdict((base())#{total_heap_size => 2000,
                                                           live_words => 10})).
 
 binary_test() ->
     Bins = #{count => 3, bytes => 50 * 1024 * 1024, shared_bytes => 10 * 1024 * 1024},
-    V = mallocinfo_proc:verdict((base())#{binaries => Bins}),
+    V = mallocinfo_process:verdict((base())#{binaries => Bins}),
     ?assertMatch(<<"mostly binary references: 3 refc binaries hold 50.0 MiB (10.0 MiB shared",
                    _/binary>>, V).
 
 small_binaries_are_not_a_verdict_test() ->
     Bins = #{count => 1, bytes => 512 * 1024, shared_bytes => 0},
-    ?assertEqual(none, mallocinfo_proc:verdict((base())#{total_heap_size => 1000,
+    ?assertEqual(none, mallocinfo_process:verdict((base())#{total_heap_size => 1000,
                                                           live_words => 900,
                                                           binaries => Bins})).
 
 queue_test() ->
-    V = mallocinfo_proc:verdict((base())#{message_queue_len => 250000}),
+    V = mallocinfo_process:verdict((base())#{message_queue_len => 250000}),
     ?assertMatch(<<"message queue of 250000 messages", _/binary>>, V).
 
 %% Nothing measured: no "none", but what was not measured, why, and the
@@ -52,15 +52,15 @@ not_measured_test() ->
                   not_measured => [Gap(dictionary), Gap(state)]},
     ?assertEqual(<<"not measured: dictionary and state: the heap (2000000 words) is above "
                    "max_heap_words (1000000); the option #{max_heap_words => 3000000} would "
-                   "measure it">>, mallocinfo_proc:verdict(M)),
+                   "measure it">>, mallocinfo_process:verdict(M)),
     OffHeap = #{what => messages, reason => off_heap_queue,
                 detail => <<"the 5 messages are in an off_heap queue">>, option => #{}},
     ?assertMatch(<<"not measured: messages: the 5 messages are in an off_heap queue; "
                    "no option measures it">>,
-                 mallocinfo_proc:verdict(M#{not_measured => [OffHeap]})),
+                 mallocinfo_process:verdict(M#{not_measured => [OffHeap]})),
     %% A rule that needs no walk still speaks.
     ?assertMatch(<<"message queue of 20000 messages", _/binary>>,
-                 mallocinfo_proc:verdict(M#{message_queue_len => 20000})).
+                 mallocinfo_process:verdict(M#{message_queue_len => 20000})).
 
 %% process_info(P, binary) has one entry per reference: the same id many
 %% times is one binary.
@@ -68,11 +68,29 @@ binaries_test() ->
     TenMiB = 10 * 1024 * 1024,
     Same = lists:duplicate(1000, {1, TenMiB, 5000}),
     ?assertEqual(#{count => 1, bytes => TenMiB, shared_bytes => TenMiB},
-                 mallocinfo_proc:binaries(Same)),
+                 mallocinfo_process:binaries(Same)),
     %% Referenced only by these 1000: not shared.
     ?assertEqual(#{count => 1, bytes => TenMiB, shared_bytes => 0},
-                 mallocinfo_proc:binaries(lists:duplicate(1000, {1, TenMiB, 1000}))),
+                 mallocinfo_process:binaries(lists:duplicate(1000, {1, TenMiB, 1000}))),
     Mixed = [{2, 100, 1}, {3, 200, 2}, {3, 200, 2}, {4, 300, 3}] ++ Same,
     ?assertEqual(#{count => 4, bytes => 100 + 200 + 300 + TenMiB, shared_bytes => 300 + TenMiB},
-                 mallocinfo_proc:binaries(Mixed)),
-    ?assertEqual(#{count => 0, bytes => 0, shared_bytes => 0}, mallocinfo_proc:binaries([])).
+                 mallocinfo_process:binaries(Mixed)),
+    ?assertEqual(#{count => 0, bytes => 0, shared_bytes => 0}, mallocinfo_process:binaries([])).
+
+%% The old name still answers, with the new module's results, and says it
+%% is deprecated (xref and the compiler warn its callers).
+old_name_test() ->
+    Self = self(),
+    P = spawn(fun() -> put(k, lists:seq(1, 100)), Self ! {ready, self()}, receive stop -> ok end end),
+    receive {ready, P} -> ok end,
+    try
+        New = mallocinfo_process:inspect_heap(P),
+        ?assertMatch([{{k, [1 | _]}, _}], New),
+        ?assertEqual(New, mallocinfo_proc:inspect_heap(P))
+    after
+        P ! stop
+    end,
+    ?assertMatch({ok, #{}}, mallocinfo_proc:heap(self())),
+    ?assertError(badarg, mallocinfo_proc:print(junk)),
+    Attrs = mallocinfo_proc:module_info(attributes),
+    ?assertMatch([[{'_', '_', _}]], proplists:get_all_values(deprecated, Attrs)).

@@ -1,5 +1,5 @@
-%% mallocinfo_proc: what processes keep on their heaps.
--module(mallocinfo_proc_SUITE).
+%% mallocinfo_process: what processes keep on their heaps.
+-module(mallocinfo_process_SUITE).
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
@@ -43,15 +43,15 @@ gen_server_state_and_dictionary(_Config) ->
     %% once init/1 has answered, which on a busy machine can be before the
     %% server reaches its receive.
     ok = wait_waiting(Pid, 5000),
-    Heap = mallocinfo_proc:inspect_heap(Pid),
+    Heap = mallocinfo_process:inspect_heap(Pid),
     ct:pal("~p", [Heap]),
     ?assert(lists:member({State, erts_debug:size(State)}, Heap)),
     [?assert(lists:member({KV, erts_debug:size(KV)}, Heap)) || KV <- Dict],
     %% proc_lib's own entries are on the heap too.
     ?assert(lists:keymember({'$initial_call', {mi_test_server, init, 1}}, 1, Heap)),
-    {ok, Items} = mallocinfo_proc:inspect(Pid, #{}),
+    {ok, Items} = mallocinfo_process:inspect(Pid, #{}),
     [#{term := State}] = kinds(Items, state),
-    {ok, H} = mallocinfo_proc:heap(Pid),
+    {ok, H} = mallocinfo_process:heap(Pid),
     ct:pal("~p", [H]),
     ?assertEqual(lists:sum([W || {_, W} <- Heap]), maps:get(live_words, H)),
     ?assertMatch(#{heap_size := _, total_heap_size := T, stack_size := _,
@@ -64,20 +64,20 @@ plain_process_messages(_Config) ->
     Pid = spawn(fun() -> receive stop -> ok end end),
     Msgs = [{m, 1}, {m, lists:seq(1, 20)}, <<"a binary message">>],
     [Pid ! M || M <- Msgs],
-    {ok, Items} = mallocinfo_proc:inspect(Pid, #{}),
+    {ok, Items} = mallocinfo_process:inspect(Pid, #{}),
     ?assertEqual([{M, erts_debug:size(M)} || M <- Msgs],
                  [{T, W} || #{kind := message, term := T, words := W} <- Items]),
     ?assertEqual([], kinds(Items, state)),
-    {ok, #{message_queue_len := 3}} = mallocinfo_proc:heap(Pid),
+    {ok, #{message_queue_len := 3}} = mallocinfo_process:heap(Pid),
     Pid ! stop.
 
 dead_pid(_Config) ->
     Pid = spawn(fun() -> ok end),
     Ref = monitor(process, Pid),
     receive {'DOWN', Ref, _, _, _} -> ok end,
-    ?assertEqual({error, noproc}, mallocinfo_proc:inspect_heap(Pid)),
-    ?assertEqual({error, noproc}, mallocinfo_proc:heap(Pid)),
-    ?assertEqual({error, noproc}, mallocinfo_proc:print(Pid)).
+    ?assertEqual({error, noproc}, mallocinfo_process:inspect_heap(Pid)),
+    ?assertEqual({error, noproc}, mallocinfo_process:heap(Pid)),
+    ?assertEqual({error, noproc}, mallocinfo_process:print(Pid)).
 
 %% A gen_server busy in a callback gets no system message: no state, the
 %% rest without waiting for the callback, and the server is none the worse.
@@ -86,7 +86,7 @@ blocked_in_long_call(_Config) ->
     Test = self(),
     spawn(fun() -> Test ! {released, gen_server:call(Pid, {block, Test}, infinity)} end),
     receive {blocked, Pid} -> ok end,
-    Heap = mallocinfo_proc:inspect_heap(Pid),
+    Heap = mallocinfo_process:inspect_heap(Pid),
     ct:pal("blocked: ~p", [Heap]),
     %% Only this process releases the server: inspect_heap/1 returned while
     %% it was still in its callback, so it did not wait for it; and nothing
@@ -104,7 +104,7 @@ blocked_in_long_call(_Config) ->
 shared_subterms(_Config) ->
     {ok, Pid} = mi_test_server:start({shared, 1000, 4}, []),
     {total_heap_size, Before} = process_info(Pid, total_heap_size),
-    {ok, Items} = mallocinfo_proc:inspect(Pid, #{size_budget => 10000}),
+    {ok, Items} = mallocinfo_process:inspect(Pid, #{size_budget => 10000}),
     %% Measuring inside the server allocated there; it was collected again.
     {total_heap_size, After} = process_info(Pid, total_heap_size),
     ct:pal("heap before ~p, after ~p words", [Before, After]),
@@ -115,11 +115,11 @@ shared_subterms(_Config) ->
     ?assertEqual(5 + 2000, W),
     ?assertEqual(5 + 4 * 2000, F),
     {ok, #{live_words := Live, flat_words := Flat}} =
-        mallocinfo_proc:heap(Pid, #{size_budget => 10000}),
+        mallocinfo_process:heap(Pid, #{size_budget => 10000}),
     ?assert(Flat - Live >= 6000),
     %% With the default budget the 8005-word state is too big to measure
     %% inside: its flat size is reported, and says so.
-    {ok, Default} = mallocinfo_proc:inspect(Pid, #{}),
+    {ok, Default} = mallocinfo_process:inspect(Pid, #{}),
     [#{words := 8005, sharing := not_computed}] = kinds(Default, state),
     exit(Pid, kill).
 
@@ -128,7 +128,7 @@ refc_binaries(_Config) ->
     P1 = holder([Bin]),
     P2 = holder([Bin]),
     {ok, #{binaries := #{count := C, bytes := B, shared_bytes := S}, verdict := V}} =
-        mallocinfo_proc:heap(P1),
+        mallocinfo_process:heap(P1),
     ct:pal("binaries ~p ~p ~p: ~ts", [C, B, S, V]),
     ?assert(C >= 1),
     ?assert(B >= 4 * 1024 * 1024),
@@ -139,7 +139,7 @@ refc_binaries(_Config) ->
 
 self_pid(_Config) ->
     put(mi_self_test, {some, value}),
-    Heap = mallocinfo_proc:inspect_heap(self()),
+    Heap = mallocinfo_process:inspect_heap(self()),
     ?assert(lists:member({{mi_self_test, {some, value}},
                           erts_debug:size({mi_self_test, {some, value}})}, Heap)),
     erase(mi_self_test).
@@ -147,33 +147,33 @@ self_pid(_Config) ->
 limits(_Config) ->
     Dict = [{N, N} || N <- lists:seq(1, 50)],
     {ok, Pid} = mi_test_server:start(lists:seq(1, 100000), Dict),
-    {ok, Items} = mallocinfo_proc:inspect(Pid, #{max_terms => 10, max_words => 1000}),
+    {ok, Items} = mallocinfo_process:inspect(Pid, #{max_terms => 10, max_words => 1000}),
     ?assertEqual(11, length(Items)),
     ?assertMatch(#{kind := omitted, term := {terms, {max_terms, 10}}}, lists:last(Items)),
-    {ok, All} = mallocinfo_proc:inspect(Pid, #{max_words => 1000}),
+    {ok, All} = mallocinfo_process:inspect(Pid, #{max_words => 1000}),
     [#{term := {'$mallocinfo_truncated', 200000, Preview}, words := 200000}] =
         kinds(All, state),
     ?assert(is_list(Preview) andalso length(Preview) =< 300),
     %% A long queue is counted, not copied.
     Q = spawn(fun() -> receive stop -> ok end end),
     [Q ! {msg, N} || N <- lists:seq(1, 200)],
-    {ok, QItems} = mallocinfo_proc:inspect(Q, #{max_terms => 100}),
+    {ok, QItems} = mallocinfo_process:inspect(Q, #{max_terms => 100}),
     ?assertMatch([#{term := {messages, {queue_too_long, 200}}}], kinds(QItems, omitted)),
     %% A heap above max_heap_words is not walked: nothing is copied.
-    {ok, Big} = mallocinfo_proc:inspect(Pid, #{max_heap_words => 100}),
+    {ok, Big} = mallocinfo_process:inspect(Pid, #{max_heap_words => 100}),
     ?assertMatch([#{term := {dictionary, {heap_too_large, _}}} | _], kinds(Big, omitted)),
     Q ! stop,
     exit(Pid, kill).
 
 bad_arguments(_Config) ->
     Port = hd(erlang:ports()),
-    [?assertError(badarg, mallocinfo_proc:F(A))
+    [?assertError(badarg, mallocinfo_process:F(A))
      || F <- [inspect_heap, heap, print], A <- [not_a_pid, Port, "<0.1.0>", 42]],
-    ?assertError(badarg, mallocinfo_proc:inspect_heap(self(), #{max_terms => 0})),
-    ?assertError(badarg, mallocinfo_proc:inspect_heap(self(), #{bogus => 1})),
-    ?assertError(badarg, mallocinfo_proc:heap(self(), [])),
-    ?assertError(badarg, mallocinfo_proc:top(-1, memory)),
-    ?assertError(badarg, mallocinfo_proc:top(5, size)).
+    ?assertError(badarg, mallocinfo_process:inspect_heap(self(), #{max_terms => 0})),
+    ?assertError(badarg, mallocinfo_process:inspect_heap(self(), #{bogus => 1})),
+    ?assertError(badarg, mallocinfo_process:heap(self(), [])),
+    ?assertError(badarg, mallocinfo_process:top(-1, memory)),
+    ?assertError(badarg, mallocinfo_process:top(5, size)).
 
 top_ranks(_Config) ->
     Test = self(),
@@ -187,26 +187,26 @@ top_ranks(_Config) ->
     %% Signals from one process to another stay in order: the process_info/2
     %% calls of top/2 see all 5000 messages queued.
     [Busy ! x || _ <- lists:seq(1, 5000)],
-    [#{pid := Big, value := Mem, name := Name} | _] = Rows = mallocinfo_proc:top(5, memory),
+    [#{pid := Big, value := Mem, name := Name} | _] = Rows = mallocinfo_process:top(5, memory),
     ct:pal("top memory: ~p", [Rows]),
     ?assert(Mem > 4000000),
     ?assertMatch({erlang, apply, 2}, Name),
     ?assertEqual(5, length(Rows)),
     Values = [V || #{value := V} <- Rows],
     ?assertEqual(lists:reverse(lists:sort(Values)), Values),
-    [#{pid := Busy, value := 5000} | _] = mallocinfo_proc:top(3, message_queue_len),
-    [#{name := code_server} | _] = [R || #{pid := P} = R <- mallocinfo_proc:top(1000, reductions),
+    [#{pid := Busy, value := 5000} | _] = mallocinfo_process:top(3, message_queue_len),
+    [#{name := code_server} | _] = [R || #{pid := P} = R <- mallocinfo_process:top(1000, reductions),
                                          P =:= whereis(code_server)],
-    ?assertEqual([], mallocinfo_proc:top(0, binary)),
-    ?assertMatch([_ | _], mallocinfo_proc:top(3, heap_waste)),
-    ?assertMatch([_ | _], mallocinfo_proc:top(3, binary)),
+    ?assertEqual([], mallocinfo_process:top(0, binary)),
+    ?assertMatch([_ | _], mallocinfo_process:top(3, heap_waste)),
+    ?assertMatch([_ | _], mallocinfo_process:top(3, binary)),
     Big ! stop,
     Busy ! stop.
 
 print_report(_Config) ->
     {ok, Pid} = mi_test_server:start({state, lists:seq(1, 300)}, [{cfg, "x"}]),
     ct:capture_start(),
-    ok = mallocinfo_proc:print(Pid),
+    ok = mallocinfo_process:print(Pid),
     ct:capture_stop(),
     Out = lists:flatten(ct:capture_get()),
     ct:pal("~ts", [Out]),
@@ -218,24 +218,24 @@ print_report(_Config) ->
     exit(Pid, kill).
 
 %% A pid on another node is inspected there; the node did not have
-%% mallocinfo_proc loaded, it gets it from this node.
+%% mallocinfo_process loaded, it gets it from this node.
 remote_pid(_Config) ->
     mi_ct:ensure_distributed(),
     {ok, Peer, Node} = peer:start_link(#{name => peer:random_name()}),
     try
-        ?assertEqual(non_existing, erpc:call(Node, code, which, [mallocinfo_proc])),
-        %% The helper server is loaded there by hand; mallocinfo_proc is not.
+        ?assertEqual(non_existing, erpc:call(Node, code, which, [mallocinfo_process])),
+        %% The helper server is loaded there by hand; mallocinfo_process is not.
         {Mod, Bin, File} = code:get_object_code(mi_test_server),
         {module, Mod} = erpc:call(Node, code, load_binary, [Mod, File, Bin]),
         {ok, Pid} = erpc:call(Node, mi_test_server, start,
                               [{remote_state, 42}, [{remote_key, lists:seq(1, 10)}]]),
         ?assertEqual(Node, node(Pid)),
-        Heap = mallocinfo_proc:inspect_heap(Pid),
+        Heap = mallocinfo_process:inspect_heap(Pid),
         ?assert(lists:member({{remote_key, lists:seq(1, 10)},
                               erts_debug:size({remote_key, lists:seq(1, 10)})}, Heap)),
         ?assert(lists:member({{remote_state, 42}, 3}, Heap)),
-        {ok, #{live_words := _}} = mallocinfo_proc:heap(Pid),
-        ?assertMatch({file, _}, erpc:call(Node, code, is_loaded, [mallocinfo_proc]))
+        {ok, #{live_words := _}} = mallocinfo_process:heap(Pid),
+        ?assertMatch({file, _}, erpc:call(Node, code, is_loaded, [mallocinfo_process]))
     after
         peer:stop(Peer)
     end.
@@ -251,7 +251,7 @@ exponential_sharing(_Config) ->
     lists:foreach(
       fun(MaxWords) ->
               {Target0, Caller0} = {Reds(Pid), Reds(self())},
-              {ok, Items} = mallocinfo_proc:inspect(Pid, #{max_words => MaxWords}),
+              {ok, Items} = mallocinfo_process:inspect(Pid, #{max_words => MaxWords}),
               {Target, Caller} = {Reds(Pid) - Target0, Reds(self()) - Caller0},
               ct:pal("exponential, max_words ~b: ~b reductions in the target, ~b here: ~p",
                      [MaxWords, Target, Caller, kinds(Items, state)]),
@@ -260,7 +260,7 @@ exponential_sharing(_Config) ->
               [#{term := {'$mallocinfo_truncated', {more_than, MaxWords}, _},
                  sharing := not_computed}] = kinds(Items, state)
       end, [100000, 10000]),
-    {ok, #{complete := false, verdict := none, not_measured := Gaps}} = mallocinfo_proc:heap(Pid),
+    {ok, #{complete := false, verdict := none, not_measured := Gaps}} = mallocinfo_process:heap(Pid),
     ?assertMatch([#{what := [state], reason := shared_too_much, option := #{}}], Gaps),
     %% The server lives on, idle (asking it for its state would copy 2^31).
     ?assertEqual({current_function, {gen_server, loop, 7}},
@@ -272,7 +272,7 @@ exponential_sharing(_Config) ->
 no_stray_messages(_Config) ->
     {ok, Pid} = mi_test_server:start({kept, lists:seq(1, 10)}, []),
     flush(),
-    [{ok, _} = mallocinfo_proc:inspect(Pid, #{timeout => T}) || T <- [0, 0, 1, 100]],
+    [{ok, _} = mallocinfo_process:inspect(Pid, #{timeout => T}) || T <- [0, 0, 1, 100]],
     %% The call is queued behind every system message sent above, and the
     %% server answers in order: whatever those would send has arrived once
     %% the call returns.
@@ -288,7 +288,7 @@ binary_held_twice(_Config) ->
     {ok, Pid} = mi_test_server:start({twice, Bin}, []),
     erlang:garbage_collect(),
     {ok, #{binaries := #{count := C, bytes := B, shared_bytes := S}}} =
-        mallocinfo_proc:heap(Pid),
+        mallocinfo_process:heap(Pid),
     ct:pal("held twice: ~p ~p ~p", [C, B, S]),
     ?assertEqual(1, C),
     ?assertEqual(2 * 1024 * 1024, B),
@@ -298,8 +298,8 @@ unreachable_node(_Config) ->
     mi_ct:ensure_distributed(),
     %% A pid of a node that does not exist.
     Ghost = ghost_pid('mi_ghost@nohost'),
-    ?assertMatch({error, {erpc, _}}, mallocinfo_proc:inspect_heap(Ghost)),
-    ?assertMatch({error, {erpc, _}}, mallocinfo_proc:heap(Ghost)).
+    ?assertMatch({error, {erpc, _}}, mallocinfo_process:inspect_heap(Ghost)),
+    ?assertMatch({error, {erpc, _}}, mallocinfo_process:heap(Ghost)).
 
 %% A pid on Node, made from the external term format (version 4 NEW_PID_EXT).
 ghost_pid(Node) ->
@@ -312,7 +312,7 @@ top_million(Config) ->
     {ok, Peer, _Node} =
         peer:start_link(#{connection => standard_io,
                           args => ["+P", "2000000",
-                                   "-pa", filename:dirname(code:which(mallocinfo_proc)),
+                                   "-pa", filename:dirname(code:which(mallocinfo_process)),
                                    "-pa", filename:dirname(code:which(mi_test_server))]}),
     try
         N = 1000000,
@@ -320,7 +320,7 @@ top_million(Config) ->
         Count = peer:call(Peer, erlang, system_info, [process_count]),
         ?assert(Count >= N),
         Times = [{By, element(1, peer:call(Peer, timer, tc,
-                                          [mallocinfo_proc, top, [10, By]], 120000))}
+                                          [mallocinfo_process, top, [10, By]], 120000))}
                  || By <- [memory, heap_waste, binary, message_queue_len, reductions]],
         ct:pal("top/2 over ~p processes: ~p (us)", [Count, Times]),
         ok = file:write_file(filename:join(?config(priv_dir, Config), "top_million.txt"),
@@ -347,7 +347,7 @@ holder(Terms) ->
 
 %% Every process's value in top(all, By).
 top_values(By) ->
-    All = mallocinfo_proc:top(erlang:system_info(process_count) + 100, By),
+    All = mallocinfo_process:top(erlang:system_info(process_count) + 100, By),
     maps:from_list([{P, V} || #{pid := P, value := V} <- All]).
 
 -define(MiB, (1024 * 1024)).
@@ -364,7 +364,7 @@ top_binary_one_binary_many_refs(_Config) ->
     [?assertEqual(10 * ?MiB, maps:get(H, Values)) || H <- Holders],
     [?assertMatch({ok, #{binaries := #{count := 1, bytes := 10 * ?MiB,
                                        shared_bytes := 10 * ?MiB}}},
-                  mallocinfo_proc:heap(H)) || H <- Holders],
+                  mallocinfo_process:heap(H)) || H <- Holders],
     [H ! stop || H <- Holders].
 
 %% 1000 sub-binaries of one 10 MiB binary, each received apart: each copy
@@ -376,7 +376,7 @@ top_binary_sub_binaries(_Config) ->
     ?assertEqual(1000, length(Entries)),
     ?assertEqual(10 * ?MiB, maps:get(H, top_values(binary))),
     ?assertMatch({ok, #{binaries := #{count := 1, bytes := 10 * ?MiB}}},
-                 mallocinfo_proc:heap(H)),
+                 mallocinfo_process:heap(H)),
     H ! stop.
 
 %% 100 distinct binaries, made by the process itself (nothing else
@@ -392,7 +392,7 @@ top_binary_distinct(_Config) ->
     Sum = 100 * 100000 + 5050,
     ?assertEqual(Sum, maps:get(H, top_values(binary))),
     ?assertMatch({ok, #{binaries := #{count := 100, bytes := Sum, shared_bytes := 0}}},
-                 mallocinfo_proc:heap(H)),
+                 mallocinfo_process:heap(H)),
     H ! stop.
 
 %% Names: the registered name first; for processes started through
@@ -420,10 +420,10 @@ names(_Config) ->
     Server = {mi_test_server, init, 1},
     Expected = [{Reg, mi_named_server}, {Small, Server}, {Mid, Server}, {Huge, Server},
                 {Plain, {erlang, apply, 2}}, {Mfa, {timer, sleep, 1}}, {Spawned, SpawnedMfa}],
-    All = mallocinfo_proc:top(erlang:system_info(process_count) + 100, memory),
+    All = mallocinfo_process:top(erlang:system_info(process_count) + 100, memory),
     Names = maps:from_list([{P, N} || #{pid := P, name := N} <- All]),
     [?assertEqual({P, Name}, {P, maps:get(P, Names)}) || {P, Name} <- Expected],
-    [?assertMatch({P, {ok, #{name := Name}}}, {P, mallocinfo_proc:heap(P)})
+    [?assertMatch({P, {ok, #{name := Name}}}, {P, mallocinfo_process:heap(P)})
      || {P, Name} <- Expected],
     [?assertNotEqual(nomatch, string:find(print_out(P, #{}), Text))
      || {P, Text} <- [{Reg, " (mi_named_server): heap "},
@@ -440,7 +440,7 @@ started({ok, Pid}) -> Pid.
 
 print_out(Pid, Opts) ->
     ct:capture_start(),
-    ok = mallocinfo_proc:print(Pid, Opts),
+    ok = mallocinfo_process:print(Pid, Opts),
     ct:capture_stop(),
     lists:flatten(ct:capture_get()).
 
@@ -465,7 +465,7 @@ report_names(_Config) ->
 heap_above_limit(_Config) ->
     Pid = started(mi_test_server:start(lists:seq(1, 10000), [{k, v}])),
     Opts = #{max_heap_words => 1000},
-    {ok, H} = mallocinfo_proc:heap(Pid, Opts),
+    {ok, H} = mallocinfo_process:heap(Pid, Opts),
     ct:pal("~p", [H]),
     #{total_heap_size := Heap, live_words := not_measured, flat_words := not_measured,
       unseen_words := not_measured, items := 0, complete := false,
@@ -486,10 +486,10 @@ heap_above_limit(_Config) ->
     ?assertNotEqual(nomatch, string:find(Out, "live words not measured")),
     ?assertNotEqual(nomatch, string:find(Out, lists:flatten(
         ["not measured: dictionary and state: ", Why, "; ",
-         io_lib:format("mallocinfo_proc:print(~p, ~0p) would measure it", [Pid, Option])]))),
+         io_lib:format("mallocinfo_process:print(~p, ~0p) would measure it", [Pid, Option])]))),
     ?assertNotEqual(nomatch, string:find(Out, "verdict: cannot tell, nothing was measured")),
     %% The option named measures it.
-    {ok, Measured} = mallocinfo_proc:heap(Pid, Option),
+    {ok, Measured} = mallocinfo_process:heap(Pid, Option),
     #{live_words := Live, items := Items, not_measured := Gaps} = Measured,
     ?assert(Live >= 20000),
     ?assert(Items >= 4),
@@ -504,7 +504,7 @@ heap_above_limit(_Config) ->
     receive {put, Plain} -> ok end,
     {ok, #{live_words := not_measured,
            not_measured := [#{what := dictionary, reason := heap_too_large}]}} =
-        mallocinfo_proc:heap(Plain, Opts),
+        mallocinfo_process:heap(Plain, Opts),
     Plain ! stop,
     exit(Pid, kill).
 
@@ -518,8 +518,8 @@ queue_above_limit(_Config) ->
                               detail := <<"the queue (200 messages) is longer than "
                                           "max_terms (100)">>,
                               option := #{max_terms := 200} = Option}]}} =
-        mallocinfo_proc:heap(Q, #{max_terms => 100}),
-    {ok, Items} = mallocinfo_proc:inspect(Q, Option),
+        mallocinfo_process:heap(Q, #{max_terms => 100}),
+    {ok, Items} = mallocinfo_process:inspect(Q, Option),
     ?assertEqual(200, length(kinds(Items, message))),
-    ?assertMatch({ok, #{live_words := 600, not_measured := []}}, mallocinfo_proc:heap(Q, Option)),
+    ?assertMatch({ok, #{live_words := 600, not_measured := []}}, mallocinfo_process:heap(Q, Option)),
     Q ! stop.
