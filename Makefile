@@ -4,7 +4,7 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build run test test-c eunit ct soak tarball bench fmt fmt-check lint docs clean
+.PHONY: deps build demo run test test-c eunit ct soak tarball bench fmt fmt-check lint docs clean
 
 # Install missing Debian packages (docker/packages.txt); a no-op when all are present.
 deps:
@@ -14,16 +14,24 @@ deps:
 build: deps
 	@$(REBAR) compile
 
+# The demo workload (demo/: a NIF that leaks, fragments and keeps enif_alloc
+# blocks on purpose, a bloated process): beams and NIF in _build/demo, never
+# part of the application, its tarball or a release that depends on it.
+DEMO_DIR := $(CURDIR)/_build/demo
+demo: build
+	@mkdir -p $(DEMO_DIR)
+	@$(MAKE) -s -C c_src demo DEMO_DIR=$(DEMO_DIR)
+	@erlc +warnings_as_errors +debug_info -pa $(EBIN) -o $(DEMO_DIR) demo/*.erl
+
 # The project's main job on its demo: start a node with the interposer
-# preloaded, run the demo workload (a leaking NIF, fragmented arenas, a
-# bloated process), print mallocinfo:report(), write malloc_info.xml (and
-# the heap map when the build has it) into ./mallocinfo-demo/, then leave a
+# preloaded, run the demo workload, print mallocinfo:report(), write
+# malloc_info.xml and the heap map into ./mallocinfo-demo/, then leave a
 # shell (none when stdin is not a terminal).
 PRELOAD  := $(CURDIR)/priv/libmallocinfo_preload.so
 RUN_EVAL := mallocinfo_demo:make_run("mallocinfo-demo")
-run: build
-	@if [ -t 0 ]; then LD_PRELOAD=$(PRELOAD) erl -pa $(EBIN) -eval '$(RUN_EVAL).'; \
-	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) -eval '$(RUN_EVAL), halt().'; fi
+run: demo
+	@if [ -t 0 ]; then LD_PRELOAD=$(PRELOAD) erl -pa $(EBIN) $(DEMO_DIR) -eval '$(RUN_EVAL).'; \
+	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) $(DEMO_DIR) -eval '$(RUN_EVAL), halt().'; fi
 
 # Everything: formatting, xref and dialyzer, Catch2, EUnit, Common Test (release injection). CT's summary is the last line.
 test: build fmt-check lint tarball test-c eunit ct
@@ -32,10 +40,10 @@ test-c: deps
 	@$(MAKE) -s -C c_src -j$(shell nproc) test-bins
 	@$(MAKE) -s -C c_src test test-san test-preload test-attach
 
-eunit: build
+eunit: demo
 	@$(REBAR) eunit
 
-ct: build tarball
+ct: demo tarball
 	@$(REBAR) ct
 
 # Liveness under load for a minute (issue 15; `make test` runs both for less):
@@ -49,25 +57,16 @@ soak: build
 
 # Tracker overhead side by side with glibc and heaptrack, then the heap map's
 # dump and render of a 1 GB fragmented heap; results go to BENCHMARKS.md.
-bench: build
+bench: demo
 	@c_src/bench/run.sh
 	@c_src/bench/heapmap.sh
-
-# The tarball's .app without the demo's modules (make run's workload, a NIF
-# that leaks on purpose, is not shipped).
-TARBALL_APP = F = "_build/tarball/mallocinfo/ebin/mallocinfo.app", \
-  {ok, [{application, A, P}]} = file:consult(F), \
-  M = [X || X <- proplists:get_value(modules, P), X =/= mallocinfo_demo, X =/= mallocinfo_demo_nif], \
-  ok = file:write_file(F, io_lib:format("~p.~n", [{application, A, lists:keystore(modules, 1, P, {modules, M})}]))
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 # priv/mallocinfo-heapmap (the offline renderer escript) travels with it.
 tarball: build
 	@rm -rf _build/tarball && mkdir -p _build/tarball/mallocinfo
 	@cp -rL $(EBIN) _build/tarball/mallocinfo/ebin
-	@mkdir -p _build/tarball/mallocinfo/priv && cp -L priv/*.so priv/mallocinfo-heapmap _build/tarball/mallocinfo/priv/
-	@rm -f _build/tarball/mallocinfo/ebin/mallocinfo_demo*.beam _build/tarball/mallocinfo/priv/mallocinfo_demo_nif.so
-	@erl -noshell -eval '$(TARBALL_APP)' -s init stop
+	@mkdir -p _build/tarball/mallocinfo/priv && cp -L priv/mallocinfo_nif.so priv/libmallocinfo_preload.so priv/mallocinfo-heapmap _build/tarball/mallocinfo/priv/
 	@tar -C _build/tarball -czf $(TARBALL) mallocinfo
 	@echo "tarball: $(TARBALL)"
 

@@ -12,12 +12,9 @@
 
 -export([ensure_app/2, load_modules/3]).
 
-%% Modules whose object code is never sent (make run's workload, when it
-%% is on this node's path).
--define(NOT_SENT, [mallocinfo_demo, mallocinfo_demo_nif]).
-%% Shared objects that are not sent: the interposer only works from
-%% LD_PRELOAD at start or attach/0 on the node's own copy.
--define(SO_NOT_SENT, ["libmallocinfo_preload.so", "mallocinfo_demo_nif.so"]).
+%% The NIF is sent; the interposer is not: it only works from LD_PRELOAD
+%% at start or attach/0 on the node's own copy.
+-define(SO_SENT, ["mallocinfo_nif.so"]).
 
 %% `{ok, false}' when `Node' already has mallocinfo, `{ok, true}' when it
 %% was loaded there now: every module of the application it lacks, sent
@@ -61,7 +58,7 @@ load_modules(Node, [M | Rest], Name, Timeout) ->
 
 inject(Node, Timeout) ->
     Call = fun(M, F, A) -> erpc:call(Node, M, F, A, Timeout) end,
-    Missing = [M || M <- mallocinfo_lib:app_modules() -- ?NOT_SENT,
+    Missing = [M || M <- mallocinfo_lib:app_modules(),
                     element(1, Call(code, ensure_loaded, [M])) =:= error],
     Tmp = case Call(os, getenv, ["TMPDIR"]) of
               T when is_list(T), T =/= "" -> T;
@@ -75,7 +72,7 @@ inject(Node, Timeout) ->
              Target = filename:join(Dir, So),
              must(Call(file, write_file, [Target, Bin]), {write, Target}),
              must(Call(file, change_mode, [Target, 8#500]), {chmod, Target})
-         end || So <- filelib:wildcard("*.so", Priv) -- ?SO_NOT_SENT],
+         end || So <- ?SO_SENT],
         %% mallocinfo_nif's on_load looks here first (see so_path/0); the
         %% NIF first, mallocinfo last (its on_load loads its siblings).
         must(Call(application, set_env, [mallocinfo, nif_dir, Dir]), set_env),

@@ -294,15 +294,15 @@ olds(false) ->
     end.
 
 %% The largest processes but mallocinfo's own (registered under, or
-%% started in, one of its modules: the demo's stand for an application's
-%% and stay) and the calling shell's (this process and the shell linked to
+%% started in, one of the application's modules: the demo is not one, its
+%% processes stand for an application's and stay) and the calling shell's (this process and the shell linked to
 %% it).
 top_processes() ->
     Self = self(),
     Shell = [P || P <- element(2, process_info(Self, links)), is_pid(P),
                   shell_process(P)],
     Excluded = [Self | Shell],
-    Ours = mallocinfo_lib:app_modules() -- [mallocinfo_demo, mallocinfo_demo_nif],
+    Ours = mallocinfo_lib:app_modules(),
     Top = mallocinfo_process:top(?TOP + length(Excluded) + 5, memory),
     lists:sublist([P || #{pid := Pid, name := Name} = P <- Top,
                         not lists:member(Pid, Excluded), not ours(Name, Ours)], ?TOP).

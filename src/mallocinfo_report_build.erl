@@ -1126,7 +1126,7 @@ rule(process_heap, #{erts := #{processes := [#{pid := Pid, value := B} = P | _]}
     case significant(B, R) of
         false -> none;
         true ->
-            {B, fmt("process ~ts~ts holds ~ts (~ts of RSS): mallocinfo_proc:print(~ts) shows what "
+            {B, fmt("process ~ts~ts holds ~ts (~ts of RSS): mallocinfo_process:print(~ts) shows what "
                     "is on its heap",
                     [pid_to_list(Pid), proc_name(maps:get(name, P, undefined)), bytes(B),
                      share(B, R), pid_to_list(Pid)])}
@@ -1135,7 +1135,7 @@ rule(erts_binary, #{erts := #{memory := #{binary := B}}} = R) ->
     case significant(B, R) andalso B * 4 >= rss(R) of
         false -> none;
         true ->
-            {B, fmt("refc binaries take ~ts (~ts of RSS): mallocinfo_proc:top(10, binary) names "
+            {B, fmt("refc binaries take ~ts (~ts of RSS): mallocinfo_process:top(10, binary) names "
                     "the "
                     "processes that keep them", [bytes(B), share(B, R)])}
     end;

@@ -13,8 +13,8 @@
 %% Each case gives, per argument, a valid value and the wrong ones; every
 %% wrong value is tried in its position with the valid values elsewhere, so
 %% each argument's check is exercised on its own. Valid values are harmless:
-%% functions with side effects (an HTTP server, trim, mallopt, set_mode, the
-%% demo) are only ever called with one argument wrong, and file names point
+%% functions with side effects (an HTTP server, trim, mallopt, set_mode)
+%% are only ever called with one argument wrong, and file names point
 %% into a scratch directory the test makes (and is the working directory
 %% while the calls run).
 -module(mallocinfo_badarg_tests).
@@ -26,7 +26,6 @@
 excluded_modules() ->
     [{mallocinfo_nif, "the NIF stubs: internal, called only by the modules below with arguments "
                       "they checked; the NIFs decode with guarded<>, which raises badarg too"},
-     {mallocinfo_demo_nif, "@private NIF stubs of the demo workload, called by mallocinfo_demo"},
      {mallocinfo_heapmap_cli, "main/1 is the escript's entry point: it answers a usage error with "
                               "exit status 2 (and halts the VM), tested by mallocinfo_heapmap_SUITE"},
      {mallocinfo_report_build, "@private: the report's pure internals, exported for their EUnit "
@@ -127,11 +126,6 @@ cases(S) ->
      {mallocinfo_lib, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
      {mallocinfo_lib, lib_candidates, [{xmerl, ["xmerl", <<"xmerl">>, 1, {a}]},
                                    {[], [junk, [a | b], [junk], {a}]}]},
-     %% mallocinfo_demo: valid options would start the workload; only
-     %% wrong ones are ever passed.
-     {mallocinfo_demo, run, [{#{}, not_opts() ++ [#{leak_blocks => -1}, #{threads => 0},
-                                                   #{leak_size => 1.5}, #{hoard_terms => junk}]}]},
-     {mallocinfo_demo, make_run, [{Path, not_a_path()}]},
      %% mallocinfo_heap
      {mallocinfo_heap, dump, [{Path, not_a_path() ++ ["", <<>>]}]},
      {mallocinfo_heap, dump, [{Path, not_a_path() ++ ["", <<>>]}, {#{}, HeapOpts}]},
@@ -372,8 +366,7 @@ valid_values_are_valid_test_() ->
      fun() ->
              with_scratch(
                fun(S) ->
-                       Unsafe = [{mallocinfo_demo, run}, {mallocinfo_demo, make_run},
-                                 {mallocinfo_http, start}, {mallocinfo_http, do},
+                       Unsafe = [{mallocinfo_http, start}, {mallocinfo_http, do},
                                  {mallocinfo, mallopt}, {mallocinfo, trim},
                                  {mallocinfo_trace, set_mode}, {mallocinfo_trace, attach},
                                  {mallocinfo_jemalloc, profile_active},

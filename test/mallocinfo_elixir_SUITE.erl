@@ -77,9 +77,9 @@ end_per_suite(Config) ->
 %%% Cases --------------------------------------------------------------------
 
 %% `mix compile' of the path dependency, from sources without priv/ files or
-%% objects, with no hex and no network: the NIF, the preload library, the
-%% demo NIF and the heap map escript all land in the dependency's priv/,
-%% the same set as under rebar3.
+%% objects, with no hex and no network: the NIF, the preload library and
+%% the heap map escript all land in the dependency's priv/, the same set as
+%% under rebar3; make run's demo workload is not part of it.
 mix_dependency_builds(Config) ->
     Priv = ?config(priv_dir, Config),
     copy_sources(?config(root, Config), filename:join(Priv, "mallocinfo")),
@@ -94,8 +94,10 @@ mix_dependency_builds(Config) ->
     Rebar3Built = lists:sort(filelib:wildcard("*", code:priv_dir(mallocinfo))),
     ?assertEqual(Rebar3Built, Built),
     [?assert(filelib:is_regular(filename:join([Lib, "priv", F])))
-     || F <- ["mallocinfo_nif.so", "libmallocinfo_preload.so", "mallocinfo_demo_nif.so",
-              "mallocinfo-heapmap"]],
+     || F <- ["mallocinfo_nif.so", "libmallocinfo_preload.so", "mallocinfo-heapmap"]],
+    %% make run's demo workload is not the tool: never in a dependency.
+    ?assertEqual([], [F || F <- Built, string:find(F, "demo") =/= nomatch]),
+    ?assertEqual([], filelib:wildcard("*demo*", filename:join(Lib, "ebin"))),
     ?assert(filelib:is_regular(filename:join([Lib, "ebin", "mallocinfo.beam"]))),
     %% The escript was made from the beams Mix's build wrote, and runs.
     Usage = run(executable("escript"), [filename:join([Lib, "priv", "mallocinfo-heapmap"]), "--help"],
@@ -122,8 +124,8 @@ release_ships_priv(Config) ->
     offline_checks(Config).
 
 %% `bin/<app> daemon' with rel/env.sh.eex: the emulator runs with the
-%% release's own copy of the interposer, recording; the demo NIF, shipped
-%% with it, is not loaded.
+%% release's own copy of the interposer, recording; no demo NIF (it is not
+%% shipped) is loaded.
 release_starts_preloaded(Config) ->
     Script = script(Config, ?APP),
     {T, Pid} = timer:tc(fun() ->

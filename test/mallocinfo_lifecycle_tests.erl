@@ -56,6 +56,8 @@ cycles() ->
 
 leak_is_seen() ->
     {module, mallocinfo_nif} = code:ensure_loaded(mallocinfo_nif),
+    %% The demo is outside the application: make demo's directory.
+    true = code:add_patha(mi_ct:demo_dir()),
     ok = mallocinfo_demo_nif:load(),
     try
         Leak = fun() -> ok = mallocinfo_demo_nif:cache_insert(1, ?LEAK_PER_CYCLE) end,

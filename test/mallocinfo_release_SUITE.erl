@@ -82,17 +82,14 @@ inject_through_remote_console(Config) ->
     %% the console, leak from the demo NIF (loaded after attach), and the
     %% site is named with its exact count.
     type(Console, "mallocinfo_trace:attach().", "^ok$"),
-    %% The demo is not in the tarball: the test brings it as a workload of
-    %% its own (beams in a directory of their own, the NIF beside
-    %% mallocinfo_nif.so where mallocinfo_demo_nif looks), loaded by hand as
-    %% embedded mode wants.
+    %% The demo is not in the tarball: the test brings `make demo''s
+    %% directory as a workload of its own (its beams and, beside them, its
+    %% NIF), copied, and loaded by hand as embedded mode wants.
     DemoEbin = filename:join(?config(inject, Config), "demo_ebin"),
     ok = file:make_dir(DemoEbin),
-    [{ok, _} = file:copy(code:which(M), filename:join(DemoEbin, atom_to_list(M) ++ ".beam"))
-     || M <- [mallocinfo_demo, mallocinfo_demo_nif]],
-    DemoSo = filename:join(filename:dirname(mallocinfo_nif:so_path()), "mallocinfo_demo_nif.so"),
-    {ok, _} = file:copy(DemoSo, filename:join([?config(inject, Config), "mallocinfo", "priv",
-                                               "mallocinfo_demo_nif.so"])),
+    Demo = mi_ct:demo_dir(),
+    [{ok, _} = file:copy(filename:join(Demo, F), filename:join(DemoEbin, F))
+     || F <- ["mallocinfo_demo.beam", "mallocinfo_demo_nif.beam", "mallocinfo_demo_nif.so"]],
     type(Console, "code:add_path(\"" ++ DemoEbin ++ "\").", "^true$"),
     type(Console, "[l(M) || M <- [mallocinfo_demo, mallocinfo_demo_nif]].",
          "^\\[\\{module,mallocinfo_demo\\},\\{module,mallocinfo_demo_nif\\}\\]$"),

@@ -50,7 +50,7 @@ ebin() ->
 demo_report(Config) ->
     {ok, Peer, _} = peer:start_link(#{connection => standard_io,
                                       env => mallocinfo_trace:preload_env(),
-                                      args => ["-pa", ebin()]}),
+                                      args => ["-pa", ebin(), "-pa", mi_ct:demo_dir()]}),
     try
         Call = fun(M, F, A) -> peer:call(Peer, M, F, A, 120000) end,
         Demo = Call(mallocinfo_demo, run, []),

@@ -3,7 +3,7 @@
 %% mallocinfo and the suite's priv_dir, and a distributed CT node.
 -module(mi_ct).
 -export([ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, start_peer/2, start_peer/3,
-         stop_peer/1, call/4, project_root/0, tarball/0]).
+         stop_peer/1, call/4, project_root/0, tarball/0, demo_dir/0]).
 
 -include_lib("common_test/include/ct.hrl").
 
@@ -88,6 +88,24 @@ project_root(Dir) ->
         andalso filelib:is_dir(filename:join(Dir, "c_src")) of
         true -> Dir;
         false -> project_root(filename:dirname(Dir))
+    end.
+
+%% The directory `make demo' builds make run's workload into (the demo's
+%% beams and its NIF, outside the application), built now if it is not
+%% there. Works from EUnit too.
+demo_dir() ->
+    Root = project_root(),
+    Dir = filename:join([Root, "_build", "demo"]),
+    case filelib:is_regular(filename:join(Dir, "mallocinfo_demo_nif.so")) andalso
+        filelib:is_regular(filename:join(Dir, "mallocinfo_demo.beam")) of
+        true ->
+            Dir;
+        false ->
+            Out = os:cmd("make -s -C '" ++ Root ++ "' demo 2>&1; echo \"rc=$?\""),
+            case lists:suffix("rc=0\n", Out) of
+                true -> Dir;
+                false -> erlang:error({make_demo, Out})
+            end
     end.
 
 %% The operator's tarball `make tarball' built (make ct exports its path),

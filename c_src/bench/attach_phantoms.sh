@@ -12,6 +12,7 @@ set -eu -o pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 ebin=$root/_build/default/lib/mallocinfo/ebin
+demo=$root/_build/demo  # make demo
 so=$root/priv/libmallocinfo_preload.so
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mallocinfo-phantoms.XXXXXX")
 cd "$tmp"
@@ -72,5 +73,5 @@ run(Mode) ->
     _ = Self.
 ERL
 erlc -o "$tmp" "$tmp/phantoms.erl"
-env -u LD_PRELOAD erl -noshell -pa "$ebin" "$tmp" -eval 'phantoms:run(attach), halt().'
-LD_PRELOAD=$so MALLOCINFO_TRACE=full erl -noshell -pa "$ebin" "$tmp" -eval 'phantoms:run(preload), halt().'
+env -u LD_PRELOAD erl -noshell -pa "$ebin" "$demo" "$tmp" -eval 'phantoms:run(attach), halt().'
+LD_PRELOAD=$so MALLOCINFO_TRACE=full erl -noshell -pa "$ebin" "$demo" "$tmp" -eval 'phantoms:run(preload), halt().'
