@@ -1,6 +1,6 @@
 #!/usr/bin/env escript
 %% Builds priv/mallocinfo-heapmap, the offline heap map renderer: one file
-%% holding the four modules it needs (debug info stripped), runnable by
+%% holding the modules it needs (debug info stripped), runnable by
 %% `escript' on any machine with OTP 25 or newer.
 %%
 %% Run by rebar3's compile post_hook, in mallocinfo's own directory, with
@@ -11,7 +11,12 @@
 
 -include_lib("kernel/include/file.hrl").
 
--define(MODULES, [mallocinfo_heapmap_cli, mallocinfo_heapmap, mallocinfo_png, mallocinfo_units]).
+%% Everything mallocinfo_heapmap_cli reaches. mallocinfo_heap is here for
+%% totals/1 only (both summaries are summed by it); it loads without the
+%% NIF, which only its dump and summary calls need.
+-define(MODULES, [mallocinfo_heapmap_cli, mallocinfo_heapmap, mallocinfo_heapmap_read,
+                  mallocinfo_heapmap_draw, mallocinfo_heapmap_html, mallocinfo_heap,
+                  mallocinfo_file, mallocinfo_lib, mallocinfo_png, mallocinfo_units]).
 
 main([]) ->
     Ebin = ebin(),

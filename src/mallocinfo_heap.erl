@@ -13,11 +13,16 @@
 
 -export([dump/1, dump/2, summary/0, summary/1, render/2, totals/1]).
 
--export_type([summary/0, arena_summary/0, dump_error/0]).
+-export_type([summary/0, arena_summary/0, totals/0, by_kind/0, dump_error/0]).
 
+%% Bytes of chunks of each kind.
 -type by_kind() :: #{in_use := non_neg_integer(), free := non_neg_integer(),
                      fast := non_neg_integer(), tcache := non_neg_integer(),
                      top := non_neg_integer(), meta := non_neg_integer()}.
+%% One arena's figures (doc/heapmap.md says what each means). The one
+%% definition: a dump file's summary (mallocinfo_heapmap:read_summary/1)
+%% has exactly these keys too. `live_bytes', `live_chunks' and
+%% `unrecorded_bytes' are there only with tracker data.
 -type arena_summary() :: #{arena := non_neg_integer(),
                            address := non_neg_integer(),
                            system_bytes := non_neg_integer(),
@@ -34,8 +39,34 @@
                            live_bytes => non_neg_integer(),
                            live_chunks => non_neg_integer(),
                            unrecorded_bytes => non_neg_integer()}.
+%% The arenas summed by totals/1 (every counter summed, `largest_free' the
+%% largest, `arena_count'), and in a summary what only the whole heap has:
+%% `tracked_mmap_bytes' and `tracked_mmap_chunks', the mmapped blocks the
+%% walker found through the tracker (in the live summary and a dump's);
+%% `mmap_bytes' and `mmap_chunks', glibc's own count of its mmapped blocks
+%% (mallinfo2 `hblkhd', `hblks'; only in the live summary: a dump does not
+%% hold it).
+-type totals() :: #{system_bytes := non_neg_integer(),
+                    in_use_bytes := non_neg_integer(),
+                    free_bytes := non_neg_integer(),
+                    by_kind := by_kind(),
+                    chunks := non_neg_integer(),
+                    free_chunks := non_neg_integer(),
+                    largest_free := non_neg_integer(),
+                    resident_bytes := non_neg_integer(),
+                    trimmable_bytes := non_neg_integer(),
+                    pinned_bytes := non_neg_integer(),
+                    segments := non_neg_integer(),
+                    arena_count := non_neg_integer(),
+                    tracked_mmap_bytes => non_neg_integer(),
+                    tracked_mmap_chunks => non_neg_integer(),
+                    mmap_bytes => non_neg_integer(),
+                    mmap_chunks => non_neg_integer(),
+                    live_bytes => non_neg_integer(),
+                    live_chunks => non_neg_integer(),
+                    unrecorded_bytes => non_neg_integer()}.
 -type summary() :: #{arenas := [arena_summary()],
-                     total := map(),
+                     total := totals(),
                      mallinfo := map(),
                      sites := [#{id := pos_integer(), live_bytes := non_neg_integer(),
                                  count := non_neg_integer(), label := binary()}],
@@ -117,10 +148,12 @@ render(DumpPath, OutDir) ->
 -define(TRACKER_COUNTERS, [live_bytes, live_chunks, unrecorded_bytes]).
 
 %% @doc Sums per-arena summaries into the `total' map: every counter summed,
-%% `largest_free' the maximum, plus `arena_count'. Pure. Raises `badarg'
-%% unless `Arenas' is a list of arena summaries (maps with every counter
-%% above as a non-negative integer, the tracker's three in all or none).
--spec totals([arena_summary()]) -> map().
+%% `largest_free' the maximum, plus `arena_count'. Pure; the live summary
+%% and a dump file's (mallocinfo_heapmap:read_summary/1) are both summed
+%% here. Raises `badarg' unless `Arenas' is a list of arena summaries (maps
+%% with every counter above as a non-negative integer, the tracker's three
+%% in all or none).
+-spec totals([arena_summary()]) -> totals().
 totals(Arenas) ->
     arenas(Arenas) orelse erlang:error(badarg, [Arenas]),
     Sum = fun(K) -> lists:sum([maps:get(K, A, 0) || A <- Arenas]) end,

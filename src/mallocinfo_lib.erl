@@ -2,11 +2,12 @@
 %% application's own modules (mallocinfo's on_load loads them all),
 %% finding OTP applications a release may lack (xmerl for
 %% mallocinfo:heaps/0, inets for mallocinfo_http) in the OTP installation
-%% the emulator runs from, and file names as the NIFs take them.
+%% the emulator runs from, and file names as the NIFs and the file module
+%% take them.
 -module(mallocinfo_lib).
 
--export([path_binary/2, app_modules/0, ensure_xmerl/0, load_xmerl/1, xmerl_candidates/1,
-         lib_candidates/2, otp_roots/0]).
+-export([path_binary/2, path_name/2, app_modules/0, ensure_xmerl/0, load_xmerl/1,
+         xmerl_candidates/1, lib_candidates/2, otp_roots/0]).
 
 -define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
 
@@ -23,6 +24,27 @@ path_binary(Path, Args) when is_list(Path); is_atom(Path) ->
         error:_ -> erlang:error(badarg, Args)
     end;
 path_binary(_, Args) ->
+    erlang:error(badarg, Args).
+
+%% A file name as the file module takes it, validated and flattened:
+%% a binary as it is (raw names allowed), atoms and deep lists of
+%% characters, atoms and binaries as one string (so names built from it
+%% with filename:join/2 are strings too). badarg with `Args' for anything
+%% else, or a NUL.
+-spec path_name(term(), [term()]) -> file:filename_all().
+path_name(Path, Args) when is_binary(Path) ->
+    check_nul(Path, Args);
+path_name(Path, Args) when is_list(Path); is_atom(Path) ->
+    try unicode:characters_to_list(flat_name(Path)) of
+        Chars when is_list(Chars) ->
+            lists:member(0, Chars) andalso erlang:error(badarg, Args),
+            Chars;
+        _ ->
+            erlang:error(badarg, Args)
+    catch
+        error:_ -> erlang:error(badarg, Args)
+    end;
+path_name(_, Args) ->
     erlang:error(badarg, Args).
 
 %% A file name as chardata: characters, atoms, binaries and deep lists of

@@ -1,8 +1,9 @@
 %% @private Humanised units for reports read at 80 columns: bytes with binary
-%% units, large counts with k/M/G, ages from milliseconds to days. Pure.
+%% units, large counts with k/M/G, ages from milliseconds to days, times of
+%% day in UTC. Pure.
 -module(mallocinfo_units).
 
--export([bytes/1, count/1, age/1]).
+-export([bytes/1, count/1, age/1, utc/1]).
 
 %% @doc Bytes with a binary unit and one decimal: `512 B', `1.5 KiB',
 %% `64.0 MiB', `1.8 GiB'; `undefined' is `-'. Anything but an integer or
@@ -37,3 +38,13 @@ age(Ms) when Ms < 60000 -> io_lib:format("~b s", [Ms div 1000]);
 age(Ms) when Ms < 3600000 -> io_lib:format("~.1f min", [Ms / 60000]);
 age(Ms) when Ms < 2 * 86400000 -> io_lib:format("~.1f h", [Ms / 3600000]);
 age(Ms) -> io_lib:format("~.1f d", [Ms / 86400000]).
+
+%% @doc A Unix time in milliseconds as RFC 3339 in UTC:
+%% `2025-11-24T16:00:00.000Z'. One past year 9999 (a corrupt heap dump's
+%% time, which nothing checks) reads `at unix time N ms'. Anything but a
+%% non-negative integer raises `badarg'.
+-spec utc(non_neg_integer()) -> io_lib:chars().
+utc(Ms) when not is_integer(Ms); Ms < 0 -> erlang:error(badarg, [Ms]);
+utc(Ms) when Ms < 253402300800000 ->
+    calendar:system_time_to_rfc3339(Ms, [{unit, millisecond}, {offset, "Z"}]);
+utc(Ms) -> io_lib:format("at unix time ~b ms", [Ms]).

@@ -38,6 +38,15 @@ excluded_modules() ->
                              "mallocinfo_trace:folded/0's text"},
      {mallocinfo_remote, "@private: loads mallocinfo over distribution for mallocinfo_report "
                          "and mallocinfo_process, which checked the node and timeout first"},
+     {mallocinfo_heapmap_read, "@private: the dump reader; mallocinfo_heapmap checks the path "
+                               "and is its only caller (with the drawer, on what it read); EUnit "
+                               "in mallocinfo_heapmap_read_tests"},
+     {mallocinfo_heapmap_draw, "@private: the PNGs, fed only by mallocinfo_heapmap with a dump "
+                               "the reader accepted; EUnit in mallocinfo_heapmap_draw_tests"},
+     {mallocinfo_heapmap_html, "@private: index.html, made only by mallocinfo_heapmap from what "
+                               "the reader and the drawer made"},
+     {mallocinfo_file, "@private: the heap map's file writing; its callers pass names they "
+                       "checked; EUnit in mallocinfo_files_tests"},
      {mallocinfo_growth, "@private: the pure parts of growth and roll-ups, exported for their "
                          "EUnit tests; mallocinfo_trace and mallocinfo_report check arguments "
                          "before calling them"}].
@@ -46,6 +55,7 @@ excluded_modules() ->
 %% term. Every other position of that function is still checked.
 any_term() ->
     [{mallocinfo_lib, path_binary, 2, 2, "the arguments to put in the badarg it raises"},
+     {mallocinfo_lib, path_name, 2, 2, "the arguments to put in the badarg it raises"},
      {mallocinfo_process, in_process, 3, 1, "the inspected process's OTP state: any term"},
      {mallocinfo_process, in_process, 3, 3, "the reply alias: unused but passed through"}].
 
@@ -102,7 +112,7 @@ cases(S) ->
               [(arena())#{by_kind => #{}}], [maps:remove(pinned_bytes, arena())],
               [arena() | junk], [arena(), (arena())#{in_use_bytes => <<"1">>}]],
     Summary = #{arenas => [(arena())#{arena => 0}],
-                total => (arena())#{arena_count => 1, chunk_count => 1}},
+                total => (arena())#{arena_count => 1, chunks => 1}},
     Header = #{pid => 1, time_ms => 0, glibc => <<"2.36">>, page_size => 4096, heap_max => 1,
                tracker => false},
     Report = mallocinfo_report:collect(),
@@ -121,6 +131,7 @@ cases(S) ->
      {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1],
                                  -1] ++ ReportOpts}]},
      {mallocinfo_lib, path_binary, [{Path, not_a_path()}, {[], []}]},
+     {mallocinfo_lib, path_name, [{Path, not_a_path()}, {[], []}]},
      {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
                                           <<"junk">>, [""]]}]},
      {mallocinfo_lib, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
@@ -272,6 +283,7 @@ cases(S) ->
      {mallocinfo_units, bytes, [{0, [junk, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, count, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, age, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
+     {mallocinfo_units, utc, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      %% module_info/1, which the compiler adds to every module
      {'*', module_info, [{exports, [junk, "exports", 1, [a | b], {exports}]}]}],
     %% mallocinfo_proc, the deprecated name of mallocinfo_process: the same

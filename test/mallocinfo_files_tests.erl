@@ -1,5 +1,6 @@
 %% Every writer of a file the caller names (mallocinfo:info/1,
-%% mallocinfo_heap:dump/1, mallocinfo_heapmap:render/2) replaces a regular
+%% mallocinfo_heap:dump/1, mallocinfo_heapmap:render/2, and under the last
+%% the Erlang writers' one helper, mallocinfo_file:write_all/3) replaces a regular
 %% file or fills a missing name, and refuses anything else, leaving it
 %% exactly as it was: a directory with `eisdir'; a symbolic link (to a file,
 %% or dangling), a character or block device, a FIFO and a unix socket with
@@ -152,4 +153,73 @@ heapmap_render() ->
               Old = info(Index),
               {ok, Files} = mallocinfo_heapmap:render(Dump, Out),
               ?assertNotEqual(Old#file_info.inode, (info(Index))#file_info.inode)
+      end).
+
+%%% mallocinfo_file: the Erlang side's one writer --------------------------------
+
+%% Writes `Names' into Dir through write_all/3, each holding its own name.
+write_names(Dir, Names) ->
+    mallocinfo_file:write_all(
+      Dir, Names,
+      fun(TempOf) -> [mallocinfo_file:write_file(TempOf(N), N) || N <- Names] end).
+
+write_all_targets_test() ->
+    refuses_all(fun(Path) -> write_names(filename:dirname(Path), [filename:basename(Path)]) end,
+                fun(Path) ->
+                        ?assertEqual({ok, list_to_binary(filename:basename(Path))},
+                                     file:read_file(Path))
+                end).
+
+%% A set of names is written or refused whole: one name taken by a
+%% directory refuses every other, before anything is written.
+write_all_is_all_or_nothing_test() ->
+    with_targets(
+      fun(Dir, _) ->
+              Before = entries(Dir),
+              ?assertEqual({error, eisdir}, write_names(Dir, ["a", "directory", "b"])),
+              ?assertEqual(Before, entries(Dir)),
+              ?assertEqual({ok, [filename:join(Dir, N) || N <- ["a", "b"]]},
+                           write_names(Dir, ["a", "b"])),
+              ?assertEqual(lists:sort(["a", "b" | Before]), entries(Dir))
+      end).
+
+%% A failure while writing (here a thrown enospc after the first file)
+%% leaves nothing: no temporary, no final name, and no directory that
+%% write_all/3 made; any other exception is raised again after the same
+%% cleaning.
+write_all_cleans_up_test() ->
+    with_targets(
+      fun(Dir, _) ->
+              Before = entries(Dir),
+              Deep = filename:join([Dir, "new", "deeper"]),
+              Failing = fun(Thrown) ->
+                                fun(TempOf) ->
+                                        mallocinfo_file:write_file(TempOf("one"), <<"1">>),
+                                        throw(Thrown)
+                                end
+                        end,
+              ?assertEqual({error, enospc},
+                           mallocinfo_file:write_all(Deep, ["one", "two"], Failing({posix, enospc}))),
+              ?assertEqual(Before, entries(Dir)),
+              ?assertThrow({bad_dump, changed_while_reading},
+                           mallocinfo_file:write_all(Deep, ["one", "two"],
+                                                     Failing({bad_dump, changed_while_reading}))),
+              ?assertEqual(Before, entries(Dir)),
+              %% The same into an existing directory: its entries are kept.
+              ?assertEqual({error, enospc},
+                           mallocinfo_file:write_all(Dir, ["one"], Failing({posix, enospc}))),
+              ?assertEqual(Before, entries(Dir))
+      end).
+
+%% A temporary is never an existing name, whatever it is.
+open_temp_refuses_existing_names_test() ->
+    with_targets(
+      fun(Dir, Targets) ->
+              [?assertEqual({Kind, {posix, eexist}},
+                            {Kind, catch mallocinfo_file:open_temp(Path)})
+               || {Kind, Path, _} <- Targets],
+              Plain = filename:join(Dir, "plain"),
+              ok = file:write_file(Plain, <<"kept">>),
+              ?assertEqual({posix, eexist}, catch mallocinfo_file:open_temp(Plain)),
+              ?assertEqual({ok, <<"kept">>}, file:read_file(Plain))
       end).

@@ -223,15 +223,15 @@ bad_arguments(_Config) ->
 %%% Helpers ------------------------------------------------------------------
 
 %% The summary the dumper computed in its child and the one the offline
-%% reader computes from the file agree on every figure they share.
+%% reader computes from the file are one type (mallocinfo_heap:
+%% arena_summary()): equal arena for arena, every key; the totals too, but
+%% for glibc's own count of its mmapped blocks, which the file does not
+%% hold.
 same_as_file(Path, #{arenas := Arenas, total := Total}) ->
     {ok, #{arenas := FileArenas, total := FileTotal}} = mallocinfo_heapmap:read_summary(Path),
     ?assertEqual(length(Arenas), length(FileArenas)),
-    lists:foreach(fun({A, F}) -> ?assertEqual(F, maps:with(maps:keys(F), A)) end,
-                  lists:zip(Arenas, FileArenas)),
-    Shared = [K || K <- maps:keys(FileTotal), maps:is_key(K, Total)],
-    ?assert(length(Shared) >= 12),
-    ?assertEqual(maps:with(Shared, FileTotal), maps:with(Shared, Total)),
+    lists:foreach(fun({A, F}) -> ?assertEqual(F, A) end, lists:zip(Arenas, FileArenas)),
+    ?assertEqual(maps:without([mmap_bytes, mmap_chunks], Total), FileTotal),
     true.
 
 file_info(Path) ->

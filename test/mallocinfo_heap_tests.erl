@@ -49,6 +49,28 @@ mmapped_blocks_are_glibc_s_count_test() ->
     %% What the walker found through the tracker: nothing, without it.
     ?assertMatch(#{tracked_mmap_chunks := 0, tracked_mmap_bytes := 0}, T).
 
+%% One arena_summary() for both sides: the summary of a dump of this node
+%% and the summary the offline reader computes from its file are equal,
+%% arena for arena, every key; the totals too, but for glibc's own mmap
+%% count, which the file does not hold.
+live_and_file_summaries_are_one_type_test() ->
+    Dir = string:trim(os:cmd("mktemp -d -t mi_heap_XXXXXX")),
+    try
+        Path = filename:join(Dir, "node.heapdump"),
+        {ok, #{arenas := Arenas, total := Total} = Live} = mallocinfo_heap:dump(Path),
+        {ok, #{arenas := FileArenas, total := FileTotal} = File} = mallocinfo_heapmap:read_summary(Path),
+        ?assertEqual(Arenas, FileArenas),
+        ?assertEqual(maps:without([mmap_bytes, mmap_chunks], Total), FileTotal),
+        ?assertMatch(#{chunks := C, segments := S} when C > 0 andalso S > 0, FileTotal),
+        ?assertEqual(maps:with([chunks, segments], Live), maps:with([chunks, segments], FileTotal)),
+        %% So the text formatter takes either.
+        ?assertEqual(iolist_to_binary(mallocinfo_heapmap:format_summary(File)),
+                     iolist_to_binary(mallocinfo_heapmap:format_summary(
+                                        maps:with([arenas, total], Live))))
+    after
+        file:del_dir_r(Dir)
+    end.
+
 bad_arguments_test_() ->
     [?_assertError(badarg, mallocinfo_heap:dump(42)),
      ?_assertError(badarg, mallocinfo_heap:dump("")),

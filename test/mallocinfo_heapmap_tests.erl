@@ -61,8 +61,13 @@ tracked() ->
                sites => [{1, 136672, 3, <<"leaky_alloc < leaky_nif_call"/utf8>>},
                          {2, 512, 1, <<"cache_put < <b>&amp;"/utf8>>}]}.
 
+%% The keys of mallocinfo_heap:arena_summary(): the test writer puts arena
+%% I at address 0x1000 + I.
 arena0() ->
     #{arena => 0,
+      address => 16#1000,
+      chunks => 10,
+      segments => 1,
       system_bytes => 32768,
       in_use_bytes => 32768 - (12320 + 64 + 12288),
       free_bytes => 12320 + 64 + 12288,
@@ -78,6 +83,9 @@ arena0() ->
 
 arena1() ->
     #{arena => 1,
+      address => 16#1001,
+      chunks => 4,
+      segments => 1,
       system_bytes => 16384,
       in_use_bytes => 16384 - (8192 + 4064),
       free_bytes => 8192 + 4064,
@@ -95,7 +103,8 @@ totals() ->
                    top => 12288 + 4064, meta => 32},
       free_chunks => 5, largest_free => 12288, resident_bytes => 9 * ?PAGE,
       trimmable_bytes => 2 * ?PAGE, pinned_bytes => 4192 + 4096,
-      tracked_mmap_bytes => 0, tracked_mmap_chunks => 0, arena_count => 2, chunk_count => 14}.
+      tracked_mmap_bytes => 0, tracked_mmap_chunks => 0, arena_count => 2, chunks => 14,
+      segments => 2}.
 
 %% mktemp: a name unique across nodes (unique_integer/1 starts over in every
 %% VM, so two test runs on one machine made the same directory).

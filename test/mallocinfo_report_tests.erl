@@ -867,7 +867,13 @@ human_test_() ->
      ?_assertEqual("42 s", lists:flatten(mallocinfo_units:age(42999))),
      ?_assertEqual("5.2 min", lists:flatten(mallocinfo_units:age(312000))),
      ?_assertEqual("5.0 h", lists:flatten(mallocinfo_units:age(5 * 3600000))),
-     ?_assertEqual("3.1 d", lists:flatten(mallocinfo_units:age(3 * 86400000 + 9000000)))].
+     ?_assertEqual("3.1 d", lists:flatten(mallocinfo_units:age(3 * 86400000 + 9000000))),
+     ?_assertEqual("1970-01-01T00:00:00.000Z", lists:flatten(mallocinfo_units:utc(0))),
+     ?_assertEqual("2025-11-24T16:00:00.000Z", lists:flatten(mallocinfo_units:utc(1764000000000))),
+     ?_assertEqual("9999-12-31T23:59:59.999Z",
+                   lists:flatten(mallocinfo_units:utc(253402300799999))),
+     ?_assertEqual("at unix time 253402300800000 ms",
+                   lists:flatten(mallocinfo_units:utc(253402300800000)))].
 
 format_crafted_test() ->
     R = (quiet())#{verdicts => ?R:verdicts(quiet())},
@@ -886,7 +892,7 @@ format_heap_map_test() ->
                             top => 4 * ?MiB, meta => 0},
                free_chunks => 123456, largest_free => 4 * ?MiB, resident_bytes => 390 * ?MiB,
                trimmable_bytes => 6 * ?MiB, pinned_bytes => 8 * ?MiB, mmap_bytes => 0,
-               mmap_chunks => 0, arena_count => 2, chunk_count => 1000000},
+               mmap_chunks => 0, arena_count => 2, chunks => 1000000},
     Q = quiet(),
     R = Q#{libc := (maps:get(libc, Q))#{heap_map := #{arenas => [], total => Totals}},
            verdicts => []},

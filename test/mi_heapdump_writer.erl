@@ -7,8 +7,11 @@
 -export([dump/1, records/1, write/2, record/2, chunk_word/3, tag/1, kind/1,
          write_big/2]).
 
--define(MAGIC, <<"MIHEAPD\n">>).
--define(PER_RECORD, 65536).
+%% The format's constants, from the reader's own copy: a writer and a
+%% reader that disagree about a tag cannot both pass.
+-include_lib("mallocinfo/src/mallocinfo_heapdump.hrl").
+
+-define(PER_RECORD, ?MAX_CHUNKS_PER_RECORD).
 
 %% Spec:
 %%   #{page_size => 4096, tracker => false, pid => 4242, time_ms => ...,
@@ -25,7 +28,7 @@
 
 %% The whole file.
 dump(Spec) ->
-    iolist_to_binary([?MAGIC | records(Spec)]).
+    iolist_to_binary([<<?MAGIC>> | records(Spec)]).
 
 write(Path, Spec) ->
     file:write_file(Path, dump(Spec)).
@@ -51,8 +54,9 @@ records(Spec) ->
         ++ [record('end', <<Chunks:64/little, Segs:64/little, (length(Arenas)):32/little, 0:32>>)].
 
 header(Spec) ->
-    Flags = case maps:get(tracker, Spec, false) of true -> 1; false -> 0 end,
-    record(header, <<1:32/little, (maps:get(page_size, Spec, 4096)):32/little, 16:32/little,
+    Flags = case maps:get(tracker, Spec, false) of true -> ?FLAG_TRACKER; false -> 0 end,
+    record(header, <<?VERSION:32/little, (maps:get(page_size, Spec, 4096)):32/little,
+                     ?ALIGNMENT:32/little,
                      Flags:32/little, (maps:get(pid, Spec, 4242)):64/little,
                      (maps:get(time_ms, Spec, 1764000000000)):64/little,
                      (maps:get(heap_max, Spec, 64 bsl 20)):64/little,
@@ -62,7 +66,7 @@ arena_records(I, A, PS, Per) ->
     Segs = [complete(S) || S <- maps:get(segments, A)],
     System = maps:get(system, A, lists:sum([maps:get(size, S) || S <- Segs])),
     {TopAddr, TopSize} = maps:get(top, A, top_of(Segs)),
-    Flags = case I of 0 -> 1; _ -> 0 end,
+    Flags = case I of 0 -> ?FLAG_MAIN; _ -> 0 end,
     [record(arena, <<I:32/little, Flags:32/little, (16#1000 + I):64/little,
                      System:64/little, TopAddr:64/little, TopSize:64/little>>)
      | lists:append([segment_records(I, S, PS, Per) || S <- Segs])].
@@ -86,7 +90,7 @@ addressed(#{first := First, chunks := Chunks}) ->
     L.
 
 segment_records(I, #{base := Base, size := Size, first := First, chunks := Chunks} = S, PS, Per) ->
-    Main = case maps:get(main, S, I =:= 0) of true -> 1; false -> 0 end,
+    Main = case maps:get(main, S, I =:= 0) of true -> ?FLAG_MAIN; false -> 0 end,
     Words = [chunk_word(element(1, C), element(2, C), site(C)) || C <- Chunks],
     FirstPage = Base div PS,
     NPages = (Base + Size + PS - 1) div PS - FirstPage,
@@ -120,25 +124,25 @@ groups(L, N) -> {H, T} = lists:split(N, L), [H | groups(T, N)].
 record(Tag, Payload) ->
     <<(tag(Tag)):32/little, (byte_size(Payload)):32/little, Payload/binary>>.
 
-tag(header) -> 1;
-tag(arena) -> 2;
-tag(segment) -> 3;
-tag(chunks) -> 4;
-tag(pages) -> 5;
-tag(mmap) -> 6;
-tag(site) -> 7;
-tag('end') -> 8.
+tag(header) -> ?T_HEADER;
+tag(arena) -> ?T_ARENA;
+tag(segment) -> ?T_SEGMENT;
+tag(chunks) -> ?T_CHUNKS;
+tag(pages) -> ?T_PAGES;
+tag(mmap) -> ?T_MMAP;
+tag(site) -> ?T_SITE;
+tag('end') -> ?T_END.
 
-kind(in_use) -> 0;
-kind(free) -> 1;
-kind(fast) -> 2;
-kind(tcache) -> 3;
-kind(top) -> 4;
-kind(mmap) -> 5;
-kind(meta) -> 6.
+kind(in_use) -> ?K_IN_USE;
+kind(free) -> ?K_FREE;
+kind(fast) -> ?K_FAST;
+kind(tcache) -> ?K_TCACHE;
+kind(top) -> ?K_TOP;
+kind(mmap) -> ?K_MMAP;
+kind(meta) -> ?K_META.
 
 chunk_word(Kind, Size, Site) ->
-    (Size band 16#0000fffffffffff0) bor kind(Kind) bor (Site bsl 48).
+    (Size band ?SIZE_MASK) bor kind(Kind) bor (Site bsl ?SITE_SHIFT).
 
 %%% ---------------------------------------------------------------------------
 %%% A big fragmented heap, streamed to a file
@@ -157,7 +161,7 @@ write_big(Path, Opts) ->
     HeapBytes = maps:get(heap_bytes, Opts, 64 bsl 20),
     rand:seed(exsss, maps:get(seed, Opts, 42)),
     {ok, Fd} = file:open(Path, [write, raw, binary, delayed_write]),
-    ok = file:write(Fd, [?MAGIC, header(#{})]),
+    ok = file:write(Fd, [<<?MAGIC>>, header(#{})]),
     HeapBase = 16#7f0000000000,
     Layout = [{0, [{16#55550000, MainBytes, 16#55550000, 1}]},
               {1, [{HeapBase + N * (64 bsl 20), HeapBytes, HeapBase + N * (64 bsl 20) + 2224, 0}
@@ -183,7 +187,7 @@ big_arena(Fd, I, Segs) ->
     TopSize = 1 bsl 16,
     TopAddr = LastBase + LastSize - TopSize,
     System = lists:sum([S || {_, S, _, _} <- Segs]),
-    Flags = case I of 0 -> 1; _ -> 0 end,
+    Flags = case I of 0 -> ?FLAG_MAIN; _ -> 0 end,
     ok = file:write(Fd, record(arena, <<I:32/little, Flags:32/little, 0:64, System:64/little,
                                         TopAddr:64/little, TopSize:64/little>>)),
     lists:sum([big_segment(Fd, I, Seg, Seg =:= lists:last(Segs), TopSize) || Seg <- Segs]).

@@ -1,7 +1,8 @@
 // The heap dump file format, version 1: the contract between the dumper
 // (heapwalk/, running in a forked child) and every reader (the Erlang
-// renderer mallocinfo_heapmap, the escript, tests). For operators:
-// doc/dump-format.md.
+// reader mallocinfo_heapmap_read, behind mallocinfo_heapmap and the
+// escript; src/mallocinfo_heapdump.hrl is the Erlang copy of the constants
+// below, shared with the tests' writer). For operators: doc/dump-format.md.
 //
 // Design goals: streamable (written front to back with no seeking, read the
 // same way), compact (8 bytes per chunk: the address is implied), and
