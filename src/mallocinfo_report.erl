@@ -330,14 +330,14 @@ read_proc(Name) ->
         {error, _} = E -> E
     end.
 
-%% What confirms glibc's heaps (see mallocinfo_report_build:heap_windows/2):
+%% What confirms glibc's heaps (see mallocinfo_smaps:heap_windows/2):
 %% the first bytes at each candidate address, read from /proc/self/mem
 %% (the kernel copies them: nothing in this process can fault), and, for
 %% a mapping that merged with a heap, its resident pages inside the heap
 %% from /proc/self/pagemap (bit 63: present). Where either cannot be read
 %% the report falls back to the heaps' shape and to proportions.
 heap_evidence(Smaps) when is_binary(Smaps) ->
-    B = mallocinfo_report_build,
+    B = mallocinfo_smaps,
     case guard(fun() ->
                        Vmas = B:parse_smaps(Smaps),
                        Headers = read_at("/proc/self/mem",

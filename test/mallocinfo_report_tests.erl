@@ -1,184 +1,17 @@
 %% EUnit: the pure parts of the report (mallocinfo_report_build,
-%% mallocinfo_report_text, mallocinfo_units) on canned input: /proc text,
-%% erts_alloc figures, crafted reports for every verdict rule, units and
-%% the 80-column text.
+%% mallocinfo_report_text, mallocinfo_units) on canned input: erts_alloc
+%% figures, build/1 on canned raw data (mi_report_data's /proc text),
+%% crafted reports for every verdict rule, units and the 80-column text.
+%% The /proc parsing itself: mallocinfo_smaps_tests.
 -module(mallocinfo_report_tests).
 -include_lib("eunit/include/eunit.hrl").
 
--define(KiB, 1024).
--define(MiB, (1024 * 1024)).
+-include("mi_report_data.hrl").
+
 -define(R, mallocinfo_report_build).
 -define(TEXT, mallocinfo_report_text).
 
-%%% Canned /proc/self/smaps --------------------------------------------------
-
-%% One mapping as the kernel prints it (a subset of the fields). Pss is
-%% Rss (pages mapped once) unless given.
-vma(Start, Stop, Perms, Path, RssKb, Flags) ->
-    vma(Start, Stop, Perms, Path, RssKb, RssKb, Flags).
-
-vma(Start, Stop, Perms, Path, RssKb, PssKb, Flags) ->
-    io_lib:format("~.16b-~.16b ~s 00000000 00:00 0                          ~s~n"
-                  "Size:           ~8b kB~n"
-                  "KernelPageSize:        4 kB~n"
-                  "Rss:            ~8b kB~n"
-                  "Pss:            ~8b kB~n"
-                  "Anonymous:      ~8b kB~n"
-                  "Swap:                  0 kB~n"
-                  "THPeligible:    0~n"
-                  "VmFlags: ~s~n",
-                  [Start, Stop, Perms, Path, (Stop - Start) div 1024, RssKb, PssKb,
-                   case Path of "" -> RssKb; _ -> 0 end, Flags]).
-
--define(H, 16#7f0000000000).
--define(W, (64 * ?MiB)).
-
-smaps() ->
-    iolist_to_binary(
-      [vma(16#55d000000000, 16#55d000100000, "r-xp", "/usr/lib/erlang/erts-13.1.5/bin/beam.smp",
-           1024, "rd ex mr mw me"),
-       vma(16#55d000100000, 16#55d000180000, "r--p", "/usr/lib/erlang/erts-13.1.5/bin/beam.smp",
-           512, "rd mr mw me"),
-       vma(16#55d000200000, 16#55d000600000, "rw-p", "[heap]", 3000, "rd wr mr mw me ac"),
-       %% A non-main heap: 16 MiB in use, PROT_NONE to the end of its 64 MiB.
-       vma(?H + 1 * ?W, ?H + 1 * ?W + 16 * ?MiB, "rw-p", "", 12000, "rd wr mr mw me nr"),
-       vma(?H + 1 * ?W + 16 * ?MiB, ?H + 2 * ?W, "---p", "", 0, "mr mw me nr"),
-       %% Two heaps that filled up and merged into one mapping.
-       vma(?H + 2 * ?W, ?H + 4 * ?W, "rw-p", "", 100000, "rd wr mr mw me nr"),
-       %% A decoy: a NORESERVE mapping (the tracker's table) that spans an
-       %% aligned window but does not start on it.
-       vma(?H + 5 * ?W - 16 * ?MiB, ?H + 6 * ?W + 4 * ?MiB, "rw-p", "", 50000,
-           "rd wr mr mw me nr"),
-       %% A heap whose PROT_NONE tail runs on into a reservation.
-       vma(?H + 8 * ?W, ?H + 8 * ?W + 4 * ?MiB, "rw-p", "", 4000, "rd wr mr mw me nr"),
-       vma(?H + 8 * ?W + 4 * ?MiB, ?H + 10 * ?W, "---p", "", 0, "mr mw me nr"),
-       %% Aligned NORESERVE but continued by an accountable mapping: not a heap.
-       vma(?H + 12 * ?W, ?H + 12 * ?W + 32 * ?MiB, "rw-p", "", 2048, "rd wr mr mw me nr"),
-       vma(?H + 12 * ?W + 32 * ?MiB, ?H + 13 * ?W, "rw-p", "", 1000, "rd wr mr mw me ac"),
-       %% A thread stack: a 4 KiB guard, then the stack.
-       vma(?H + 14 * ?W, ?H + 14 * ?W + 4096, "---p", "", 0, "mr mw me nh"),
-       vma(?H + 14 * ?W + 4096, ?H + 14 * ?W + 4096 + ?MiB, "rw-p", "", 64, "rd wr mr mw me ac nh"),
-       %% The JIT's two views of its code: 4000 KiB resident, mapped in both
-       %% (so each view's Pss is half its Rss), and 100 KiB only the
-       %% writable view has touched.
-       vma(?H + 15 * ?W, ?H + 15 * ?W + 8 * ?MiB, "rw-s", "/memfd:vmem (deleted)", 4100, 2100,
-           "rd wr sh mr mw me ms"),
-       vma(?H + 15 * ?W + 8 * ?MiB, ?H + 15 * ?W + 16 * ?MiB, "r-xs", "/memfd:vmem (deleted)", 4000,
-           2000, "rd ex sh mr mw me ms"),
-       %% ERTS carriers and the like: plain anonymous memory.
-       vma(?H + 16 * ?W, ?H + 16 * ?W + 16 * ?MiB, "rw-p", "", 16384, "rd wr mr mw me ac"),
-       vma(?H + 17 * ?W, ?H + 17 * ?W + ?MiB, "rw-p", "[anon:named]", 256, "rd wr mr mw me ac"),
-       vma(16#7ffc00000000, 16#7ffc00021000, "rw-p", "[stack]", 132, "rd wr mr mw me gd ac"),
-       vma(16#7ffc00100000, 16#7ffc00102000, "r-xp", "[vdso]", 4, "rd ex mr mw me de")]).
-
-parse_smaps_test() ->
-    Vmas = ?R:parse_smaps(smaps()),
-    ?assertEqual(19, length(Vmas)),
-    [Beam | _] = Vmas,
-    ?assertMatch(#{start := 16#55d000000000, stop := 16#55d000100000, perms := <<"r-xp">>,
-                   path := <<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>,
-                   size := 1024 * ?KiB, rss := 1024 * ?KiB, pss := 1024 * ?KiB, anon := 0,
-                   flags := [<<"rd">>, <<"ex">>, <<"mr">>, <<"mw">>, <<"me">>]}, Beam),
-    %% A path with a space survives.
-    ?assert(lists:any(fun(#{path := P}) -> P =:= <<"/memfd:vmem (deleted)">> end, Vmas)),
-    %% Without VmFlags (old kernels) the flags are unknown, not empty.
-    [NoFlags] = ?R:parse_smaps(<<"00400000-00401000 r--p 00000000 08:01 1 /bin/x\nRss: 4 kB\n">>),
-    ?assertMatch(#{flags := undefined, rss := 4096, path := <<"/bin/x">>}, NoFlags).
-
-group_mappings_test() ->
-    #{groups := G, files_top := Files, anon_top := Anon} = Grouped =
-        ?R:group_mappings(?R:parse_smaps(smaps())),
-    Rss = fun(K) -> maps:get(rss, maps:get(K, G)) end,
-    Count = fun(K) -> maps:get(count, maps:get(K, G)) end,
-    ?assertEqual(3000 * ?KiB, Rss(main_heap)),
-    %% Windows 1, 2, 3 (merged) and 8 (tail into a reservation); not the
-    %% decoy, not window 12.
-    ?assertEqual(4, Count(arenas)),
-    ?assertEqual((12000 + 100000 + 4000) * ?KiB, Rss(arenas)),
-    ?assertEqual((50000 + 2048) * ?KiB, Rss(noreserve)),
-    ?assertEqual((64 + 132) * ?KiB, Rss(stacks)),
-    ?assertEqual(2, Count(stacks)),
-    %% The JIT's pages once, not once per view.
-    ?assertEqual(4100 * ?KiB, Rss(jit)),
-    ?assertEqual((1000 + 16384 + 256) * ?KiB, Rss(anon)),
-    ?assertEqual((1024 + 512) * ?KiB, Rss(files)),
-    ?assertEqual(4 * ?KiB, Rss(special)),
-    %% Every resident page is in exactly one group; the kernel's Rss counts
-    %% the JIT's shared pages twice.
-    Total = lists:sum([R || #{rss := R} <- ?R:parse_smaps(smaps())]),
-    ?assertEqual(4000 * ?KiB, maps:get(jit_counted_twice, Grouped)),
-    ?assertEqual(Total, lists:sum([R || #{rss := R} <- maps:values(G)]) + 4000 * ?KiB),
-    ?assertEqual([#{path => <<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, rss => 1536 * ?KiB}],
-                 Files),
-    ?assertMatch([#{rss := 16384 * ?KiB, start := S} | _] when S =:= ?H + 16 * ?W, Anon).
-
-%% A heap is a mapping of its own: a NORESERVE mapping that merely covers
-%% an aligned window is not one.
-unaligned_start_is_not_a_heap_test() ->
-    Smaps = iolist_to_binary(
-              [vma(?H + ?W - 4 * ?MiB, ?H + ?W + 4 * ?MiB, "rw-p", "", 8000, "rd wr mr mw me nr"),
-               vma(?H + 2 * ?W, ?H + 2 * ?W + 4 * ?MiB, "rw-p", "", 4000, "rd wr mr mw me nr"),
-               vma(?H + 2 * ?W + 4 * ?MiB, ?H + 3 * ?W, "---p", "", 0, "mr mw me nr")]),
-    #{groups := G} = ?R:group_mappings(?R:parse_smaps(Smaps)),
-    %% The first mapping starts unaligned: not a heap at all (see the
-    %% docs: such a heap is missed); the second is.
-    ?assertEqual(1, maps:get(count, maps:get(arenas, G))),
-    ?assertEqual(4000 * ?KiB, maps:get(rss, maps:get(arenas, G))),
-    ?assertEqual(8000 * ?KiB, maps:get(rss, maps:get(noreserve, G))).
-
-%% A glibc heap_info: ar_ptr, prev, size, mprotect_size, pagesize.
-heap_info(ArPtr, Prev, Size, Mprotect) ->
-    <<ArPtr:64/native, Prev:64/native, Size:64/native, Mprotect:64/native, 4096:64/native,
-      0:64/native>>.
-
-%% What the process's memory says decides, not the shape: the tracker's
-%% table merged with the heap above it (the shape alone misses that heap),
-%% a NORESERVE mapping covering an aligned window (zeros there), and a
-%% window of plausible shape whose bytes are no heap_info.
-heap_headers_test() ->
-    Merged = vma(?H + 3 * ?W - 16 * ?MiB, ?H + 3 * ?W + 4 * ?MiB, "rw-p", "", 9000,
-                 "rd wr mr mw me nr"),
-    Tail = vma(?H + 3 * ?W + 4 * ?MiB, ?H + 4 * ?W, "---p", "", 0, "mr mw me nr"),
-    Decoy = vma(?H + 5 * ?W - ?MiB, ?H + 6 * ?W + ?MiB, "rw-p", "", 60000, "rd wr mr mw me nr"),
-    Shaped = vma(?H + 8 * ?W, ?H + 8 * ?W + ?MiB, "rw-p", "", 500, "rd wr mr mw me nr"),
-    ShapedTail = vma(?H + 8 * ?W + ?MiB, ?H + 9 * ?W, "---p", "", 0, "mr mw me nr"),
-    Vmas = ?R:parse_smaps(iolist_to_binary([Merged, Tail, Decoy, Shaped, ShapedTail])),
-    ?assertEqual([?H + 3 * ?W, ?H + 5 * ?W, ?H + 6 * ?W, ?H + 8 * ?W], ?R:heap_candidates(Vmas)),
-    Headers = #{?H + 3 * ?W => heap_info(?H + 3 * ?W + 16#30, 0, 4 * ?MiB, 4 * ?MiB),
-                ?H + 5 * ?W => <<0:384>>,
-                ?H + 8 * ?W => <<"not a heap at all, just bytes in a heap's shape..">>},
-    ?assertEqual([?H + 3 * ?W], ?R:heap_windows(Vmas, Headers)),
-    %% Shape alone gets both wrong.
-    ?assertEqual([?H + 8 * ?W], ?R:heap_windows(Vmas, undefined)),
-    %% The merged mapping is split: exactly by pagemap when read, else in
-    %% proportion to the bytes (4 of 20 MiB).
-    ?assertEqual([{?H + 3 * ?W - 16 * ?MiB, 4096, [{?H + 3 * ?W, ?H + 3 * ?W + 4 * ?MiB}]}],
-                 ?R:straddling(Vmas, [?H + 3 * ?W])),
-    #{groups := Exact} = ?R:group_mappings(Vmas, #{heap_headers => Headers,
-                                                   straddle_rss => #{?H + 3 * ?W - 16 * ?MiB =>
-                                                                         4000 * ?KiB}}),
-    ?assertMatch(#{arenas := #{rss := 4000 * ?KiB, count := 1},
-                   noreserve := #{rss := (5000 + 60000 + 500) * ?KiB}}, Exact),
-    #{groups := Prorated} = ?R:group_mappings(Vmas, #{heap_headers => Headers}),
-    ?assertMatch(#{arenas := #{rss := 1800 * ?KiB}}, Prorated),
-    %% Later heaps of an arena point back to its first heap.
-    ?assert(lists:member(?H + 8 * ?W,
-                         ?R:heap_windows(Vmas, Headers#{?H + 8 * ?W =>
-                                                            heap_info(?H + 16#30, ?H, ?MiB, ?MiB)}))),
-    %% Sizes glibc cannot have.
-    [?assertEqual([], ?R:heap_windows(Vmas, #{?H + 3 * ?W => Bad}))
-     || Bad <- [heap_info(?H + 3 * ?W + 16#30, 0, 0, 0),
-                heap_info(?H + 3 * ?W + 16#30, 0, ?MiB + 1, 2 * ?MiB),
-                heap_info(?H + 3 * ?W + 16#30, 0, 2 * ?MiB, ?MiB),
-                heap_info(?H + 3 * ?W + 16#30, 0, 128 * ?MiB, 128 * ?MiB),
-                heap_info(?H + 3 * ?W + 16#30, ?H + 1, ?MiB, ?MiB),
-                heap_info(12345, 0, ?MiB, ?MiB)]].
-
-parse_fields_test() ->
-    Status = <<"Name:\tbeam.smp\nVmHWM:\t  282608 kB\nVmRSS:\t  282608 kB\n"
-               "RssAnon:\t  265124 kB\nThreads:\t31\n">>,
-    ?assertEqual(#{<<"VmHWM">> => 282608 * ?KiB, <<"VmRSS">> => 282608 * ?KiB,
-                   <<"RssAnon">> => 265124 * ?KiB}, ?R:parse_fields(Status)).
+-import(mi_report_data, [vma/6, vma/7, smaps/0]).
 
 %%% erts_alloc figures ------------------------------------------------------------
 
@@ -325,7 +158,7 @@ build_accounting_test() ->
     ?assertEqual(10 * ?MiB, maps:get(erts_carriers, A)),
     %% What is mapped, each page once: the kernel's sum counts the JIT's
     %% 4000 KiB mapped in both views twice.
-    Mapped = lists:sum([Rss || #{rss := Rss} <- ?R:parse_smaps(smaps())]) - 4000 * ?KiB,
+    Mapped = lists:sum([Rss || #{rss := Rss} <- mallocinfo_smaps:parse_smaps(smaps())]) - 4000 * ?KiB,
     ?assertEqual(Mapped, maps:get(rss_for_accounting, R)),
     ?assertEqual(4100 * ?KiB, maps:get(jit, A)),
     Unaccounted = Mapped - lists:sum(maps:values(A)),
@@ -546,33 +379,6 @@ nothing_stands_out_uses_section_1_figures_test() ->
     ?assert(lists:member("(the kernel's RSS counts 5.9 MiB of JIT code twice: its executable and",
                          Lines)).
 
-%% The JIT's pages on this node, counted by their page frames in
-%% /proc/self/pagemap (root reads them): the group counts each once, and
-%% jit_counted_twice is what the views' Rss counts beyond that.
-jit_counted_once_on_this_node_test() ->
-    %% Everything this test runs is loaded (and JIT-compiled) before smaps
-    %% is read, so the JIT writes no new code in between.
-    _ = ?R:group_mappings(?R:parse_smaps(<<>>)),
-    {ok, Smaps} = file:read_file("/proc/self/smaps"),
-    Vmas = ?R:parse_smaps(Smaps),
-    Views = [V || #{path := <<"/memfd:vmem", _/binary>>} = V <- Vmas],
-    %% Each memfd the JIT made, twice (it adds one as code grows).
-    ?assert(length(Views) >= 2 andalso length(Views) rem 2 =:= 0),
-    Frames = lists:append([present_frames(V) || V <- Views]),
-    ?assertNotEqual([], [F || F <- Frames, F =/= 0]),
-    #{groups := #{jit := #{rss := Jit}}} = Grouped = ?R:group_mappings(Vmas),
-    Page = 4096,
-    ?assertEqual(length(lists:usort(Frames)) * Page, Jit),
-    Twice = maps:get(jit_counted_twice, Grouped),
-    ?assertEqual(lists:sum([Rss || #{rss := Rss} <- Views]) - Jit, Twice),
-    ?assert(Twice > 0).
-
-%% The page frame numbers of a mapping's resident pages.
-present_frames(#{start := S, stop := E}) ->
-    {ok, F} = file:open("/proc/self/pagemap", [read, raw, binary]),
-    {ok, Bin} = file:pread(F, S div 4096 * 8, (E - S) div 4096 * 8),
-    ok = file:close(F),
-    [E1 band (1 bsl 55 - 1) || <<E1:64/native>> <= Bin, E1 bsr 63 =:= 1].
 
 %% Missing sections are no evidence either.
 empty_report_has_no_rule_test() ->
