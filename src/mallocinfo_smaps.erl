@@ -241,7 +241,7 @@ anonymous(_) -> false.
 overlap(#{start := S, stop := E}, Windows) ->
     lists:sum([max(0, min(E, W + ?HEAP_MAX) - max(S, W)) || W <- Windows]).
 
-%%% glibc's heaps --------------------------------------------------------------
+%%% glibc's heaps -------------------------------------------------------------
 
 %% @doc Where a glibc heap could start: every 64 MiB aligned address inside
 %% a writable anonymous private NORESERVE mapping (merged mappings

@@ -203,12 +203,12 @@ mapped_by_nif_is_attributed(Config) ->
         A = maps:get(attributed, R1),
         ?assert(proplists:get_value(erts_carriers, A) > 0),
         ?assertEqual(proplists:get_value(erts_carriers, A),
-                     proplists:get_value(erts_mapped, mallocinfo_report_build:resident_parts(R1))),
+                     proplists:get_value(erts_mapped, mallocinfo_verdicts:resident_parts(R1))),
         ?assertEqual(nomatch, string:find(Text, "ERTS carriers, mseg cache (est.)")),
         ?assertNotEqual(nomatch, string:find(Text, "ERTS carriers (by address)")),
         %% The parts sum to the mapped RSS, each page once.
         ?assertEqual(maps:get(rss_for_accounting, R1),
-                     lists:sum([B || {_, B} <- mallocinfo_report_build:resident_parts(R1)])),
+                     lists:sum([B || {_, B} <- mallocinfo_verdicts:resident_parts(R1)])),
         ok = Call(mi_mmap_nif, unmap, []),
         %% Unmapped: gone from the mappings.
         ?assertEqual([], [M || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = M

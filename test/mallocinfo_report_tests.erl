@@ -1,17 +1,19 @@
 %% EUnit: the pure parts of the report (mallocinfo_report_build,
 %% mallocinfo_report_text, mallocinfo_units) on canned input: erts_alloc
-%% figures, build/1 on canned raw data (mi_report_data's /proc text),
-%% crafted reports for every verdict rule, units and the 80-column text.
-%% The /proc parsing itself: mallocinfo_smaps_tests.
+%% figures, build/1 on canned raw data (mi_report_data's /proc text), the
+%% verdicts of built reports, units and the 80-column text. The /proc
+%% parsing itself: mallocinfo_smaps_tests; each verdict rule on crafted
+%% reports: mallocinfo_verdicts_tests.
 -module(mallocinfo_report_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -include("mi_report_data.hrl").
 
 -define(R, mallocinfo_report_build).
+-define(V, mallocinfo_verdicts).
 -define(TEXT, mallocinfo_report_text).
 
--import(mi_report_data, [vma/6, vma/7, smaps/0]).
+-import(mi_report_data, [vma/6, vma/7, smaps/0, quiet/0, frame/2, site/4, with_site/1]).
 
 %%% erts_alloc figures ------------------------------------------------------------
 
@@ -208,7 +210,7 @@ build_mapped_regions_test() ->
     ?assertEqual((17640 - 16384) * ?KiB, maps:get(libc_mmap, A)),
     ?assertEqual(0, maps:get(anon_unclaimed, R)),
     ?assertEqual((63760 - 5352) * ?KiB, maps:get(unaccounted_bytes, R)),
-    Parts = ?R:resident_parts(R),
+    Parts = ?V:resident_parts(R),
     ?assertEqual(8 * ?MiB, proplists:get_value(erts_mapped, Parts)),
     ?assertEqual(undefined, proplists:get_value(erts_carriers, Parts)),
     ?assertEqual(maps:get(rss_for_accounting, R), lists:sum([B || {_, B} <- Parts])),
@@ -280,53 +282,7 @@ build_without_smaps_test() ->
                  maps:get(verdicts, ?R:build(Quiet))),
     assert_80_columns(?TEXT:format(R)).
 
-%%% Verdict rules on crafted reports -------------------------------------------------
-
-frame(Object, Symbol) ->
-    #{address => 16#7f0000001000, object => Object, symbol => Symbol, offset => 16}.
-
-%% A report in which no rule has evidence: 1 GiB RSS, every part small.
-quiet() ->
-    #{node => 'q@host', allocator => glibc,
-      resident => #{rss => 1024 * ?MiB, anon_top => [],
-                    groups => maps:from_list(
-                                [{K, #{rss => B, size => B, count => 1}}
-                                 || {K, B} <- [{main_heap, 100 * ?MiB}, {arenas, 300 * ?MiB},
-                                               {stacks, ?MiB}, {jit, 8 * ?MiB},
-                                               {noreserve, 0}, {anon, 500 * ?MiB},
-                                               {files, 115 * ?MiB}, {special, 0}]])},
-      erts => #{memory => #{total => 500 * ?MiB, binary => 10 * ?MiB, ets => 10 * ?MiB},
-                allocated => 500 * ?MiB, used => 450 * ?MiB, mmap_bytes => 500 * ?MiB,
-                mseg_cache_bytes => ?MiB, sys_alloc_bytes => 0,
-                carriers => {unavailable, {missing_application, tools}, <<"add tools">>},
-                allocations => [],
-                allocators => [#{name => eheap_alloc, allocated => 500 * ?MiB, used => 450 * ?MiB,
-                                 sys_alloc => 0, mseg => 499 * ?MiB}],
-                processes => [#{pid => list_to_pid("<0.90.0>"), name => my_server,
-                                value => 4 * ?MiB, by => memory}],
-                ets => [#{table => sessions, bytes => 9 * ?MiB, objects => 1000}]},
-      libc => #{mallinfo => #{arena => 400 * ?MiB, uordblks => 385 * ?MiB, fordblks => 15 * ?MiB,
-                              hblkhd => 0, hblks => 0, fsmblks => 0, keepcost => 0},
-                arena_count => 2,
-                arenas => [#{arena => 0, system_bytes => 100 * ?MiB, in_use_bytes => 95 * ?MiB,
-                             free_bytes => 5 * ?MiB},
-                           #{arena => 1, system_bytes => 300 * ?MiB, in_use_bytes => 290 * ?MiB,
-                             free_bytes => 10 * ?MiB}],
-                arena_max => #{value => 16, source => default},
-                heap_map => {unavailable, x, <<>>}},
-      native => #{mode => full, live_bytes => 10 * ?MiB, live_entries => 1000,
-                  table_bytes => 64 * ?MiB, stack_bytes => 16 * ?MiB,
-                  sites => [site(2 * ?MiB, 100, 10000,
-                                 [frame(<<"/opt/app/priv/foo_nif.so">>, <<"foo_cache_insert">>)])],
-                  olds => []},
-      other_allocator => none,
-      attributed => [{tracker_tables, 0}],
-      unaccounted_bytes => 10 * ?MiB, unaccounted_percent => 1.0}.
-
-quiet_report_has_no_rule_test() ->
-    [?assertEqual({Name, none}, {Name, ?R:rule(Name, quiet())}) || Name <- ?R:rules()],
-    ?assertEqual([<<"nothing stands out: RSS 1.0 GiB, the largest parts: other anonymous "
-                    "500.0 MiB; glibc arenas (64 MiB heaps) 300.0 MiB">>], ?R:verdicts(quiet())).
+%%% Verdicts on built reports, and their text ----------------------------------------
 
 %% A small node where no rule fires, built from raw data: 30 MiB of plain
 %% anonymous memory of which ERTS explains 20 MiB and libc's mmapped blocks
@@ -362,68 +318,23 @@ nothing_stands_out_uses_section_1_figures_test() ->
     ?assertEqual([<<"nothing stands out: RSS 54.2 MiB, the largest parts: ERTS carriers, mseg "
                     "cache (est.) 20.0 MiB; files 10.0 MiB">>], maps:get(verdicts, R)),
     Lines = string:split(lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])), "\n", all),
-    Parts = lists:sublist(lists:reverse(lists:keysort(2, ?R:resident_parts(R))), 2),
+    Parts = lists:sublist(lists:reverse(lists:keysort(2, ?V:resident_parts(R))), 2),
     [?assert(lists:any(fun(L) ->
                                lists:prefix(lists:flatten(io_lib:format(
                                                             "  ~-32ts ~10ts",
-                                                            [?R:part_label(K),
+                                                            [?V:part_label(K),
                                                              mallocinfo_units:bytes(B)])), L)
                        end, Lines))
      || {K, B} <- Parts],
     %% The parts of section 1 add up to what is mapped, each page once.
     ?assertEqual(maps:get(rss_for_accounting, R),
-                 lists:sum([B || {_, B} <- ?R:resident_parts(R)])),
+                 lists:sum([B || {_, B} <- ?V:resident_parts(R)])),
     %% The JIT's 6100 KiB, of which 6000 KiB mapped in both views, once;
     %% section 1 says what the kernel counts twice.
-    ?assertEqual(6100 * ?KiB, proplists:get_value(jit, ?R:resident_parts(R))),
+    ?assertEqual(6100 * ?KiB, proplists:get_value(jit, ?V:resident_parts(R))),
     ?assert(lists:member("(the kernel's RSS counts 5.9 MiB of JIT code twice: its executable and",
                          Lines)).
 
-
-%% Missing sections are no evidence either.
-empty_report_has_no_rule_test() ->
-    Empty = #{resident => {unavailable, x, <<>>}, erts => #{}, libc => {unavailable, x, <<>>},
-              native => {unavailable, not_preloaded, <<>>}, other_allocator => none,
-              unaccounted_bytes => undefined, unaccounted_percent => undefined, attributed => []},
-    [?assertEqual({Name, none}, {Name, ?R:rule(Name, Empty)}) || Name <- ?R:rules()].
-
-site(Bytes, Count, AgeMs, Stack) ->
-    #{bytes => Bytes, count => Count, oldest_age_ms => AgeMs, estimated => false, stack => Stack}.
-
-with_site(Site) ->
-    R = quiet(),
-    R#{native := (maps:get(native, R))#{sites := [Site]}}.
-
-native_holder_leak_test() ->
-    %% 900 MiB in 3.2 M blocks, the oldest 5 h old: a leak.
-    Stack = [frame(<<"/usr/lib/x86_64-linux-gnu/libstdc++.so.6">>,
-                   <<"operator new(unsigned long)">>),
-             frame(<<"/opt/app/lib/foo-1.0/priv/foo_nif.so">>, <<"foo_cache_insert">>),
-             frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_call_dirty_nif">>)],
-    R = with_site(site(900 * ?MiB, 3200000, 5 * 3600000, Stack)),
-    ?assertEqual({900 * ?MiB,
-                  <<"the NIF foo_nif.so holds 900.0 MiB in 3.2 M live blocks allocated from "
-                    "foo_cache_insert, the oldest 5.0 h old: a leak">>},
-                 ?R:rule(native_holder, R)).
-
-native_holder_young_test() ->
-    Site = site(64 * ?MiB, 160000, 12000, [frame(<<"/x/demo.so">>, <<"demo_cache_insert">>)]),
-    R = with_site(Site#{estimated => true}),
-    {_, S} = ?R:rule(native_holder, R),
-    ?assertEqual(<<"the NIF demo.so holds about 64.0 MiB in about 160 k live blocks allocated from "
-                   "demo_cache_insert, the oldest 12 s old: a leak if it keeps growing (compare "
-                   "with a later report)">>, S).
-
-native_holder_names_vm_and_unknowns_test() ->
-    Beam = frame(<<"/usr/lib/erlang/erts-13.1.5/bin/beam.smp">>, <<"erts_sys_aligned_alloc">>),
-    Vm = with_site(site(100 * ?MiB, 3, 1000, [Beam])),
-    {_, S1} = ?R:rule(native_holder, Vm),
-    ?assertMatch(<<"the VM itself (beam.smp) holds 100.0 MiB in 3 live blocks allocated from "
-                   "erts_sys_aligned_alloc", _/binary>>, S1),
-    Anon = with_site(site(100 * ?MiB, 3, 1000, [frame(<<"/usr/lib/libfoo.so.1">>, undefined)])),
-    {_, S2} = ?R:rule(native_holder, Anon),
-    ?assertMatch(<<"the NIF libfoo.so.1 holds 100.0 MiB in 3 live blocks allocated from "
-                   "libfoo.so.1+0x10", _/binary>>, S2).
 
 %% A long C++ name is shortened in the sentence, and no line of the text
 %% grows past 80 columns, whatever the words.
@@ -432,87 +343,13 @@ long_words_test() ->
                              "std::allocator<char>>,std::allocator<std::__cxx11::basic_string<"
                              "char>>>::_M_realloc_insert" | lists:duplicate(5, "<x>")]),
     R = with_site(site(300 * ?MiB, 10, 1000, [frame(<<"/x/a.so">>, Long)])),
-    {_, S} = ?R:rule(native_holder, R),
+    {_, S} = ?V:rule(native_holder, R),
     %% 57 characters and "...".
     ?assertMatch({match, _}, re:run(S, "allocated from std::vector<std::__cxx11::basic_string<"
                                        "char,std::char_tra\\.\\.\\., the oldest")),
-    Odd = R#{verdicts => ?R:verdicts(R),
+    Odd = R#{verdicts => ?V:verdicts(R),
              other_allocator := {unavailable, {crashed, lists:seq(1, 500)}, <<"no figures">>}},
     assert_80_columns(?TEXT:format(Odd)).
-
-native_holder_small_site_test() ->
-    %% 40 MiB is 3.9% of 1 GiB: below the 5% a verdict needs.
-    Small = with_site(site(40 * ?MiB, 10, 1000, [frame(<<"/x.so">>, <<"f">>)])),
-    ?assertEqual(none, ?R:rule(native_holder, Small)),
-    ?assertEqual(none, ?R:rule(native_holder, with_site(site(0, 0, 0, [])))).
-
-culprit_test() ->
-    Own = frame(<<"/opt/x/priv/x_nif.so">>, <<"x_alloc">>),
-    Libc = frame(<<"/usr/lib/x86_64-linux-gnu/libc.so.6">>, <<"__strdup">>),
-    Cxx = frame(<<"/usr/lib/x86_64-linux-gnu/libstdc++.so.6">>, <<"operator new(unsigned long)">>),
-    ?assertEqual(Own, ?R:culprit([Libc, Cxx, Own])),
-    ?assertEqual(Libc, ?R:culprit([Libc, Cxx])),
-    ?assertEqual(undefined, ?R:culprit([])).
-
-with_arenas(Arenas) ->
-    R = quiet(),
-    R#{libc := (maps:get(libc, R))#{arenas := Arenas}}.
-
-arena(N, System, InUse) ->
-    #{arena => N, system_bytes => System, in_use_bytes => InUse, free_bytes => System - InUse}.
-
-libc_fragmentation_test() ->
-    Arenas = [arena(0, 200 * ?MiB, 150 * ?MiB)
-              | [arena(N, 150 * ?MiB, 30 * ?MiB) || N <- lists:seq(1, 11)]],
-    R = with_arenas(Arenas),
-    Free = 50 * ?MiB + 11 * 120 * ?MiB,
-    ?assertEqual({Free, <<"libc arenas hold 1.8 GiB of which 1.3 GiB (74%) is free: fragmentation "
-                          "in libc (12 arenas of 16 allowed); 1.3 GiB of the free memory is in "
-                          "per-thread arenas: consider MALLOC_ARENA_MAX=2">>},
-                 ?R:rule(libc_fragmentation, R)),
-    %% With the heap map, what trim would return and what is pinned.
-    L = maps:get(libc, R),
-    WithMap = R#{libc := L#{heap_map := #{total => #{trimmable_bytes => 600 * ?MiB,
-                                                     pinned_bytes => 700 * ?MiB}}}},
-    {_, S} = ?R:rule(libc_fragmentation, WithMap),
-    ?assertMatch(<<_/binary>>, S),
-    ?assertNotEqual(nomatch, binary:match(S, <<"; mallocinfo:trim() would return about 600.0 MiB "
-                                               "now, 700.0 MiB is pinned between live blocks;">>)).
-
-libc_fragmentation_main_arena_only_test() ->
-    %% All of it in the main arena: no MALLOC_ARENA_MAX advice.
-    {_, S} = ?R:rule(libc_fragmentation, with_arenas([arena(0, 400 * ?MiB, 100 * ?MiB)])),
-    ?assertEqual(<<"libc arenas hold 400.0 MiB of which 300.0 MiB (75%) is free: fragmentation "
-                   "in libc (1 arena of 16 allowed)">>, S).
-
-libc_fragmentation_needs_evidence_test() ->
-    %% Much free, but a small share of the arenas (25% < 30%).
-    ?assertEqual(none, ?R:rule(libc_fragmentation,
-                               with_arenas([arena(0, 400 * ?MiB, 300 * ?MiB)]))),
-    %% A high share of something small.
-    ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([arena(0, 20 * ?MiB, ?MiB)]))),
-    ?assertEqual(none, ?R:rule(libc_fragmentation, with_arenas([]))).
-
-with_erts(Fun) ->
-    R = quiet(),
-    R#{erts := Fun(maps:get(erts, R))}.
-
-erts_fragmentation_test() ->
-    R = with_erts(fun(E) ->
-                          E#{allocated := 600 * ?MiB, used := 200 * ?MiB,
-                             allocators := [#{name => eheap_alloc, allocated => 100 * ?MiB,
-                                              used => 90 * ?MiB},
-                                            #{name => binary_alloc, allocated => 500 * ?MiB,
-                                              used => 110 * ?MiB}]}
-                  end),
-    ?assertEqual({400 * ?MiB, <<"ERTS allocators hold 600.0 MiB in carriers but use 200.0 MiB "
-                                "(33%), 400.0 MiB free beyond the main and newest carrier of each "
-                                "allocator instance: fragmentation inside erts_alloc, most in "
-                                "binary_alloc (500.0 MiB allocated, 22% used)">>},
-                 ?R:rule(erts_fragmentation, R)),
-    %% 61% used is not fragmentation.
-    Used61 = with_erts(fun(E) -> E#{allocated := 600 * ?MiB, used := 366 * ?MiB} end),
-    ?assertEqual(none, ?R:rule(erts_fragmentation, Used61)).
 
 %% A freshly booted node, idle: 16 schedulers (one allocator instance per
 %% scheduler and type), crypto, ssl, inets, mnesia, os_mon, runtime_tools,
@@ -537,11 +374,11 @@ erts_fragmentation_silent_on_fresh_node_test() ->
     R = ?R:build((raw())#{allocators := Allocs, erts_mmap := Mmap, memory := Mem,
                           status := Status, smaps_rollup := {error, enoent}}),
     #{erts := #{allocated := A, used := U}} = R,
-    ?assertEqual(51628 * ?KiB, ?R:rss(R)),
+    ?assertEqual(51628 * ?KiB, ?V:rss(R)),
     %% What made the rule fire before it looked at the headroom.
     ?assert(A - U >= 16 * ?MiB),
     ?assert(U * 100 < 60 * A),
-    ?assertEqual(none, ?R:rule(erts_fragmentation, R)),
+    ?assertEqual(none, ?V:rule(erts_fragmentation, R)),
     ?assertEqual([], [V || V <- maps:get(verdicts, R),
                            binary:match(V, <<"inside erts_alloc">>) =/= nomatch]).
 
@@ -557,103 +394,9 @@ erts_fragmentation_beyond_headroom_test() ->
     [T] = ?R:allocator_types([{binary_alloc, [Frag]}]),
     ?assertEqual(32768 + ?MiB, maps:get(headroom, T)),
     R = ?R:build((raw())#{allocators := [{binary_alloc, [Frag]}]}),
-    {Waste, Text} = ?R:rule(erts_fragmentation, R),
+    {Waste, Text} = ?V:rule(erts_fragmentation, R),
     ?assertEqual(32768 + 39 * ?MiB - 8 * ?MiB - (32768 + ?MiB), Waste),
     ?assertMatch({match, _}, re:run(Text, "30.0 MiB free beyond the main and newest carrier")).
-
-erts_mseg_cache_test() ->
-    R = with_erts(fun(E) -> E#{mseg_cache_bytes := 114 * ?MiB, mmap_bytes := 186 * ?MiB} end),
-    ?assertEqual({114 * ?MiB, <<"ERTS keeps 114.0 MiB of freed carriers mapped in mseg_alloc's "
-                                "cache (186.0 MiB mapped in all): they are reused for new carriers "
-                                "or released over time">>},
-                 ?R:rule(erts_mseg_cache, R)),
-    ?assertEqual(none, ?R:rule(erts_mseg_cache,
-                               with_erts(fun(E) -> E#{mseg_cache_bytes := undefined} end))).
-
-process_heap_test() ->
-    Pid = list_to_pid("<0.123.0>"),
-    R = with_erts(fun(E) ->
-                          E#{processes := [#{pid => Pid, name => mallocinfo_demo_hoarder,
-                                             value => 300 * ?MiB, by => memory}]}
-                  end),
-    ?assertEqual({300 * ?MiB, <<"process <0.123.0> (mallocinfo_demo_hoarder) holds 300.0 MiB "
-                                "(29% of RSS): mallocinfo_process:print(<0.123.0>) shows what is on "
-                                "its heap">>},
-                 ?R:rule(process_heap, R)),
-    Mfa = with_erts(fun(E) -> E#{processes := [#{pid => Pid, name => {foo, init, 1},
-                                                 value => 300 * ?MiB}]} end),
-    {_, S} = ?R:rule(process_heap, Mfa),
-    ?assertMatch(<<"process <0.123.0> (foo:init/1) holds", _/binary>>, S),
-    ?assertEqual(none, ?R:rule(process_heap, with_erts(fun(E) -> E#{processes := []} end))).
-
-erts_binary_and_ets_test() ->
-    Bin = with_erts(fun(E) -> E#{memory := #{binary => 400 * ?MiB, ets => 0}} end),
-    ?assertEqual({400 * ?MiB, <<"refc binaries take 400.0 MiB (39% of RSS): "
-                                "mallocinfo_process:top(10, binary) names the processes that keep "
-                                "them">>},
-                 ?R:rule(erts_binary, Bin)),
-    Sessions = #{table => sessions, bytes => 250 * ?MiB, objects => 9},
-    Ets = with_erts(fun(E) -> E#{memory := #{binary => 0, ets => 300 * ?MiB},
-                                 ets := [Sessions]} end),
-    ?assertEqual({300 * ?MiB, <<"ETS tables take 300.0 MiB (29% of RSS), the largest sessions "
-                                "with 250.0 MiB">>},
-                 ?R:rule(erts_ets, Ets)),
-    %% 20% of RSS is below the quarter these rules need.
-    ?assertEqual(none, ?R:rule(erts_ets,
-                               with_erts(fun(E) -> E#{memory := #{ets => 200 * ?MiB}} end))).
-
-other_allocator_test() ->
-    Summary = #{allocated => 400 * ?MiB, resident => 900 * ?MiB},
-    Je = (quiet())#{other_allocator := #{allocator => jemalloc, resident => 900 * ?MiB,
-                                         summary => Summary}},
-    ?assertEqual({500 * ?MiB, <<"jemalloc keeps 900.0 MiB resident for 400.0 MiB allocated: "
-                                "500.0 MiB it has not returned to the system">>},
-                 ?R:rule(other_allocator, Je)),
-    Tc = (quiet())#{other_allocator := #{allocator => tcmalloc, resident => 900 * ?MiB,
-                                         allocated => 890 * ?MiB}},
-    ?assertEqual(none, ?R:rule(other_allocator, Tc)).
-
-tracker_tables_test() ->
-    R = (quiet())#{attributed := [{tracker_tables, 70 * ?MiB}]},
-    ?assertEqual({70 * ?MiB, <<"the mallocinfo tracker's own tables keep 70.0 MiB resident (6% of "
-                               "RSS, 80.0 MiB reserved) in full mode, 71.7 KiB per live block for "
-                               "1000 blocks: MALLOCINFO_TRACE=sample (or "
-                               "mallocinfo_trace:set_mode(sample)) keeps an unbiased sample in a "
-                               "few MiB, mallocinfo_trace:reset() gives the live table's pages "
-                               "back, and a smaller MALLOCINFO_TABLE_SIZE caps the table">>},
-                 ?R:rule(tracker_tables, R)).
-
-%% A node already in sample mode is never told to switch to sample.
-tracker_tables_sample_mode_test() ->
-    Q = quiet(),
-    R = Q#{attributed := [{tracker_tables, 67 * ?MiB}],
-           native := (maps:get(native, Q))#{mode := sample, live_entries := 66}},
-    {_, Text} = ?R:rule(tracker_tables, R),
-    ?assertEqual(nomatch, binary:match(Text, <<"TRACE=sample">>)),
-    ?assertEqual(nomatch, binary:match(Text, <<"set_mode(sample)">>)),
-    ?assertEqual(<<"the mallocinfo tracker's own tables keep 67.0 MiB resident (6% of RSS, 80.0 "
-                   "MiB reserved) in sample mode, for 66 sampled blocks: mostly the stack table "
-                   "and the per-thread unwind caches; mallocinfo_trace:reset() gives the live "
-                   "table's pages back, a larger MALLOCINFO_SAMPLE_BYTES samples fewer blocks, "
-                   "and MALLOCINFO_TRACE=counters keeps no table at all">>, Text).
-
-unexplained_test() ->
-    R = (quiet())#{unaccounted_bytes := 300 * ?MiB, unaccounted_percent := 29.3},
-    R1 = R#{resident := (maps:get(resident, R))#{anon_top := [#{start => 16#7f0000000000,
-                                                                stop => 16#7f0010000000,
-                                                                rss => 256 * ?MiB}]}},
-    ?assertEqual({300 * ?MiB, <<"300.0 MiB (29.3% of RSS) is memory no layer accounts for: most "
-                                "likely mapped directly (mmap) by a NIF or a library; the largest "
-                                "anonymous mappings: 7f0000000000 256.0 MiB">>},
-                 ?R:rule(unexplained, R1)),
-    %% 14% is under the 15% the rule needs.
-    ?assertEqual(none, ?R:rule(unexplained, R#{unaccounted_percent := 14.0})).
-
-verdicts_ranked_by_bytes_test() ->
-    R0 = with_site(site(200 * ?MiB, 10, 1000, [frame(<<"/x/a.so">>, <<"f">>)])),
-    R = R0#{unaccounted_bytes := 300 * ?MiB, unaccounted_percent := 29.3},
-    ?assertMatch([<<"300.0 MiB (29.3% of RSS)", _/binary>>,
-                  <<"the NIF a.so holds 200.0 MiB", _/binary>>], ?R:verdicts(R)).
 
 %%% Units and text -------------------------------------------------------------------
 
@@ -676,7 +419,7 @@ human_test_() ->
      ?_assertEqual("3.1 d", lists:flatten(mallocinfo_units:age(3 * 86400000 + 9000000)))].
 
 format_crafted_test() ->
-    R = (quiet())#{verdicts => ?R:verdicts(quiet())},
+    R = (quiet())#{verdicts => ?V:verdicts(quiet())},
     Text = lists:flatten(io_lib:format("~ts", [?TEXT:format(R)])),
     assert_80_columns(Text),
     [?assertNotEqual(nomatch, string:find(Text, S))
@@ -738,7 +481,7 @@ assert_80_columns(IoData) ->
 native_attached_text_test() ->
     %% A report as collect/0 makes it has its verdicts (format/1 checks).
     R0 = with_site(site(64 * ?MiB, 1000, 12000, [frame(<<"/x/demo.so">>, <<"demo_leak">>)])),
-    R = R0#{verdicts => ?R:verdicts(R0)},
+    R = R0#{verdicts => ?V:verdicts(R0)},
     At = 1795496600158,
     Attached = R#{native := (maps:get(native, R))#{attached => true, attached_at => At}},
     %% Paragraphs wrap at 80 columns: compare with spaces normalised.

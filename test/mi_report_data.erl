@@ -1,9 +1,11 @@
 %% Canned input for the report's EUnit tests (mallocinfo_smaps_tests,
 %% mallocinfo_report_tests, mallocinfo_verdicts_tests): /proc/self/smaps
-%% text as the kernel prints it.
+%% text as the kernel prints it, and a finished report in which no verdict
+%% rule has evidence, for the rules and the text to be tried on.
 -module(mi_report_data).
 
 -export([vma/6, vma/7, smaps/0]).
+-export([quiet/0, frame/2, site/4, with_site/1]).
 
 -include("mi_report_data.hrl").
 
@@ -65,3 +67,55 @@ smaps() ->
        vma(16#7ffc00000000, 16#7ffc00021000, "rw-p", "[stack]", 132, "rd wr mr mw me gd ac"),
        vma(16#7ffc00100000, 16#7ffc00102000, "r-xp", "[vdso]", 4, "rd ex mr mw me de")]).
 
+%%% A finished report ---------------------------------------------------------
+
+%% A symbolized stack frame, as the tracker's sites carry them.
+frame(Object, Symbol) ->
+    #{address => 16#7f0000001000, object => Object, symbol => Symbol, offset => 16}.
+
+%% A report in which no rule has evidence: 1 GiB RSS, every part small.
+quiet() ->
+    #{node => 'q@host', allocator => glibc,
+      resident => #{rss => 1024 * ?MiB, anon_top => [],
+                    groups => maps:from_list(
+                                [{K, #{rss => B, size => B, count => 1}}
+                                 || {K, B} <- [{main_heap, 100 * ?MiB}, {arenas, 300 * ?MiB},
+                                               {stacks, ?MiB}, {jit, 8 * ?MiB},
+                                               {noreserve, 0}, {anon, 500 * ?MiB},
+                                               {files, 115 * ?MiB}, {special, 0}]])},
+      erts => #{memory => #{total => 500 * ?MiB, binary => 10 * ?MiB, ets => 10 * ?MiB},
+                allocated => 500 * ?MiB, used => 450 * ?MiB, mmap_bytes => 500 * ?MiB,
+                mseg_cache_bytes => ?MiB, sys_alloc_bytes => 0,
+                carriers => {unavailable, {missing_application, tools}, <<"add tools">>},
+                allocations => [],
+                allocators => [#{name => eheap_alloc, allocated => 500 * ?MiB, used => 450 * ?MiB,
+                                 sys_alloc => 0, mseg => 499 * ?MiB}],
+                processes => [#{pid => list_to_pid("<0.90.0>"), name => my_server,
+                                value => 4 * ?MiB, by => memory}],
+                ets => [#{table => sessions, bytes => 9 * ?MiB, objects => 1000}]},
+      libc => #{mallinfo => #{arena => 400 * ?MiB, uordblks => 385 * ?MiB, fordblks => 15 * ?MiB,
+                              hblkhd => 0, hblks => 0, fsmblks => 0, keepcost => 0},
+                arena_count => 2,
+                arenas => [#{arena => 0, system_bytes => 100 * ?MiB, in_use_bytes => 95 * ?MiB,
+                             free_bytes => 5 * ?MiB},
+                           #{arena => 1, system_bytes => 300 * ?MiB, in_use_bytes => 290 * ?MiB,
+                             free_bytes => 10 * ?MiB}],
+                arena_max => #{value => 16, source => default},
+                heap_map => {unavailable, x, <<>>}},
+      native => #{mode => full, live_bytes => 10 * ?MiB, live_entries => 1000,
+                  table_bytes => 64 * ?MiB, stack_bytes => 16 * ?MiB,
+                  sites => [site(2 * ?MiB, 100, 10000,
+                                 [frame(<<"/opt/app/priv/foo_nif.so">>, <<"foo_cache_insert">>)])],
+                  olds => []},
+      other_allocator => none,
+      attributed => [{tracker_tables, 0}],
+      unaccounted_bytes => 10 * ?MiB, unaccounted_percent => 1.0}.
+
+%% A tracker call site (mallocinfo_trace:sites/1's shape).
+site(Bytes, Count, AgeMs, Stack) ->
+    #{bytes => Bytes, count => Count, oldest_age_ms => AgeMs, estimated => false, stack => Stack}.
+
+%% quiet/0 with that one site as the tracker's largest.
+with_site(Site) ->
+    R = quiet(),
+    R#{native := (maps:get(native, R))#{sites := [Site]}}.
