@@ -21,7 +21,10 @@
 -define(TOP, 5).
 
 %% @doc The report from the raw data `mallocinfo_report:collect/0'
-%% gathers (see there for the keys).
+%% gathers (see there for the keys). Its `smaps' is already parsed
+%% (`mallocinfo_smaps:parse_smaps/1', or `{error, Why}'): the resident set
+%% and the tracker's regions read that one parse, the same the heap
+%% evidence was found in.
 -spec build(map()) -> mallocinfo_report:report().
 build(Raw) ->
     Sections = [{resident, fun resident/1}, {erts, fun erts/1}, {libc, fun libc/1},
@@ -42,8 +45,7 @@ section(F, Raw) ->
 
 %%% Resident set --------------------------------------------------------------
 
-resident(#{smaps := Smaps} = Raw) when is_binary(Smaps) ->
-    Vmas = mallocinfo_smaps:parse_smaps(Smaps),
+resident(#{smaps := Vmas} = Raw) when is_list(Vmas) ->
     #{groups := Groups} = Grouped =
         mallocinfo_smaps:group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
     Total = lists:sum([Rss || #{rss := Rss} <- maps:values(Groups)]),
@@ -59,6 +61,8 @@ resident(#{smaps := Smaps} = Raw) when is_binary(Smaps) ->
              swap => maps:get(<<"VmSwap">>, Status, maps:get(<<"Swap">>, Rollup, undefined)),
              peak => maps:get(<<"VmHWM">>, Status, undefined),
              mappings => length(Vmas)};
+resident(#{smaps := {error, {unexpected_input, _} = Why}}) ->
+    {unavailable, {smaps, Why}, <<"unexpected input: please report it with this term">>};
 resident(#{smaps := {error, Why}}) ->
     {unavailable, {smaps, Why}, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>};
 resident(_) ->
@@ -450,11 +454,10 @@ tcmalloc_figure(Text, Label) ->
 %% `full'): an attached tracker has not seen what was mapped before it.
 -spec mappings(map()) -> map() | {unavailable, term(), binary()}.
 mappings(#{trace_status := #{preloaded := true, mode := Mode}, regions := {ok, Regions},
-           smaps := Smaps})
-  when is_binary(Smaps), (Mode =:= full orelse Mode =:= sample) ->
+           smaps := Vmas})
+  when is_list(Vmas), (Mode =:= full orelse Mode =:= sample) ->
     Known = [R || #{start := _, length := _, resident := _} = R <- Regions],
-    Kinds = mallocinfo_smaps:anon_kinds(mallocinfo_smaps:parse_smaps(Smaps),
-                                        [S || #{start := S} <- Known]),
+    Kinds = mallocinfo_smaps:anon_kinds(Vmas, [S || #{start := S} <- Known]),
     Owned = [{owner(R), Kind, Res, L}
              || {#{length := L, resident := Res} = R, Kind} <- lists:zip(Known, Kinds),
                 Kind =/= none],

@@ -154,7 +154,8 @@ direct_mmap_is_unaccounted(Config) ->
 %% address. mappings/1 names the function that called mmap with its 128
 %% MiB; the report gives that mapping to it (less than 1% of it left
 %% unaccounted), gives ERTS its carriers by address (no estimate, no
-%% slack), and its resident parts add up to the mapped RSS exactly.
+%% slack), and its resident parts add up to the mapped RSS exactly. The
+%% report parses smaps once (call_count tracing on the peer).
 mapped_by_nif_is_attributed(Config) ->
     {ok, Peer, _} = peer:start_link(#{connection => standard_io,
                                       env => mallocinfo_trace:preload_env(),
@@ -185,7 +186,13 @@ mapped_by_nif_is_attributed(Config) ->
                          O =:= Obj],
         ?assertMatch(#{label := native, count := 1, bytes := Bytes}, ObjRow),
 
+        %% smaps is parsed once per report, here too, where the regions'
+        %% attribution (mappings/1) reads it besides the heap evidence and
+        %% the resident set.
+        Parse = {mallocinfo_smaps, parse_smaps, 1},
+        1 = Call(erlang, trace_pattern, [Parse, true, [call_count]]),
         R1 = Call(mallocinfo_report, collect, []),
+        ?assertEqual({call_count, 1}, Call(erlang, trace_info, [Parse, call_count])),
         Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format(R1)])),
         ct:pal("~ts", [Text]),
         #{mappings := #{sites := Sites}, exact := true, erts_slack_bytes := 0} = R1,
