@@ -352,15 +352,15 @@ parse_smaps({error, _} = Error) ->
 %% from /proc/self/pagemap (bit 63: present). Where either cannot be read
 %% the report falls back to the heaps' shape and to proportions.
 heap_evidence(Vmas) when is_list(Vmas) ->
-    B = mallocinfo_smaps,
     case guard(fun() ->
-                       Headers = read_at("/proc/self/mem",
-                                         [{A, 48} || A <- B:heap_candidates(Vmas)]),
-                       Windows = B:heap_windows(Vmas, Headers),
+                       Candidates = mallocinfo_smaps:heap_candidates(Vmas),
+                       Headers = read_at("/proc/self/mem", [{A, 48} || A <- Candidates]),
+                       Windows = mallocinfo_smaps:heap_windows(Vmas, Headers),
+                       Straddling = mallocinfo_smaps:straddling(Vmas, Windows),
                        #{heap_headers => Headers,
                          straddle_rss => maps:from_list(
                                            [{Start, resident_in(Page, Ranges)}
-                                            || {Start, Page, Ranges} <- B:straddling(Vmas, Windows)])}
+                                            || {Start, Page, Ranges} <- Straddling])}
                end) of
         #{} = Evidence -> Evidence;
         {error, _} -> #{}

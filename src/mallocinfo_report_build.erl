@@ -4,8 +4,8 @@
 %% explains of the resident set; the verdicts on the result come from
 %% `mallocinfo_verdicts'. `mallocinfo_report:collect/0' gathers the raw
 %% data and is the only caller; the pieces are exported for EUnit, which
-%% feeds canned `/proc' text and crafted maps. Not an API: arguments are
-%% not checked.
+%% feeds canned `/proc' text (parsed) and crafted maps. Not an API:
+%% arguments are not checked.
 -module(mallocinfo_report_build).
 
 -export([build/1]).
