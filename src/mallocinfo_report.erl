@@ -171,10 +171,14 @@ gather(Opts) ->
     %% erlang:memory/0 raises notsup when some ERTS allocators are off
     %% (+Mea min): the report goes on without it.
     Mem = try erlang:memory() catch error:notsup -> [] end,
-    Smaps = read_proc("smaps"),
+    SmapsText = read_proc("smaps"),
     %% The tracker's regions right after smaps: they are attributed to its
     %% mappings by address, and ERTS maps and unmaps carriers meanwhile.
     Regions = guard(fun() -> mallocinfo_nif:trace_regions(true) end),
+    %% Parsed once, after the regions are read (parsing allocates): the
+    %% heap evidence below, the resident set and the regions' attribution
+    %% in mallocinfo_report_build all read these mappings.
+    Smaps = parse_smaps(SmapsText),
     Raw = #{node => node(),
       os_pid => list_to_integer(os:getpid()),
       otp_release => list_to_binary(erlang:system_info(otp_release)),
@@ -330,23 +334,33 @@ read_proc(Name) ->
         {error, _} = E -> E
     end.
 
-%% What confirms glibc's heaps (see mallocinfo_report_build:heap_windows/2):
+%% `/proc/self/smaps' as mallocinfo_smaps:parse_smaps/1's mappings, or
+%% why not: the file could not be read, or its text was not what the
+%% parser knows (the resident set then says so, and the rest of the report
+%% goes on).
+parse_smaps(Text) when is_binary(Text) ->
+    try mallocinfo_smaps:parse_smaps(Text)
+    catch Class:Reason -> {error, {unexpected_input, {Class, Reason}}}
+    end;
+parse_smaps({error, _} = Error) ->
+    Error.
+
+%% What confirms glibc's heaps (see mallocinfo_smaps:heap_windows/2):
 %% the first bytes at each candidate address, read from /proc/self/mem
 %% (the kernel copies them: nothing in this process can fault), and, for
 %% a mapping that merged with a heap, its resident pages inside the heap
 %% from /proc/self/pagemap (bit 63: present). Where either cannot be read
 %% the report falls back to the heaps' shape and to proportions.
-heap_evidence(Smaps) when is_binary(Smaps) ->
-    B = mallocinfo_report_build,
+heap_evidence(Vmas) when is_list(Vmas) ->
     case guard(fun() ->
-                       Vmas = B:parse_smaps(Smaps),
-                       Headers = read_at("/proc/self/mem",
-                                         [{A, 48} || A <- B:heap_candidates(Vmas)]),
-                       Windows = B:heap_windows(Vmas, Headers),
+                       Candidates = mallocinfo_smaps:heap_candidates(Vmas),
+                       Headers = read_at("/proc/self/mem", [{A, 48} || A <- Candidates]),
+                       Windows = mallocinfo_smaps:heap_windows(Vmas, Headers),
+                       Straddling = mallocinfo_smaps:straddling(Vmas, Windows),
                        #{heap_headers => Headers,
                          straddle_rss => maps:from_list(
                                            [{Start, resident_in(Page, Ranges)}
-                                            || {Start, Page, Ranges} <- B:straddling(Vmas, Windows)])}
+                                            || {Start, Page, Ranges} <- Straddling])}
                end) of
         #{} = Evidence -> Evidence;
         {error, _} -> #{}

@@ -1,31 +1,19 @@
-%% @private The report from raw data, with pure functions only: `/proc'
-%% text parsed and grouped by mapping kind, the ERTS, libc, native and
-%% other-allocator layers, what each explains of the resident set, and the
-%% verdict rules. `mallocinfo_report:collect/0' gathers the raw data and is
-%% the only caller; the pieces are exported for EUnit, which feeds canned
-%% `/proc' text and crafted maps. Not an API: arguments are not checked.
+%% @private The report from raw data, with pure functions only: the
+%% resident set (`/proc' text, parsed and grouped by `mallocinfo_smaps'),
+%% the ERTS, libc, native and other-allocator layers, and what each
+%% explains of the resident set; the verdicts on the result come from
+%% `mallocinfo_verdicts'. `mallocinfo_report:collect/0' gathers the raw
+%% data and is the only caller; the pieces are exported for EUnit, which
+%% feeds canned `/proc' text (parsed) and crafted maps. Not an API:
+%% arguments are not checked.
 -module(mallocinfo_report_build).
 
 -export([build/1]).
 %% The pieces, exported for tests.
-%% What mallocinfo_report reads from the process's memory to confirm heaps.
--export([heap_candidates/1, heap_windows/2, straddling/2]).
--export([parse_smaps/1, parse_fields/1, group_mappings/1, group_mappings/2, allocator_types/1,
-         erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1, arena_max/2,
-         rules/0, rule/2, verdicts/1, culprit/1, rss/1, proc_name/1,
-         resident_parts/1, part_label/1, culprit_view/3, growth_view/1, previous_view/2,
-         mappings/1]).
+-export([allocator_types/1, erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1,
+         arena_max/2, culprit_view/3, growth_view/1, previous_view/2, mappings/1]).
 
 -define(MiB, (1 bsl 20)).
--define(HEAP_MAX, (64 * ?MiB)).
-%% A stack guard is at most this big; anything larger that is PROT_NONE is
-%% a reservation, not a guard.
--define(GUARD_MAX, ?MiB).
-%% A verdict needs at least this many bytes and this share of RSS.
--define(SIGNIFICANT_BYTES, (16 * ?MiB)).
--define(SIGNIFICANT_PERCENT, 5).
-%% Blocks older than this make a large call site "a leak".
--define(LEAK_AGE_MS, 60000).
 %% A native call site that grew in every sample by at least this much over
 %% a report's interval is called a leak.
 -define(GROWTH_LEAK_BYTES, ?MiB).
@@ -33,7 +21,10 @@
 -define(TOP, 5).
 
 %% @doc The report from the raw data `mallocinfo_report:collect/0'
-%% gathers (see there for the keys).
+%% gathers (see there for the keys). Its `smaps' is already parsed
+%% (`mallocinfo_smaps:parse_smaps/1', or `{error, Why}'): the resident set
+%% and the tracker's regions read that one parse, the same the heap
+%% evidence was found in.
 -spec build(map()) -> mallocinfo_report:report().
 build(Raw) ->
     Sections = [{resident, fun resident/1}, {erts, fun erts/1}, {libc, fun libc/1},
@@ -42,7 +33,7 @@ build(Raw) ->
     Base = maps:merge(maps:with([node, os_pid, otp_release, time, libc_version, allocator], Raw),
                       maps:from_list([{K, section(F, Raw)} || {K, F} <- Sections])),
     R = maps:merge(Base, account(Base)),
-    R#{verdicts => verdicts(R)}.
+    R#{verdicts => mallocinfo_verdicts:verdicts(R)}.
 
 %% Input this code did not expect (another OTP, another kernel) costs one
 %% section, never the report: the operator still gets the rest.
@@ -54,9 +45,9 @@ section(F, Raw) ->
 
 %%% Resident set --------------------------------------------------------------
 
-resident(#{smaps := Smaps} = Raw) when is_binary(Smaps) ->
-    Vmas = parse_smaps(Smaps),
-    #{groups := Groups} = Grouped = group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
+resident(#{smaps := Vmas} = Raw) when is_list(Vmas) ->
+    #{groups := Groups} = Grouped =
+        mallocinfo_smaps:group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
     Total = lists:sum([Rss || #{rss := Rss} <- maps:values(Groups)]),
     Rollup = fields_or_empty(maps:get(smaps_rollup, Raw, undefined)),
     Status = fields_or_empty(maps:get(status, Raw, undefined)),
@@ -70,319 +61,16 @@ resident(#{smaps := Smaps} = Raw) when is_binary(Smaps) ->
              swap => maps:get(<<"VmSwap">>, Status, maps:get(<<"Swap">>, Rollup, undefined)),
              peak => maps:get(<<"VmHWM">>, Status, undefined),
              mappings => length(Vmas)};
+resident(#{smaps := {error, {unexpected_input, _} = Why}}) ->
+    {unavailable, {smaps, Why}, <<"unexpected input: please report it with this term">>};
 resident(#{smaps := {error, Why}}) ->
     {unavailable, {smaps, Why}, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>};
 resident(_) ->
     {unavailable, no_smaps, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>}.
 
-fields_or_empty(Bin) when is_binary(Bin) -> parse_fields(Bin);
+fields_or_empty(Bin) when is_binary(Bin) -> mallocinfo_smaps:parse_fields(Bin);
 fields_or_empty(_) -> #{}.
 
-%% @doc `Key: value kB' lines (`status', `smaps_rollup') as a map of bytes;
-%% lines without a kB value are left out.
--spec parse_fields(binary()) -> #{binary() => non_neg_integer()}.
-parse_fields(Bin) ->
-    maps:from_list([KV || Line <- binary:split(Bin, <<"\n">>, [global, trim_all]),
-                          {_, _} = KV <- [kb_field(Line)]]).
-
-kb_field(Line) ->
-    case binary:split(Line, <<":">>) of
-        [Key, Rest] ->
-            case binary:split(string:trim(Rest), <<" ">>, [global, trim_all]) of
-                [N, <<"kB">>] -> to_bytes(Key, N);
-                _ -> none
-            end;
-        _ ->
-            none
-    end.
-
-to_bytes(Key, N) ->
-    try {Key, binary_to_integer(N) * 1024}
-    catch error:badarg -> none
-    end.
-
-%% @doc `/proc/<pid>/smaps' text as a list of mappings, in address order:
-%% `#{start, stop, perms, path, size, rss, pss, anon, swap, flags}' (bytes;
-%% `flags' is the `VmFlags' list, or `undefined' on kernels without it;
-%% `path' is `<<>>' for anonymous memory).
--spec parse_smaps(binary()) -> [map()].
-parse_smaps(Bin) ->
-    Lines = binary:split(Bin, <<"\n">>, [global, trim_all]),
-    lists:reverse(smaps_lines(Lines, undefined, [])).
-
-smaps_lines([], Cur, Acc) ->
-    push(Cur, Acc);
-smaps_lines([<<C, _/binary>> = Line | Rest], Cur, Acc)
-  when (C >= $0 andalso C =< $9) orelse (C >= $a andalso C =< $f) ->
-    smaps_lines(Rest, vma_header(Line), push(Cur, Acc));
-smaps_lines([_ | Rest], undefined, Acc) ->
-    smaps_lines(Rest, undefined, Acc);
-smaps_lines([<<"VmFlags:", Flags/binary>> | Rest], Cur, Acc) ->
-    smaps_lines(Rest, Cur#{flags => binary:split(Flags, <<" ">>, [global, trim_all])}, Acc);
-smaps_lines([Line | Rest], Cur, Acc) ->
-    Cur1 = case kb_field(Line) of
-               {<<"Size">>, V} -> Cur#{size => V};
-               {<<"Rss">>, V} -> Cur#{rss => V};
-               {<<"Pss">>, V} -> Cur#{pss => V};
-               {<<"Anonymous">>, V} -> Cur#{anon => V};
-               {<<"Swap">>, V} -> Cur#{swap => V};
-               {<<"KernelPageSize">>, V} -> Cur#{page_size => V};
-               _ -> Cur
-           end,
-    smaps_lines(Rest, Cur1, Acc).
-
-push(undefined, Acc) -> Acc;
-push(Vma, Acc) -> [Vma | Acc].
-
-%% "7f0e12a1c000-7f0e12e1c000 rw-p 00000000 00:00 0      [path with spaces]"
-vma_header(Line) ->
-    [Range, Perms, _Offset, _Dev, _Inode | Path] = binary:split(Line, <<" ">>, [global, trim_all]),
-    [Start, Stop] = binary:split(Range, <<"-">>),
-    S = binary_to_integer(Start, 16),
-    E = binary_to_integer(Stop, 16),
-    #{start => S, stop => E, perms => Perms, path => iolist_to_binary(lists:join(<<" ">>, Path)),
-      size => E - S, rss => 0, pss => 0, anon => 0, swap => 0, page_size => 4096,
-      flags => undefined}.
-
-%% @doc The mappings grouped by what they are. Each group is
-%% `#{rss, size, count}' (bytes; count of mappings, of 64 MiB heaps for
-%% `arenas', of stacks for `stacks'):
-%% <ul>
-%% <li>`main_heap': `[heap]', glibc's main arena (brk).</li>
-%% <li>`arenas': glibc's non-main arenas. Each heap of a non-main arena is
-%%     an anonymous private `MAP_NORESERVE' reservation of HEAP_MAX (64 MiB
-%%     on 64-bit) whose start is 64 MiB aligned: readable and writable from
-%%     the start up to what the arena uses, `PROT_NONE' after. A mapping
-%%     that starts 64 MiB aligned and, with the mappings right after it,
-%%     covers 64 MiB windows exactly that way (`rw' then `---', all `nr')
-%%     is counted as heaps; a mapping that merged with a neighbour and
-%%     sticks out of the windows has its Rss split in proportion to the
-%%     bytes inside (the kernel does not say which pages are where). A
-%%     heap whose start merged with a writable NORESERVE mapping below it
-%%     is missed (it is counted in `noreserve').</li>
-%% <li>`stacks': `[stack]', and thread stacks: writable anonymous mappings
-%%     directly above an anonymous `PROT_NONE' guard of at most 1 MiB.</li>
-%% <li>`jit': the BEAM JIT's code: the two views of its `memfd:vmem'
-%%     with each page counted once (the views' Pss; `jit_counted_twice'
-%%     is what the kernel's Rss counts a second time), and any executable
-%%     anonymous mapping.</li>
-%% <li>`noreserve': other anonymous `MAP_NORESERVE' mappings (the tracker's
-%%     tables are).</li>
-%% <li>`anon': all other anonymous memory: ERTS carriers (mseg_alloc),
-%%     glibc's mmapped blocks, other allocators, direct mmaps.</li>
-%% <li>`files': file-backed mappings; `special': `[vdso]', other shared
-%%     memory.</li>
-%% </ul>
-%% Also `files_top' and `anon_top': the largest files and anonymous
-%% mappings by Rss.
--spec group_mappings([map()]) -> map().
-group_mappings(Vmas) ->
-    group_mappings(Vmas, #{}).
-
-%% @doc The same, with what was read from the process's memory: `heap_headers'
-%% (`#{Address => Bytes}', the first bytes at each of heap_candidates/1)
-%% confirms heaps by their glibc header instead of their shape alone, and
-%% `straddle_rss' (`#{MappingStart => Bytes}', from `/proc/self/pagemap')
-%% says exactly how much of a mapping that straddles a heap is resident
-%% inside it.
--spec group_mappings([map()], #{heap_headers => map(), straddle_rss => map()}) -> map().
-group_mappings(Vmas, Evidence) ->
-    Windows = heap_windows(Vmas, maps:get(heap_headers, Evidence, undefined)),
-    Straddle = maps:get(straddle_rss, Evidence, #{}),
-    {Parts, _} = lists:mapfoldl(fun(V, Prev) -> {classify(V, Prev, Windows, Straddle), V} end,
-                                undefined, Vmas),
-    Flat = lists:append(Parts),
-    Kinds = [main_heap, arenas, stacks, jit, noreserve, anon, files, special],
-    Empty = maps:from_list([{K, #{rss => 0, size => 0, count => 0}} || K <- Kinds]),
-    Groups0 = lists:foldl(
-                fun({K, Rss, Size, Count, _V}, Acc) ->
-                        #{rss := R0, size := S0, count := C0} = maps:get(K, Acc),
-                        Acc#{K => #{rss => R0 + Rss, size => S0 + Size, count => C0 + Count}}
-                end, Empty, Flat),
-    Groups = maps:update_with(arenas, fun(G) -> G#{count => length(Windows)} end, Groups0),
-    Files = lists:foldl(fun({files, Rss, _, _, #{path := P}}, Acc) ->
-                                maps:update_with(P, fun(X) -> X + Rss end, Rss, Acc);
-                           (_, Acc) -> Acc
-                        end, #{}, Flat),
-    FilesTop = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Files))), 3),
-    Anon = [{Rss, S, E} || {anon, Rss, _, _, #{start := S, stop := E}} <- Flat, Rss > 0],
-    AnonTop = lists:sublist(lists:reverse(lists:sort(Anon)), ?TOP),
-    %% What the kernel's RSS counts twice: the JIT views' Rss beyond their
-    %% pages counted once.
-    JitTwice = lists:sum([Rss - Once || {jit, Once, _, _, #{path := <<"/memfd:vmem", _/binary>>,
-                                                          rss := Rss}} <- Flat]),
-    #{groups => Groups,
-      jit_counted_twice => JitTwice,
-      files_top => [#{path => P, rss => R} || {P, R} <- FilesTop],
-      anon_top => [#{start => S, stop => E, rss => R} || {R, S, E} <- AnonTop]}.
-
-%% One mapping -> [{Kind, Rss, Size, Count, Vma}]: two parts when it
-%% straddles a glibc heap window.
-classify(#{path := <<"[heap]">>} = V, _, _, _) -> [whole(main_heap, V)];
-classify(#{path := <<"[stack", _/binary>>} = V, _, _, _) -> [whole(stacks, V)];
-%% The JIT maps its code twice, an executable view and a writable one of
-%% the same memfd pages, and the kernel's Rss counts each resident page in
-%% both. The memfd belongs to this process alone, so each view's Pss is its
-%% pages divided by the views that map them: the views' Pss add up to the
-%% resident pages, each counted once.
-classify(#{path := <<"/memfd:vmem", _/binary>>, pss := Pss, rss := Rss, size := Size} = V, _, _,
-         _) ->
-    %% (A kernel, or canned text, without Pss lines: the Rss as it is.)
-    Once = case Pss > 0 of
-               true -> min(Pss, Rss);
-               false -> Rss
-           end,
-    [{jit, Once, Size, 1, V}];
-classify(#{path := Path} = V, Prev, Windows, Straddle) ->
-    case anonymous(Path) of
-        false when binary_part(Path, 0, 1) =:= <<"/">> -> [whole(files, V)];
-        false -> [whole(special, V)];
-        true -> classify_anon(V, Prev, Windows, Straddle)
-    end.
-
-classify_anon(#{start := S, size := Size, rss := Rss} = V, Prev, Windows, Straddle) ->
-    case overlap(V, Windows) of
-        0 ->
-            [whole(anon_kind(V, Prev), V)];
-        Size ->
-            [{arenas, Rss, Size, 1, V}];
-        In ->
-            %% Exact from pagemap when it was read, else in proportion.
-            InRss = min(Rss, maps:get(S, Straddle, Rss * In div Size)),
-            [{arenas, InRss, In, 1, V},
-             {anon_kind(V, Prev), Rss - InRss, Size - In, 1, V}]
-    end.
-
-anon_kind(#{perms := <<_, _, $x, _>>}, _) ->
-    jit;
-anon_kind(#{perms := <<"rw", _, _>>, start := S} = V, #{stop := S, perms := <<"---", _>>, path := P,
-                                                    size := G})
-  when G =< ?GUARD_MAX ->
-    case anonymous(P) of
-        true -> stacks;
-        false -> plain_anon_kind(V)
-    end;
-anon_kind(V, _) ->
-    plain_anon_kind(V).
-
-plain_anon_kind(#{flags := Flags}) when is_list(Flags) ->
-    case lists:member(<<"nr">>, Flags) of
-        true -> noreserve;
-        false -> anon
-    end;
-plain_anon_kind(_) ->
-    anon.
-
-whole(Kind, #{rss := Rss, size := Size} = V) -> {Kind, Rss, Size, 1, V}.
-
-anonymous(<<>>) -> true;
-anonymous(<<"[anon:", _/binary>>) -> true;
-anonymous(_) -> false.
-
-overlap(#{start := S, stop := E}, Windows) ->
-    lists:sum([max(0, min(E, W + ?HEAP_MAX) - max(S, W)) || W <- Windows]).
-
-%% @doc Where a glibc heap could start: every 64 MiB aligned address inside
-%% a writable anonymous private NORESERVE mapping (merged mappings
-%% included). mallocinfo_report reads the first bytes at each.
--spec heap_candidates([map()]) -> [non_neg_integer()].
-heap_candidates(Vmas) ->
-    [B || #{perms := <<"rw", _, $p>>, path := P} = V <- Vmas, anonymous(P), noreserve(V),
-          B <- aligned_in(V)].
-
-aligned_in(#{start := S, stop := E}) ->
-    lists:seq((S + ?HEAP_MAX - 1) div ?HEAP_MAX * ?HEAP_MAX, E - 1, ?HEAP_MAX).
-
-%% @doc Start addresses of the 64 MiB windows that are glibc heaps. With
-%% the first bytes read at the candidates (`#{Address => Bytes}'), a
-%% candidate is a heap when they are a plausible glibc `heap_info':
-%% `ar_ptr' points just past the start of a 64 MiB window (the arena lives
-%% at the start of its first heap), `prev' is 0 or 64 MiB aligned, `size'
-%% is a positive multiple of 4 KiB up to 64 MiB and `mprotect_size' is at
-%% least `size' (glibc never lowers it below). Zeros, table slots and
-%% carrier contents do not pass. Without them (`undefined': memory could
-%% not be read), by shape alone, see below.
--spec heap_windows([map()], #{non_neg_integer() => binary()} | undefined) ->
-          [non_neg_integer()].
-heap_windows(Vmas, Headers) when is_map(Headers) ->
-    [B || B <- heap_candidates(Vmas), heap_info(maps:get(B, Headers, <<>>), B)];
-heap_windows(Vmas, _) ->
-    heap_windows(Vmas).
-
-heap_info(<<ArPtr:64/native, Prev:64/native, Size:64/native, Mprotect:64/native, _/binary>>, B) ->
-    ArPtr rem ?HEAP_MAX > 0 andalso ArPtr rem ?HEAP_MAX < 256 andalso
-        Prev rem ?HEAP_MAX =:= 0 andalso Prev =/= B andalso
-        Size > 0 andalso Size rem 4096 =:= 0 andalso Size =< ?HEAP_MAX andalso
-        Mprotect >= Size andalso Mprotect =< ?HEAP_MAX;
-heap_info(_, _) ->
-    false.
-
-%% @doc The anonymous mappings that only partly lie in heap windows, and
-%% the ranges of each that do: `[{Start, PageSize, [{From, To}]}]'. For
-%% these mallocinfo_report counts resident pages in /proc/self/pagemap.
--spec straddling([map()], [non_neg_integer()]) ->
-          [{non_neg_integer(), pos_integer(), [{non_neg_integer(), non_neg_integer()}]}].
-straddling(Vmas, Windows) ->
-    [{S, Page, Ranges}
-     || #{start := S, stop := E, size := Size, path := P, page_size := Page} = V <- Vmas,
-        anonymous(P),
-        Ranges <- [[{max(S, W), min(E, W + ?HEAP_MAX)} || W <- Windows,
-                                                           W < E, W + ?HEAP_MAX > S]],
-        Ranges =/= [], overlap(V, Windows) < Size].
-
-%% By shape alone: a heap begins a mapping: glibc maps it on its own and
-%% its first bytes are the heap header. So a candidate is a writable
-%% anonymous private NORESERVE mapping that starts 64 MiB aligned; from
-%% there, contiguous anonymous private NORESERVE mappings must cover each
-%% window writable first and PROT_NONE after (never writable again), and
-%% the run must end on a window boundary (a PROT_NONE tail that goes on
-%% past it is a reservation beside the heap). A writable mapping that runs
-%% on into the next window (heaps that filled up and merged) continues
-%% into a window that must qualify too.
-heap_windows(Vmas) ->
-    T = list_to_tuple(Vmas),
-    lists:usort(lists:append(
-                  [Ws || I <- lists:seq(1, tuple_size(T)),
-                         #{start := B, perms := <<"rw", _, $p>>, path := P} = V <- [element(I, T)],
-                         B rem ?HEAP_MAX =:= 0, anonymous(P), noreserve(V),
-                         {ok, Ws} <- [heap_run(T, I, B, B, rw)]])).
-
-%% Walks mapping I.. of a run that started at B; WinStart is the current
-%% window; State is rw (still writable) or none (PROT_NONE seen).
-heap_run(T, I, B, WinStart, State) when I =< tuple_size(T) ->
-    #{stop := E, perms := Perms, path := P} = V = element(I, T),
-    WinEnd = WinStart + ?HEAP_MAX,
-    Kind = case Perms of
-               <<"rw", _, $p>> -> rw;
-               <<"---p">> -> none;
-               _ -> bad
-           end,
-    Fits = Kind =/= bad andalso anonymous(P) andalso noreserve(V) andalso
-        not (Kind =:= rw andalso State =:= none),
-    if
-        not Fits -> error;
-        E =:= WinEnd; Kind =:= none, E > WinEnd -> {ok, lists:seq(B, WinStart, ?HEAP_MAX)};
-        E < WinEnd -> next_in_run(T, I, B, WinStart, Kind, E);
-        true ->
-            %% A writable mapping crossing into the next window(s).
-            Last = (E - 1) div ?HEAP_MAX * ?HEAP_MAX,
-            case E rem ?HEAP_MAX of
-                0 -> {ok, lists:seq(B, Last, ?HEAP_MAX)};
-                _ -> next_in_run(T, I, B, Last, rw, E)
-            end
-    end;
-heap_run(_, _, _, _, _) ->
-    error.
-
-next_in_run(T, I, B, WinStart, State, Stop) ->
-    case I + 1 =< tuple_size(T) andalso maps:get(start, element(I + 1, T)) =:= Stop of
-        true -> heap_run(T, I + 1, B, WinStart, State);
-        false -> error
-    end.
-
-%% Kernels without VmFlags (before 3.8) cannot tell; assume it is.
-noreserve(#{flags := undefined}) -> true;
-noreserve(#{flags := Flags}) -> lists:member(<<"nr">>, Flags).
 
 %%% ERTS --------------------------------------------------------------------
 
@@ -714,25 +402,6 @@ previous_view(#{monotonic_ms := T0, live_bytes := L0, functions := F0} = Prev,
 previous_view(_, _) ->
     none.
 
-%% @doc The frame that names who allocated: the first frame of the stack
-%% outside the C and C++ runtime (a `malloc' called through `operator
-%% new', `strdup' or a C++ container names its user, not libstdc++), else
-%% the first frame. `undefined' for an empty stack.
--spec culprit([map()]) -> map() | undefined.
-culprit([]) ->
-    undefined;
-culprit([First | _] = Stack) ->
-    case [F || #{object := O} = F <- Stack, not runtime_object(O)] of
-        [F | _] -> F;
-        [] -> First
-    end.
-
-runtime_object(Object) ->
-    Base = filename:basename(Object),
-    lists:any(fun(P) -> binary:longest_common_prefix([Base, P]) =:= byte_size(P) end,
-              [<<"libc.so">>, <<"libc-">>, <<"libstdc++.so">>, <<"libgcc_s.so">>,
-               <<"ld-linux">>, <<"libmallocinfo_preload.so">>]).
-
 %%% Other allocator -----------------------------------------------------------
 
 other_allocator(#{allocator := jemalloc} = Raw) ->
@@ -785,12 +454,13 @@ tcmalloc_figure(Text, Label) ->
 %% `full'): an attached tracker has not seen what was mapped before it.
 -spec mappings(map()) -> map() | {unavailable, term(), binary()}.
 mappings(#{trace_status := #{preloaded := true, mode := Mode}, regions := {ok, Regions},
-           smaps := Smaps})
-  when is_binary(Smaps), (Mode =:= full orelse Mode =:= sample) ->
-    Vmas = list_to_tuple(parse_smaps(Smaps)),
+           smaps := Vmas})
+  when is_list(Vmas), (Mode =:= full orelse Mode =:= sample) ->
+    Known = [R || #{start := _, length := _, resident := _} = R <- Regions],
+    Kinds = mallocinfo_smaps:anon_kinds(Vmas, [S || #{start := S} <- Known]),
     Owned = [{owner(R), Kind, Res, L}
-             || #{start := S, length := L, resident := Res} = R <- Regions,
-                Kind <- [vma_kind(find_vma(S, Vmas))], Kind =/= none],
+             || {#{length := L, resident := Res} = R, Kind} <- lists:zip(Known, Kinds),
+                Kind =/= none],
     Sum = fun(F) -> lists:sum([Res || {_, _, Res, _} = O <- Owned, F(O)]) end,
     Sites = lists:foldl(fun({{site, Label}, _, Res, L}, Acc) ->
                                 maps:update_with(Label, fun({C, B, M}) -> {C + 1, B + Res, M + L} end,
@@ -822,26 +492,6 @@ owner(#{stack := [#{object := Obj, symbol := Sym} | _]}) ->
     end;
 owner(_) ->
     {site, <<"(no stack)">>}.
-
-%% Binary search over the mappings (in address order).
-find_vma(A, Vmas) -> find_vma(A, Vmas, 1, tuple_size(Vmas)).
-
-find_vma(_, _, Lo, Hi) when Lo > Hi -> none;
-find_vma(A, Vmas, Lo, Hi) ->
-    Mid = (Lo + Hi) div 2,
-    case element(Mid, Vmas) of
-        #{start := S} when A < S -> find_vma(A, Vmas, Lo, Mid - 1);
-        #{stop := E} when A >= E -> find_vma(A, Vmas, Mid + 1, Hi);
-        V -> V
-    end.
-
-vma_kind(none) -> none;
-vma_kind(#{perms := <<_, _, $x, _>>}) -> none;
-vma_kind(#{path := P} = V) ->
-    case anonymous(P) of
-        true -> plain_anon_kind(V);
-        false -> none
-    end.
 
 %%% Accounting ----------------------------------------------------------------
 
@@ -965,348 +615,3 @@ account_exact(#{resident := #{groups := G, rss := Rss}} = R,
 
 percent(_, 0) -> 0.0;
 percent(Part, Whole) -> round(Part * 1000 / Whole) / 10.
-
-%%% Verdicts ------------------------------------------------------------------
-
-%% @doc The rules, in no particular order; verdicts/1 ranks what they say.
--spec rules() -> [atom()].
-rules() ->
-    [native_holder, native_growth, native_stable, libc_fragmentation, erts_fragmentation, erts_mseg_cache, process_heap,
-     erts_binary, erts_ets, other_allocator, tracker_tables, unexplained].
-
-%% @doc The sentences of every rule that fires, most bytes first; a single
-%% "nothing stands out" sentence, with the two largest groups, when none
-%% does.
--spec verdicts(mallocinfo_report:report()) -> [binary()].
-verdicts(R) ->
-    %% A rule that meets a shape it does not know says nothing rather than
-    %% taking the report down.
-    Fired = [V || Name <- rules(), {_, _} = V <- [catch rule(Name, R)]],
-    case lists:reverse(lists:keysort(1, Fired)) of
-        [] -> [nothing_stands_out(R)];
-        [{0, _} | _] = Sorted -> [nothing_stands_out(R) | [S || {_, S} <- Sorted]];
-        Sorted -> [S || {_, S} <- Sorted]
-    end.
-
-sign(D) when D < 0 -> "-";
-sign(_) -> "+".
-
-same_function(#{object := O} = A, #{object := O} = B) ->
-    maps:get(symbol, A, undefined) =:= maps:get(function, B, undefined)
-        andalso (maps:get(symbol, A, undefined) =/= undefined
-                 orelse maps:get(address, A, x) =:= maps:get(address, maps:get(frame, B, #{}), y));
-same_function(_, _) -> false.
-
-%% @doc One rule on a report: `{Bytes, Sentence}' when its evidence is in
-%% the report (Bytes ranks it), `none' otherwise. A rule needs at least
-%% 16 MiB and 5% of RSS behind it.
--spec rule(atom(), mallocinfo_report:report()) -> {non_neg_integer(), binary()} | none.
-rule(native_holder, #{native := #{functions := [#{bytes := B, count := C} = F | _]} = N} = R) ->
-    case significant(B, R) of
-        false -> none;
-        true ->
-            About = case maps:get(estimated, F, false) of true -> "about "; false -> "" end,
-            {Who, From} = who(maps:get(frame, F, undefined)),
-            Tail = case maps:get(growth, N, none) of
-                       #{growers := G, interval_ms := Ms} ->
-                           case [X || #{culprit := C1} = X <- G, same_function(C1, F)] of
-                               [] -> fmt("it did not grow in every sample over ~ts",
-                                         [age(Ms)]);
-                               _ -> <<"it grew in every sample">>
-                           end;
-                       _ ->
-                           <<"a leak if it keeps growing: mallocinfo:report(#{interval => 60000})"
-                             " measures that">>
-                   end,
-            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts: ~ts",
-                    [Who, About, bytes(B), About, count(C), From, Tail])}
-    end;
-rule(native_growth, #{native := #{growth := #{leak := true, interval_ms := Ms0,
-                                              growers := [G | _]} = Growth}}) ->
-    Ms = maps:get(span_ms, Growth, Ms0),
-    #{growth_bytes := Grew, rate := Rate, bytes := B, count := C} = G,
-    {Who, From} = who(maps:get(culprit, G)),
-    {max(B, Grew),
-     fmt("~ts (~ts) grew by ~ts (~ts/s) over ~ts, in every sample: a leak; it holds ~ts in ~ts "
-         "blocks now", [From, Who, bytes(Grew), bytes(Rate), age(Ms), bytes(B), count(C)])};
-rule(native_stable, #{native := #{growth := #{leak := false, interval_ms := Ms0,
-                                              live_delta := D} = Growth}}) ->
-    Ms = maps:get(span_ms, Growth, Ms0),
-    {0, fmt("native memory stable over ~ts: no native call site grew by 1 MiB in every sample "
-            "(the tracker's live bytes changed by ~ts~ts)",
-            [age(Ms), sign(D), bytes(abs(D))])};
-rule(native_holder, #{native := #{sites := [#{bytes := B, count := C, stack := Stack} = Site | _]}}
-     = R) ->
-    case significant(B, R) of
-        false -> none;
-        true ->
-            Age = maps:get(oldest_age_ms, Site, 0),
-            About = case maps:get(estimated, Site, false) of true -> "about "; false -> "" end,
-            {Who, From} = who(culprit(Stack)),
-            Tail = case Age >= ?LEAK_AGE_MS of
-                       true -> "a leak";
-                       false -> "a leak if it keeps growing (compare with a later report)"
-                   end,
-            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts, the oldest ~ts "
-                    "old: ~ts",
-                    [Who, About, bytes(B), About, count(C), From, age(Age), Tail])}
-    end;
-rule(libc_fragmentation, #{libc := #{arenas := [_ | _] = Arenas} = L} = R) ->
-    System = lists:sum([S || #{system_bytes := S} <- Arenas]),
-    Free = lists:sum([F || #{free_bytes := F} <- Arenas]),
-    N = length(Arenas),
-    case significant(Free, R) andalso Free * 100 >= 30 * System of
-        false -> none;
-        true ->
-            Trim = case L of
-                       #{heap_map := #{total := #{trimmable_bytes := T, pinned_bytes := P}}} ->
-                           fmt("; mallocinfo:trim() would return about ~ts now, ~ts is pinned "
-                               "between live blocks", [bytes(T), bytes(P)]);
-                       _ -> ""
-                   end,
-            NonMainFree = lists:sum([F || #{arena := A, free_bytes := F} <- Arenas, A =/= 0]),
-            ArenaMax = case L of
-                           #{arena_max := #{value := Max}} ->
-                               io_lib:format(" of ~b allowed", [Max]);
-                           _ -> ""
-                       end,
-            Cap = case N > 2 andalso NonMainFree * 2 >= Free of
-                      true -> fmt("; ~ts of the free memory is in per-thread arenas: consider "
-                                  "MALLOC_ARENA_MAX=2", [bytes(NonMainFree)]);
-                      false -> ""
-                  end,
-            {Free, fmt("libc arenas hold ~ts of which ~ts (~b%) is free: fragmentation in libc "
-                       "(~ts~ts)~ts~ts",
-                       [bytes(System), bytes(Free), Free * 100 div max(1, System),
-                        plural(N, "arena"), ArenaMax, Trim, Cap])}
-    end;
-rule(erts_fragmentation, #{erts := #{allocated := A, used := U, allocators := [_ | _] = Types}}
-     = R) ->
-    %% Every allocator instance (one per scheduler and type) keeps a main
-    %% carrier for good, mostly free on a quiet node, and fills its newest
-    %% carrier gradually: a freshly booted node with 16 schedulers and a few
-    %% applications holds 23 MiB of free carrier space, all of it that
-    %% headroom. That is the design, not fragmentation: only free space
-    %% beyond each instance's headroom counts.
-    Excess = fun(#{allocated := TA, used := TU} = T) ->
-                     max(0, TA - TU - maps:get(headroom, T, 0))
-             end,
-    Waste = lists:sum([Excess(T) || T <- Types]),
-    case significant(Waste, R) andalso U * 100 < 60 * A of
-        false -> none;
-        true ->
-            ByExcess = lists:sort(fun(X, Y) -> Excess(X) >= Excess(Y) end, Types),
-            [#{name := Worst, allocated := WA, used := WU} | _] = ByExcess,
-            {Waste, fmt("ERTS allocators hold ~ts in carriers but use ~ts (~b%), ~ts free beyond "
-                        "the main and newest carrier of each allocator instance: fragmentation "
-                        "inside erts_alloc, most in ~ts (~ts allocated, ~b% used)",
-                        [bytes(A), bytes(U), U * 100 div max(1, A), bytes(Waste), Worst,
-                         bytes(WA), WU * 100 div max(1, WA)])}
-    end;
-rule(erts_mseg_cache, #{erts := #{mseg_cache_bytes := C, mmap_bytes := M}} = R)
-  when is_integer(C) ->
-    case significant(C, R) of
-        false -> none;
-        true ->
-            {C, fmt("ERTS keeps ~ts of freed carriers mapped in mseg_alloc's cache (~ts mapped in "
-                    "all): they are reused for new carriers or released over time",
-                    [bytes(C), bytes(M)])}
-    end;
-rule(tracker_tables, #{native := #{table_bytes := TB, stack_bytes := SB} = N,
-                       attributed := Attributed} = R) ->
-    case proplists:get_value(tracker_tables, Attributed, 0) of
-        B when is_integer(B) ->
-            case significant(B, R) of
-                false -> none;
-                true -> {B, tracker_tables_text(B, TB + SB, N, R)}
-            end;
-        _ -> none
-    end;
-rule(process_heap, #{erts := #{processes := [#{pid := Pid, value := B} = P | _]}} = R) ->
-    case significant(B, R) of
-        false -> none;
-        true ->
-            {B, fmt("process ~ts~ts holds ~ts (~ts of RSS): mallocinfo_process:print(~ts) shows what "
-                    "is on its heap",
-                    [pid_to_list(Pid), proc_name(maps:get(name, P, undefined)), bytes(B),
-                     share(B, R), pid_to_list(Pid)])}
-    end;
-rule(erts_binary, #{erts := #{memory := #{binary := B}}} = R) ->
-    case significant(B, R) andalso B * 4 >= rss(R) of
-        false -> none;
-        true ->
-            {B, fmt("refc binaries take ~ts (~ts of RSS): mallocinfo_process:top(10, binary) names "
-                    "the "
-                    "processes that keep them", [bytes(B), share(B, R)])}
-    end;
-rule(erts_ets, #{erts := #{memory := #{ets := B}} = E} = R) ->
-    case significant(B, R) andalso B * 4 >= rss(R) of
-        false -> none;
-        true ->
-            Largest = case maps:get(ets, E, []) of
-                          [#{table := T, bytes := TB} | _] ->
-                              fmt(", the largest ~tp with ~ts", [T, bytes(TB)]);
-                          _ -> ""
-                      end,
-            {B, fmt("ETS tables take ~ts (~ts of RSS)~ts", [bytes(B), share(B, R), Largest])}
-    end;
-rule(other_allocator, #{other_allocator := #{allocator := A, resident := Res} = O} = R)
-  when is_integer(Res) ->
-    Allocated = case O of
-                    #{summary := #{allocated := X}} -> X;
-                    #{allocated := X} when is_integer(X) -> X;
-                    _ -> undefined
-                end,
-    case is_integer(Allocated) andalso significant(Res - Allocated, R) of
-        false -> none;
-        true ->
-            {Res - Allocated,
-             fmt("~ts keeps ~ts resident for ~ts allocated: ~ts it has not returned to the system",
-                 [A, bytes(Res), bytes(Allocated), bytes(Res - Allocated)])}
-    end;
-rule(unexplained, #{unaccounted_bytes := U, unaccounted_percent := P} = R) when is_integer(U) ->
-    case significant(U, R) andalso P >= 15 of
-        false -> none;
-        true ->
-            Maps = case R of
-                       #{resident := #{anon_top := [_ | _] = Top}} ->
-                           Largest = [[hex(S), " ", bytes(Rs)]
-                                      || #{start := S, rss := Rs} <- lists:sublist(Top, 3)],
-                           ["; the largest anonymous mappings: " | lists:join(", ", Largest)];
-                       _ -> ""
-                   end,
-            {U, fmt("~ts (~.1f% of RSS) is memory no layer accounts for: most likely mapped "
-                    "directly (mmap) by a NIF or a library~ts", [bytes(U), float(P), Maps])}
-    end;
-rule(_, _) ->
-    none.
-
-who(undefined) ->
-    {"native code", "an unknown function"};
-who(#{object := Object} = F) ->
-    Base = filename:basename(Object),
-    Who = case {binary:match(Base, <<"beam">>), binary:match(Base, <<".so">>)} of
-              {{0, _}, _} -> "the VM itself (" ++ binary_to_list(Base) ++ ")";
-              {_, nomatch} -> "native code in " ++ binary_to_list(Base);
-              _ -> "the NIF " ++ binary_to_list(Base)
-          end,
-    From = case F of
-               #{symbol := S} when is_binary(S) -> short_symbol(S);
-               #{offset := Off} -> io_lib:format("~ts+0x~.16b", [Base, Off]);
-               _ -> "an unnamed function"
-           end,
-    {Who, From}.
-
-%% @doc A process's registered name or initial call, for a sentence.
--spec proc_name(term()) -> iolist().
-%% A demangled C++ name can run to hundreds of characters: the sentence
-%% keeps its first 60.
-short_symbol(S) ->
-    L = unicode:characters_to_list(S),
-    case string:length(L) > 60 of
-        true -> string:slice(L, 0, 57) ++ "...";
-        false -> L
-    end.
-
-proc_name(undefined) -> "";
-proc_name(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
-proc_name({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
-proc_name(Other) -> io_lib:format(" (~tp)", [Other]).
-
-%% @doc The resident set in the parts section 1 of the report lists, in its
-%% order: the kernel's groups of mappings, with the anonymous memory split
-%% by the layer that explains it (ERTS, libc's mmapped blocks, another
-%% allocator, nothing). They add up to the mapped RSS, each page once.
-%% The "nothing stands out" verdict names the largest two with the same
-%% labels and figures. `[]' when the resident set could not be read.
--spec resident_parts(mallocinfo_report:report()) -> [{atom(), non_neg_integer()}].
-resident_parts(#{resident := #{groups := G}} = R) ->
-    Rss = fun(K) -> maps:get(rss, maps:get(K, G)) end,
-    A = maps:from_list(maps:get(attributed, R, [])),
-    Layer = fun(K) -> maps:get(K, A, 0) end,
-    Unclaimed = case maps:get(anon_unclaimed, R, undefined) of
-                    U when is_integer(U) -> U;
-                    _ -> Rss(anon) - Layer(erts_carriers) - Layer(libc_mmap)
-                end,
-    Erts = case maps:get(exact, R, false) of
-               true -> erts_mapped;
-               false -> erts_carriers
-           end,
-    [{main_heap, Rss(main_heap)}, {arenas, Rss(arenas)},
-     {Erts, Layer(erts_carriers)}, {mapped_sites, Layer(mapped_sites)},
-     {libc_mmap, Layer(libc_mmap)},
-     {other_allocator, Layer(other_allocator)}, {anon_unclaimed, Unclaimed},
-     {noreserve, Rss(noreserve) - maps:get(noreserve_other, R, 0)},
-     {jit, Rss(jit)}, {stacks, Rss(stacks)}, {files, Rss(files)}, {special, Rss(special)}];
-resident_parts(_) ->
-    [].
-
-%% @doc What section 1 calls a part of resident_parts/1.
--spec part_label(atom()) -> string().
-part_label(main_heap) -> "glibc main heap [heap]";
-part_label(arenas) -> "glibc arenas (64 MiB heaps)";
-part_label(erts_carriers) -> "ERTS carriers, mseg cache (est.)";
-part_label(erts_mapped) -> "ERTS carriers (by address)";
-part_label(mapped_sites) -> "mapped by NIFs, libraries";
-part_label(libc_mmap) -> "libc mmapped blocks (est.)";
-part_label(other_allocator) -> "other allocator (est.)";
-part_label(anon_unclaimed) -> "other anonymous";
-part_label(noreserve) -> "MAP_NORESERVE anonymous";
-part_label(jit) -> "JIT code";
-part_label(stacks) -> "thread stacks";
-part_label(files) -> "files";
-part_label(special) -> "vdso, other shared".
-
-nothing_stands_out(#{resident := #{groups := _}} = R) ->
-    Sorted = lists:reverse(lists:keysort(2, resident_parts(R))),
-    Parts = [io_lib:format("~ts ~ts", [part_label(K), bytes(B)])
-             || {K, B} <- lists:sublist(Sorted, 2)],
-    fmt("nothing stands out: RSS ~ts, the largest parts: ~ts",
-        [bytes(rss(R)), lists:join("; ", Parts)]);
-nothing_stands_out(_) ->
-    <<"nothing stands out (the resident set could not be read)">>.
-
-plural(1, Noun) -> ["1 ", Noun];
-plural(N, Noun) -> [integer_to_list(N), " ", Noun, "s"].
-
-hex(N) -> string:lowercase(integer_to_list(N, 16)).
-
-significant(Bytes, R) ->
-    Rss = rss(R),
-    Bytes >= ?SIGNIFICANT_BYTES andalso Bytes * 100 >= ?SIGNIFICANT_PERCENT * Rss.
-
-%% @doc RSS of a report (0 when the resident set could not be read).
--spec rss(mallocinfo_report:report()) -> non_neg_integer().
-rss(#{resident := #{rss := Rss}}) -> Rss;
-rss(_) -> 0.
-
-share(B, R) ->
-    io_lib:format("~b%", [B * 100 div max(1, rss(R))]).
-
-fmt(Format, Args) ->
-    unicode:characters_to_binary(io_lib:format(Format, Args)).
-
-
-% Shorthands for the units the sentences use.
-bytes(B) -> mallocinfo_units:bytes(B).
-count(N) -> mallocinfo_units:count(N).
-age(Ms) -> mallocinfo_units:age(Ms).
-
-%% The tracker verdict reads the mode: what the tables cost in it, and what
-%% each knob would change from there (never "switch to sample" in sample).
-tracker_tables_text(B, Reserved, N, R) ->
-    Live = maps:get(live_entries, N, 0),
-    Head = fmt("the mallocinfo tracker's own tables keep ~ts resident (~ts of RSS, ~ts reserved)",
-               [bytes(B), share(B, R), bytes(Reserved)]),
-    case maps:get(mode, N, full) of
-        sample ->
-            fmt("~ts in sample mode, for ~b sampled blocks: mostly the stack table and the "
-                "per-thread unwind caches; mallocinfo_trace:reset() gives the live table's pages "
-                "back, a larger MALLOCINFO_SAMPLE_BYTES samples fewer blocks, and "
-                "MALLOCINFO_TRACE=counters keeps no table at all", [Head, Live]);
-        _ ->
-            fmt("~ts in full mode, ~ts per live block for ~b blocks: MALLOCINFO_TRACE=sample "
-                "(or mallocinfo_trace:set_mode(sample)) keeps an unbiased sample in a few MiB, "
-                "mallocinfo_trace:reset() gives the live table's pages back, and a smaller "
-                "MALLOCINFO_TABLE_SIZE caps the table", [Head, bytes(B div max(1, Live)), Live])
-    end.

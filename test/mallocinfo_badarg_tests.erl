@@ -30,6 +30,12 @@ excluded_modules() ->
                               "exit status 2 (and halts the VM), tested by mallocinfo_heapmap_SUITE"},
      {mallocinfo_report_build, "@private: the report's pure internals, exported for their EUnit "
                                "tests; mallocinfo_report:collect/0 is their only caller"},
+     {mallocinfo_smaps, "@private: /proc text parsed and grouped for the report, exported for "
+                        "its EUnit tests; mallocinfo_report and mallocinfo_report_build call it "
+                        "with text they read and mappings it parsed"},
+     {mallocinfo_verdicts, "@private: the report's verdict rules, exported for their EUnit "
+                           "tests; mallocinfo_report_build and mallocinfo_report_text call them "
+                           "with the report they built"},
      {mallocinfo_protobuf, "@private wire-format encoder: mallocinfo_profile is its only caller, "
                            "with values it made; EUnit in mallocinfo_profile_tests"},
      {mallocinfo_profile, "@private: the profiles' pure internals, fed only by mallocinfo_trace "

@@ -6,6 +6,7 @@
 
 -define(G, mallocinfo_growth).
 -define(B, mallocinfo_report_build).
+-define(V, mallocinfo_verdicts).
 -define(MiB, (1 bsl 20)).
 
 frames(Addresses) -> << <<A:64/native>> || A <- Addresses >>.
@@ -188,7 +189,7 @@ culprit_view_leaves_out_erts_and_self_test() ->
                    objects := [#{object := <<"/x/app.so">>}], growth := none,
                    previous := none}, V),
     R = #{resident => #{rss => 1024 * ?MiB}, native => V},
-    ?assertEqual(none, ?B:rule(native_holder, R)).
+    ?assertEqual(none, ?V:rule(native_holder, R)).
 
 native_growth_verdict_test() ->
     Growth = ?B:growth_view(#{interval_ms => 2000, span_ms => 2000, samples => 3,
@@ -197,10 +198,10 @@ native_growth_verdict_test() ->
     R = #{resident => #{rss => 1024 * ?MiB}, native => #{growth => Growth}},
     ?assertEqual({8 * ?MiB, <<"leaky (the NIF app.so) grew by 4.0 MiB (2.0 MiB/s) over 2 s, in every "
                               "sample: a leak; it holds 8.0 MiB in 10 blocks now">>},
-                 ?B:rule(native_growth, R)),
-    ?assertEqual(none, ?B:rule(native_stable, R)),
+                 ?V:rule(native_growth, R)),
+    ?assertEqual(none, ?V:rule(native_stable, R)),
     Stable = ?B:growth_view(#{interval_ms => 2000, samples => 3, live_delta => -4096,
                               growers => []}),
-    {0, S} = ?B:rule(native_stable, #{native => #{growth => Stable}}),
+    {0, S} = ?V:rule(native_stable, #{native => #{growth => Stable}}),
     ?assertNotEqual(nomatch, binary:match(S, <<"stable over 2 s">>)),
-    ?assertEqual(none, ?B:rule(native_growth, #{native => #{growth => Stable}})).
+    ?assertEqual(none, ?V:rule(native_growth, #{native => #{growth => Stable}})).

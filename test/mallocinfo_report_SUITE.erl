@@ -154,7 +154,8 @@ direct_mmap_is_unaccounted(Config) ->
 %% address. mappings/1 names the function that called mmap with its 128
 %% MiB; the report gives that mapping to it (less than 1% of it left
 %% unaccounted), gives ERTS its carriers by address (no estimate, no
-%% slack), and its resident parts add up to the mapped RSS exactly.
+%% slack), and its resident parts add up to the mapped RSS exactly. The
+%% report parses smaps once (call_count tracing on the peer).
 mapped_by_nif_is_attributed(Config) ->
     {ok, Peer, _} = peer:start_link(#{connection => standard_io,
                                       env => mallocinfo_trace:preload_env(),
@@ -185,7 +186,13 @@ mapped_by_nif_is_attributed(Config) ->
                          O =:= Obj],
         ?assertMatch(#{label := native, count := 1, bytes := Bytes}, ObjRow),
 
+        %% smaps is parsed once per report, here too, where the regions'
+        %% attribution (mappings/1) reads it besides the heap evidence and
+        %% the resident set.
+        Parse = {mallocinfo_smaps, parse_smaps, 1},
+        1 = Call(erlang, trace_pattern, [Parse, true, [call_count]]),
         R1 = Call(mallocinfo_report, collect, []),
+        ?assertEqual({call_count, 1}, Call(erlang, trace_info, [Parse, call_count])),
         Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format(R1)])),
         ct:pal("~ts", [Text]),
         #{mappings := #{sites := Sites}, exact := true, erts_slack_bytes := 0} = R1,
@@ -203,12 +210,12 @@ mapped_by_nif_is_attributed(Config) ->
         A = maps:get(attributed, R1),
         ?assert(proplists:get_value(erts_carriers, A) > 0),
         ?assertEqual(proplists:get_value(erts_carriers, A),
-                     proplists:get_value(erts_mapped, mallocinfo_report_build:resident_parts(R1))),
+                     proplists:get_value(erts_mapped, mallocinfo_verdicts:resident_parts(R1))),
         ?assertEqual(nomatch, string:find(Text, "ERTS carriers, mseg cache (est.)")),
         ?assertNotEqual(nomatch, string:find(Text, "ERTS carriers (by address)")),
         %% The parts sum to the mapped RSS, each page once.
         ?assertEqual(maps:get(rss_for_accounting, R1),
-                     lists:sum([B || {_, B} <- mallocinfo_report_build:resident_parts(R1)])),
+                     lists:sum([B || {_, B} <- mallocinfo_verdicts:resident_parts(R1)])),
         ok = Call(mi_mmap_nif, unmap, []),
         %% Unmapped: gone from the mappings.
         ?assertEqual([], [M || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = M
