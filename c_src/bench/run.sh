@@ -2,7 +2,8 @@
 # Allocation-tracker benchmark: glibc, jemalloc (plain and with its own
 # sampling profiler), the mallocinfo interposer in each mode, and heaptrack's
 # preload, side by side on one workload (bench_alloc.cpp); then the tracker's
-# resident memory per live block and per thread (bench_alloc -m).
+# resident memory per live block and per thread (bench_alloc -m); then what
+# one stack capture and one symbolization cost (bench_unwind, bench_symbolize).
 # Prints the table and rewrites the block between the bench markers in
 # BENCHMARKS.md. Exits 0 whatever the numbers are (a benchmark reports, it
 # does not gate); non-zero only when the benchmark itself cannot run.
@@ -49,7 +50,7 @@ die() {
 }
 
 [[ $reps =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPS must be a positive integer"
-make -s -C "$root/c_src" bench-bin || die "could not build c_src/build/bench_alloc"
+make -s -C "$root/c_src" bench-bin || die "could not build the bench programs (make -C c_src bench-bin)"
 [[ -x $bin ]] || die "$bin missing after make bench-bin"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mallocinfo-bench.XXXXXX") || die "mktemp failed"
@@ -287,6 +288,21 @@ for ((rep = 1; rep <= mem_reps; rep++)); do
   done
 done
 
+# What one stack capture and one symbolization cost, apart from any
+# allocator (bench_unwind.cpp, bench_symbolize.cpp: each prints key=value
+# lines and checks it measured what it says): one run each.
+core=$tmp/core.txt
+: >"$core"
+for b in bench_unwind bench_symbolize; do
+  "$root/c_src/build/$b" >>"$core" 2>&1 || echo "$b: failed (exit $?)" >>"$core"
+done
+
+core_report() {
+  echo "Unwinder and symbolizer on their own (\`c_src/build/bench_unwind\`, \`bench_symbolize\`, one run each; ns and us per call):"
+  echo
+  sed 's/^/    /' "$core"
+}
+
 mem_report() {
   awk -v counts="${mem_counts[*]}" -v table="$mem_table" '
     function key(c, t, n) { return c SUBSEP t SUBSEP n }
@@ -485,6 +501,8 @@ block=$tmp/block.md
   report
   echo
   mem_report
+  echo
+  core_report
 } >"$block"
 
 echo

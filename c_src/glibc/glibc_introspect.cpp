@@ -16,7 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <system_error>
+#include <memory>
 
 #include "atomic_file.h"
 
@@ -28,20 +28,21 @@ Mallinfo read_mallinfo() {
                   m.usmblks, m.fsmblks, m.uordblks, m.fordblks, m.keepcost};
 }
 
-std::string info_xml() {
+int info_xml(std::string& out) {
   char* buf = nullptr;
   size_t len = 0;
   FILE* fp = ::open_memstream(&buf, &len);
-  if (fp == nullptr) throw std::system_error(errno, std::generic_category(), "open_memstream");
+  if (fp == nullptr) return errno;
   const int rc = ::malloc_info(0, fp);
   const int saved = errno;
   // fclose finalises buf/len even when malloc_info failed.
   ::fclose(fp);
-  std::string xml;
-  if (rc == 0 && buf != nullptr) xml.assign(buf, len);
-  ::free(buf);
-  if (rc != 0) throw std::system_error(saved, std::generic_category(), "malloc_info");
-  return xml;
+  // Owned from here, so std::bad_alloc from assign() cannot leak it.
+  const std::unique_ptr<char, void (*)(void*)> owned(buf, ::free);
+  if (rc != 0) return saved;
+  if (buf == nullptr) return EIO;
+  out.assign(buf, len);
+  return 0;
 }
 
 int write_info_file(const std::string& path) {

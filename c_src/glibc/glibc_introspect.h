@@ -3,8 +3,10 @@
 // No erl_nif here: these functions are linked into the NIF and into the Catch2
 // binary. Every function is thread-safe in the sense that glibc's own entry
 // points are (they take arena locks one at a time); none may be called from
-// inside a malloc hook. Errors are reported as errno values (int) or as
-// std::system_error, never as partially filled results.
+// inside a malloc hook. Errors are reported as errno values (int), never as
+// partially filled results and never as exceptions; the only exception that
+// may leave a function here is std::bad_alloc from a std::string
+// (doc/architecture.md, "Errors").
 #ifndef MALLOCINFO_GLIBC_GLIBC_INTROSPECT_H
 #define MALLOCINFO_GLIBC_GLIBC_INTROSPECT_H
 
@@ -23,9 +25,10 @@ struct Mallinfo {
 };
 Mallinfo read_mallinfo();
 
-// glibc `malloc_info(0, ...)` XML in memory (open_memstream).
-// Allocates; throws std::system_error(errno) on failure.
-std::string info_xml();
+// glibc `malloc_info(0, ...)` XML in memory (open_memstream), into `out`.
+// Returns 0, or an errno value (open_memstream's or malloc_info's; EIO if
+// the stream produced nothing) with `out` unchanged. Allocates.
+int info_xml(std::string& out);
 
 // Writes the same XML to `path` so that no reader ever sees half a document
 // and nothing but a regular file is ever replaced (atomic_file.h): the XML

@@ -100,6 +100,8 @@ struct DumpStatus {
 
 // Turns a site's frames into the label written in its SITE record; runs in
 // the parent after the child has exited (it may allocate and read files).
+// It is the caller's: whatever it throws (the NIF's symbolizer: only
+// std::bad_alloc) passes through dump() after the temporary file is removed.
 using SiteLabeler = std::function<std::string(const std::vector<uint64_t>& frames)>;
 
 // Writes the dump to `path` atomically (a temporary file beside it, fsynced

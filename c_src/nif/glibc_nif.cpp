@@ -19,7 +19,9 @@ ERL_NIF_TERM info_file(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 }
 
 ERL_NIF_TERM info_xml(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
-  return enif_make_tuple2(env, atoms.ok, make_binary(env, g::info_xml()));
+  std::string xml;
+  if (const int err = g::info_xml(xml)) return errno_error(env, err);
+  return enif_make_tuple2(env, atoms.ok, make_binary(env, xml));
 }
 
 ERL_NIF_TERM malloc_stats(ErlNifEnv*, int, const ERL_NIF_TERM[]) {

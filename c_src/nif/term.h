@@ -5,9 +5,13 @@
 // result. `guarded<F>` is the only place exceptions are caught:
 //   BadArg            -> badarg
 //   std::bad_alloc    -> {error, enomem}
-//   std::system_error -> {error, Errno} (lower-case POSIX name)
 //   anything else     -> raises {mallocinfo_error, Message}
-// No C++ exception ever reaches the VM.
+// No C++ exception ever reaches the VM. The core libraries (glibc/,
+// symbolize/, heapwalk/, sites/, track/) report conditions as status codes,
+// which a NIF body turns into {error, Atom} itself (errno_error); the only
+// exception they let through is std::bad_alloc from their containers
+// (doc/architecture.md, "Errors"). Anything else reaching guarded<> is a
+// bug, and raises.
 #ifndef MALLOCINFO_NIF_TERM_H
 #define MALLOCINFO_NIF_TERM_H
 
@@ -18,7 +22,6 @@
 #include <new>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 #include "atoms.h"
@@ -73,8 +76,6 @@ ERL_NIF_TERM guarded(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) noexce
     return enif_make_badarg(env);
   } catch (const std::bad_alloc&) {
     return error_tuple(env, atoms.enomem);
-  } catch (const std::system_error& e) {
-    return errno_error(env, e.code().value());
   } catch (const std::exception& e) {
     return enif_raise_exception(
         env, enif_make_tuple2(env, atoms.mallocinfo_error, make_binary(env, e.what())));

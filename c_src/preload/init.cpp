@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "../common/mi_limits.h"
-#include "../track/glob.h"
+#include "glob.h"
 #include "map_runtime.h"
 #include "runtime.h"
 
@@ -182,7 +182,7 @@ void configure() {
   if (pattern == nullptr || *pattern == '\0') pattern = "beam*";
   char exe[256];
   exe_basename(exe, sizeof exe);
-  if (!mi::track::glob_match(pattern, exe)) return;
+  if (!glob_match(pattern, exe)) return;
 
   mi::track::Config config;
   if (const char* m = env_find("MALLOCINFO_TRACE"); m != nullptr && !parse_mode(m, &config.mode))

@@ -12,8 +12,10 @@
 //
 // Errors: ordinary "not found" conditions (unmapped address, unreadable or
 // stripped file, no covering symbol) are not errors; they give a Frame with
-// an empty object and/or no symbol. Only std::bad_alloc (and, in theory,
-// std::system_error from the mutex) can escape.
+// an empty object and/or no symbol. Only std::bad_alloc can escape (the
+// core libraries' one exception, doc/architecture.md "Errors"); the
+// internal std::mutex could throw std::system_error only on misuse
+// (relocking from the same thread), which no path does.
 #ifndef MALLOCINFO_SYMBOLIZE_SYMBOLIZE_H
 #define MALLOCINFO_SYMBOLIZE_SYMBOLIZE_H
 

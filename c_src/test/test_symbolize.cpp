@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -159,10 +158,6 @@ struct DlLib {
   }
   ~DlLib() { close(); }
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 
@@ -655,64 +650,4 @@ TEST_CASE("concurrent resolution from several threads", "[symbolize]") {
   }
   for (std::thread& th : threads) th.join();
   CHECK(failures.load() == 0);
-}
-
-TEST_CASE("timings (printed, not asserted)", "[symbolize]") {
-  const uint64_t q = libc_qsort();
-
-  sym::Symbolizer cold;
-  auto t0 = std::chrono::steady_clock::now();
-  const sym::Frame first = cold.resolve(q + 1, false);
-  const double cold_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  const sym::Frame second = cold.resolve(q + 2, false);
-  const double second_s = seconds_since(t0);
-  CHECK(first.symbol == std::optional<std::string>("qsort"));
-  CHECK(second.symbol == std::optional<std::string>("qsort"));
-
-  sym::Symbolizer s;
-  std::vector<uint64_t> addresses;
-  for (uint64_t i = 0; i < 1000; ++i) addresses.push_back(q + i * 64);
-  (void)s.resolve_all(addresses, true);  // warm
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr int kCalls = 100000;  // sanitizers make each call ~30x slower
-#else
-  constexpr int kCalls = 1000000;
-#endif
-  size_t named = 0;
-  t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kCalls; ++i) named += s.resolve(addresses[i % 1000], true).symbol ? 1 : 0;
-  const double hot_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kCalls / 1000; ++i) named += s.resolve_all(addresses, true).size();
-  const double batch_s = seconds_since(t0);
-  CHECK(named > 0);
-
-  std::printf(
-      "[symbolize] cold first libc resolution: %.3f ms (second, same object: %.1f us)\n"
-      "[symbolize] %d cached resolve() over 1000 addresses: %.3f s (%.0f ns each)\n"
-      "[symbolize] same via resolve_all, 1000 per call: %.3f s (%.0f ns each)\n",
-      cold_s * 1e3, second_s * 1e6, kCalls, hot_s, hot_s * 1e9 / kCalls, batch_s,
-      batch_s * 1e9 / kCalls);
-
-  // Addresses outside every loaded object (JIT code without a perf map,
-  // heap, unmapped): 1000 new ones one by one, the same again, 1000 new ones
-  // in one resolve_all.
-  Unknowns first_set(2), second_set(3);
-  size_t anon = 0;
-  t0 = std::chrono::steady_clock::now();
-  for (const uint64_t a : first_set.addresses) anon += s.resolve(a, false).object == "[anon]";
-  const double new_singles_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  for (const uint64_t a : first_set.addresses) anon += s.resolve(a, false).object == "[anon]";
-  const double known_singles_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  for (const sym::Frame& f : s.resolve_all(second_set.addresses, false))
-    anon += f.object == "[anon]";
-  const double new_batch_s = seconds_since(t0);
-  CHECK(anon == 1500);
-  std::printf(
-      "[symbolize] unknown address, resolve() one by one: %.1f us each new, %.2f us each "
-      "known; resolve_all of 1000 new: %.2f us each\n",
-      new_singles_s * 1e3, known_singles_s * 1e3, new_batch_s * 1e3);
 }

@@ -1,5 +1,5 @@
 // Catch2 tests for the tracker core (track/): live table, stack table,
-// sampler, glob, and the Tracker with a fake unwinder and a fake clock.
+// sampler, the interposer's exe glob, and the Tracker with a fake unwinder and a fake clock.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "../preload/glob.h"
 #include "../sites/stack_merge.h"
-#include "../track/glob.h"
 #include "../track/live_table.h"
 #include "../track/sampler.h"
 #include "../track/stack_table.h"
@@ -34,7 +34,8 @@ std::map<uint64_t, LiveEntry> live_of(const LiveTable& t) {
 
 }  // namespace
 
-TEST_CASE("glob_match", "[track][glob]") {
+TEST_CASE("glob_match", "[preload][glob]") {
+  using mi::preload::glob_match;
   CHECK(glob_match("beam*", "beam.smp"));
   CHECK(glob_match("beam*", "beam"));
   CHECK_FALSE(glob_match("beam*", "erlexec"));

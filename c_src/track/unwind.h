@@ -1,4 +1,5 @@
-// Stack capture for the allocation tracker (unwind_cached.cpp).
+// Stack capture for the allocation tracker (unwind_cached.cpp, built on
+// eh_frame.h, cfi.h and stack_window.h).
 //
 // Contract for every function here:
 //  - callable from inside a malloc hook: never allocates through malloc

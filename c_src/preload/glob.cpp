@@ -1,6 +1,6 @@
 #include "glob.h"
 
-namespace mi::track {
+namespace mi::preload {
 
 namespace {
 
@@ -85,4 +85,4 @@ bool glob_match(const char* pattern, const char* text) {
   return *p == '\0';
 }
 
-}  // namespace mi::track
+}  // namespace mi::preload
