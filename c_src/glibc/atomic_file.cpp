@@ -86,4 +86,29 @@ int AtomicFile::rename_into_place() {
   return EEXIST;
 }
 
+int append_read(int fd, std::string& out, bool* eof) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n >= 0) {
+      *eof = n == 0;
+      out.append(buf, static_cast<size_t>(n));
+      return 0;
+    }
+    if (errno != EINTR) return errno;
+  }
+}
+
+int read_file(const std::string& path, std::string& out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno;
+  struct stat st;
+  int err = ::fstat(fd, &st) == 0 ? 0 : errno;
+  out.clear();
+  if (err == 0) out.reserve(static_cast<size_t>(st.st_size));
+  for (bool eof = false; err == 0 && !eof;) err = append_read(fd, out, &eof);
+  ::close(fd);
+  return err;
+}
+
 }  // namespace mi::file

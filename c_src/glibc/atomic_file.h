@@ -73,6 +73,15 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Reading, for the same callers: one read(2) of `fd` appended to `out`,
+// retried on EINTR. 0 with *eof false after appending, 0 with *eof true at
+// end of file, or errno. Blocks as read(2) does on `fd`.
+int append_read(int fd, std::string& out, bool* eof);
+
+// The whole of the file at `path` (not followed if it is a symbolic link)
+// into `out`. 0 or errno.
+int read_file(const std::string& path, std::string& out);
+
 }  // namespace mi::file
 
 #endif

@@ -112,7 +112,6 @@ int capture_stats(std::string& out, int timeout_ms) {
   out.clear();
   int err = 0;
   const int64_t deadline = now_ms() + timeout_ms;
-  char buf[4096];
   for (;;) {
     const int64_t left = deadline - now_ms();
     if (left <= 0) {
@@ -127,15 +126,9 @@ int capture_stats(std::string& out, int timeout_ms) {
       break;
     }
     if (pr == 0) continue;
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n > 0) {
-      out.append(buf, static_cast<size_t>(n));
-    } else if (n == 0) {
-      break;
-    } else if (errno != EINTR) {
-      err = errno;
-      break;
-    }
+    bool eof = false;
+    err = mi::file::append_read(fds[0], out, &eof);
+    if (err != 0 || eof) break;
   }
   ::close(fds[0]);
   if (err != 0) ::kill(pid, SIGKILL);

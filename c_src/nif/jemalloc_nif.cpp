@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "../glibc/atomic_file.h"
 #include "alloc_nif.h"
 #include "term.h"
 
@@ -136,32 +137,6 @@ class PrivateDir {
   std::string path_;
 };
 
-// The whole file into `out`. 0 or errno.
-int read_file(const std::string& path, std::string& out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return errno;
-  struct stat st;
-  int err = ::fstat(fd, &st) == 0 ? 0 : errno;
-  if (err == 0) {
-    out.clear();
-    out.reserve(static_cast<size_t>(st.st_size));
-    char buf[65536];
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n > 0) {
-        out.append(buf, static_cast<size_t>(n));
-      } else if (n == 0) {
-        break;
-      } else if (errno != EINTR) {
-        err = errno;
-        break;
-      }
-    }
-  }
-  ::close(fd);
-  return err;
-}
-
 ERL_NIF_TERM size_term(ErlNifEnv* env, size_t v) {
   return enif_make_uint64(env, v);
 }
@@ -257,7 +232,7 @@ ERL_NIF_TERM jemalloc_profile_dump(ErlNifEnv* env, int, const ERL_NIF_TERM argv[
   // jemalloc serialises dumps itself; each caller has its own file.
   err = ctl.write("prof.dump", file.c_str());
   std::string profile;
-  if (err == 0) err = read_file(file, profile);
+  if (err == 0) err = mi::file::read_file(file, profile);
   if (err != 0) return errno_error(env, err);
   return enif_make_tuple2(env, atoms.ok, make_binary(env, profile));
 }

@@ -193,6 +193,28 @@ TEST_CASE("check_target names what it finds", "[glibc][file]") {
   CHECK(mi::file::check_target("") == ENOENT);
 }
 
+TEST_CASE("read_file reads a whole file, in several reads, and never through a link",
+          "[glibc][file]") {
+  mi::test::ScratchTargets scratch;
+  // Larger than one append_read() step (64 KiB), not a multiple of it.
+  std::string text;
+  for (int i = 0; text.size() < 200000; ++i) text += std::to_string(i) + ",";
+  const std::string path = scratch.dir() + "/read-me";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  REQUIRE(std::fwrite(text.data(), 1, text.size(), f) == text.size());
+  REQUIRE(std::fclose(f) == 0);
+  std::string out = "stale";
+  CHECK(mi::file::read_file(path, out) == 0);
+  CHECK(out == text);
+  CHECK(mi::file::read_file(scratch.dir() + "/none", out) == ENOENT);
+  for (const auto& t : scratch.targets()) {
+    if (t.kind.find("symlink") == std::string::npos) continue;
+    INFO(t.kind);
+    CHECK(mi::file::read_file(t.path, out) == ELOOP);
+  }
+}
+
 TEST_CASE("capture_stats equals malloc_stats() for the same heap state", "[glibc]") {
   // Give the heap some shape: a second arena (from a thread), mmapped blocks
   // and freed holes. Blocks stay live until the end of the test.
