@@ -439,12 +439,14 @@ copy_project(Config, App) ->
     Src = filename:join(?config(data_dir, Config), App),
     sh(io_lib:format("cp -r ~ts ~ts", [q(Src), q(app_dir(Config, App))])).
 
-%% priv/mi_elixir_leak.so of the application, before `mix release' packs it.
+%% priv/mi_elixir_leak.so of the application, before `mix release' packs it
+%% (mi_test_nif.h from the suites' include directory, as for every test NIF).
 compile_leak_nif(Config, App) ->
     Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
     PrivDir = filename:join(App, "priv"),
     ok = filelib:ensure_dir(filename:join(PrivDir, "x")),
-    run(executable("cc"), ["-O1", "-g", "-fPIC", "-shared", "-I" ++ Erts, "-o",
+    run(executable("cc"), ["-O1", "-g", "-fPIC", "-shared", "-I" ++ Erts,
+                           "-I" ++ mi_ct:include_dir(Config), "-o",
                            filename:join(PrivDir, "mi_elixir_leak.so"),
                            filename:join([App, "c_src", "mi_elixir_leak.c"])],
         [], ?config(priv_dir, Config)).
