@@ -149,12 +149,7 @@ jemalloc_profile_names_function(Config) ->
     %% while active are live at the site (300000 is rounded up to jemalloc's
     %% 327680 size class).
     ?assertEqual({10, 10 * 327680}, site_totals(Config, je_records(Dump))),
-    File = filename:join(?config(priv_dir, Config), "jemalloc.heap"),
-    ok = file:write_file(File, Dump),
-    Out = run_tool(Config, "jeprof", File),
-    ct:pal("jeprof --text:~n~ts", [Out]),
-    ?assertMatch({match, _}, re:run(Out, "^\\s*[0-9.]+\\s+[0-9.]+%.*mi_alloc_test_site$",
-                                    [multiline])),
+    tool_names_site(Config, "jeprof", "jemalloc.heap", Dump),
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))).
 
 %% 20 callers dump at once. Caller I first allocates a block of 64 bsl I
@@ -254,12 +249,7 @@ tcmalloc_heap_profiler(Config) ->
     %% The heap profiler records every allocation: exactly the 100 blocks
     %% made while it ran.
     ?assertEqual({100, 100 * 100000}, site_totals(Config, tc_records(Dump))),
-    File = filename:join(?config(priv_dir, Config), "tcmalloc.heap"),
-    ok = file:write_file(File, Dump),
-    Out = run_tool(Config, "google-pprof", File),
-    ct:pal("google-pprof --text:~n~ts", [Out]),
-    ?assertMatch({match, _}, re:run(Out, "^\\s*[0-9.]+\\s+[0-9.]+%.*mi_alloc_test_site$",
-                                    [multiline])),
+    tool_names_site(Config, "google-pprof", "tcmalloc.heap", Dump),
     %% No automatic dump was due (1 GiB interval), so no file either.
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))).
 
@@ -359,6 +349,16 @@ run_tool(Config, Tool, File) ->
     ?assertNotEqual(false, Exe),
     Beam = filename:join(call(Config, os, getenv, ["BINDIR"]), "beam.smp"),
     os:cmd(lists:flatten(io_lib:format("~ts --text ~ts ~ts 2>&1", [Exe, Beam, File]))).
+
+%% The profile Dump, saved in priv_dir as Name: `Tool --text' (jeprof or
+%% google-pprof) lists mi_alloc_test_site with its share.
+tool_names_site(Config, Tool, Name, Dump) ->
+    File = filename:join(?config(priv_dir, Config), Name),
+    ok = file:write_file(File, Dump),
+    Out = run_tool(Config, Tool, File),
+    ct:pal("~ts --text:~n~ts", [Tool, Out]),
+    ?assertMatch({match, _}, re:run(Out, "^\\s*[0-9.]+\\s+[0-9.]+%.*mi_alloc_test_site$",
+                                    [multiline])).
 
 %%% A strict JSON parser (RFC 8259), enough to prove the document is valid.
 %%% Names may repeat (RFC 8259 says they SHOULD be unique, not MUST): jemalloc

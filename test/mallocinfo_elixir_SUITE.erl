@@ -24,6 +24,7 @@
 -include_lib("kernel/include/file.hrl").
 -include_lib("stdlib/include/assert.hrl").
 -include_lib("xmerl/include/xmerl.hrl").
+-import(mi_console, [executable/1, run/4, sh/1, q/1, type/3]).
 
 -export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([mix_dependency_builds/1, release_ships_priv/1, release_starts_preloaded/1,
@@ -69,7 +70,7 @@ init_per_suite(Config) ->
 %% Whatever a failed case left running: the tmux server on our own socket,
 %% and each release by its own `stop', then by the pid it reported.
 end_per_suite(Config) ->
-    os:cmd("tmux -L " ++ ?config(tmux, Config) ++ " kill-server"),
+    ok = mi_console:kill_server(?config(tmux, Config)),
     [stop_leftover(Config, App, Node)
      || {App, Node} <- [{?APP, ?config(node, Config)}, {?PLAIN, ?config(plain_node, Config)}]],
     ok.
@@ -209,7 +210,7 @@ remote_iex_session(Config) ->
     type(Console, "MiElixirApp.Leak.release()", "^:ok$"),
     type(Console, ":mallocinfo.info(~c\"" ++ Xml ++ "\")", "^:ok$"),
     {#xmlElement{name = malloc}, _} = xmerl_scan:file(Xml, [{quiet, true}]),
-    leave_console(Console),
+    mi_console:leave(Console),
     %% Leaving the console left the release running.
     Pid = wait_pid(Config, ?APP, 10),
     ?assertEqual({ok, list_to_binary(Pid)}, file:read_file(pid_file(Config, ?APP))).
@@ -245,7 +246,7 @@ tarball_in_plain_release(Config) ->
     type(Console, ":mallocinfo_trace.sites(5)", "^\\{:error, :not_preloaded\\}$"),
     Report = type(Console, ":mallocinfo.report()", "^:ok$"),
     ?assertMatch({match, _}, re:run(Report, "^== mallocinfo report: " ++ Node ++ "@", [multiline])),
-    leave_console(Console),
+    mi_console:leave(Console),
     stop_release(Config, ?PLAIN, Pid).
 
 %% The same sources in an Erlang project's _checkouts/: rebar3 writes the
@@ -439,109 +440,33 @@ copy_project(Config, App) ->
     Src = filename:join(?config(data_dir, Config), App),
     sh(io_lib:format("cp -r ~ts ~ts", [q(Src), q(app_dir(Config, App))])).
 
-%% priv/mi_elixir_leak.so of the application, before `mix release' packs it.
+%% priv/mi_elixir_leak.so of the application, before `mix release' packs it
+%% (mi_test_nif.h from the suites' include directory, as for every test NIF).
 compile_leak_nif(Config, App) ->
     Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
     PrivDir = filename:join(App, "priv"),
     ok = filelib:ensure_dir(filename:join(PrivDir, "x")),
-    run(executable("cc"), ["-O1", "-g", "-fPIC", "-shared", "-I" ++ Erts, "-o",
+    run(executable("cc"), ["-O1", "-g", "-fPIC", "-shared", "-I" ++ Erts,
+                           "-I" ++ mi_ct:include_dir(Config), "-o",
                            filename:join(PrivDir, "mi_elixir_leak.so"),
                            filename:join([App, "c_src", "mi_elixir_leak.c"])],
         [], ?config(priv_dir, Config)).
 
 %%% The remote console through tmux ------------------------------------------
 
+%% `bin/<app> remote' in a tmux session named after the application.
 open_console(Config, App, Node) ->
-    Sock = ?config(tmux, Config),
-    Sess = App,
     %% tmux passes its own server's environment to the session's command:
     %% the command sets what the release needs itself.
     Env = [case V of
                false -> ["-u ", K];
                _ -> [K, "=", q(V)]
            end || {K, V} <- env(Config)],
-    Cmd = lists:flatten(["env ", lists:join(" ", Env), " RELEASE_NODE=", Node, " ",
-                         q(script(Config, App)), " remote"]),
-    sh("tmux -L " ++ Sock ++ " new-session -d -s " ++ Sess ++ " -x 250 -y 80 " ++ q(Cmd)),
-    Console = {Sock, Sess},
-    wait_for(Console, "", "iex\\(" ++ Node ++ "@[^)]+\\)1> $", 60),
-    Console.
+    Cmd = ["env ", lists:join(" ", Env), " RELEASE_NODE=", Node, " ", q(script(Config, App)),
+           " remote"],
+    mi_console:open(?config(tmux, Config), App, Cmd, "iex\\(" ++ Node ++ "@[^)]+\\)1> $").
 
-%% ^G q leaves the remote shell; `System.stop' would stop the release.
-leave_console({Sock, Sess} = Console) ->
-    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " C-g"),
-    wait_for(Console, "", "User switch command", 10),
-    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " q Enter"),
-    wait_closed(Console, 100).
-
-wait_closed({Sock, Sess}, 0) -> ct:fail({console_still_open, Sock, Sess});
-wait_closed({Sock, Sess} = Console, N) ->
-    case os:cmd("tmux -L " ++ Sock ++ " has-session -t " ++ Sess ++ " 2>&1") of
-        "" -> timer:sleep(100), wait_closed(Console, N - 1);
-        _ -> ok
-    end.
-
-%% Types Line and Enter, then waits until the text after the echoed line
-%% matches Regex. Returns that text.
-type({Sock, Sess} = Console, Line0, Regex0) ->
-    Line = lists:flatten(Line0),
-    Regex = lists:flatten(Regex0),
-    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " -l " ++ q(Line)),
-    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " Enter"),
-    Out = wait_for(Console, Line, Regex, 60),
-    ct:log("iex> ~ts~n~ts", [Line, Out]),
-    Out.
-
-wait_for(Console, Line, Regex, Secs) ->
-    wait_for(Console, Line, Regex, Secs * 10, "").
-
-wait_for(_Console, Line, Regex, 0, Last) ->
-    ct:fail({console_timeout, Line, Regex, Last});
-wait_for({Sock, Sess} = Console, Line, Regex, N, _) ->
-    Screen = os:cmd("tmux -L " ++ Sock ++ " capture-pane -p -J -S -3000 -t " ++ Sess),
-    After = case string:find(Screen, Line, trailing) of
-                nomatch -> "";
-                Rest -> string:slice(Rest, string:length(Line))
-            end,
-    case re:run(After, Regex, [multiline, unicode]) of
-        {match, _} ->
-            After;
-        nomatch ->
-            timer:sleep(100),
-            wait_for(Console, Line, Regex, N - 1, Screen)
-    end.
-
-%%% Processes -----------------------------------------------------------------
-
-executable(Name) ->
-    case os:find_executable(Name) of
-        false -> ct:fail({missing_executable, Name, "make deps installs it"});
-        Path -> Path
-    end.
-
-%% Runs Exe with Args in Dir, Env added to this node's environment; fails
-%% the test with its output on a non-zero exit. Returns the output.
-run(Exe, Args, Env, Dir) ->
-    Port = open_port({spawn_executable, Exe},
-                     [{args, Args}, {env, Env}, {cd, Dir}, exit_status, binary, stream,
-                      stderr_to_stdout, hide]),
-    Out = collect(Port, [Exe | Args]),
-    ct:log("~ts ~p~n~ts", [Exe, Args, Out]),
-    Out.
-
-sh(Cmd) ->
-    run("/bin/sh", ["-c", lists:flatten(Cmd)], [], ".").
-
-collect(Port, What) ->
-    collect(Port, What, []).
-
-collect(Port, What, Acc) ->
-    receive
-        {Port, {data, D}} -> collect(Port, What, [Acc, D]);
-        {Port, {exit_status, 0}} -> iolist_to_binary(Acc);
-        {Port, {exit_status, S}} -> ct:fail({command_failed, What, S, iolist_to_binary(Acc)})
-    after 900000 -> ct:fail({command_timeout, What})
-    end.
+%%% Files ---------------------------------------------------------------------
 
 file_bytes(Path) ->
     {ok, B} = file:read_file(Path),
@@ -552,5 +477,3 @@ same_file(A, B) ->
         {{ok, #file_info{major_device = D, inode = I}}, {ok, #file_info{major_device = D, inode = I}}} -> true;
         _ -> false
     end.
-
-q(S) -> "'" ++ string:replace(lists:flatten(S), "'", "'\\''", all) ++ "'".

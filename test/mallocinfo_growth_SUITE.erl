@@ -19,12 +19,8 @@ all() ->
      erts_never_a_native_verdict, cluster_interval, sample_diff_is_estimated].
 
 init_per_suite(Config) ->
-    ok = mi_ct:build_nif(Config, "mi_growth_nif"),
-    {ok, _} = compile:file(filename:join(?config(data_dir, Config),
-                                         "mallocinfo_growth_SUITE_helper.erl"),
-                           [{outdir, ?config(priv_dir, Config)}]),
-    true = filelib:is_regular(mallocinfo_trace:preload_path()),
-    Config.
+    ok = mi_ct:compile_module(Config, "mallocinfo_growth_SUITE_helper.erl"),
+    mi_ct:init_tracker_suite(Config, "mi_growth_nif").
 
 end_per_suite(_Config) ->
     ok.

@@ -201,15 +201,12 @@ two_segments_test() ->
                              %% [+4064, +12256) ends inside page 2: no whole page.
                              trimmable_bytes := ?PAGE,
                              pinned_bytes := 32 + (8192 - ?PAGE)}, A1),
-              Out = filename:join(Dir, "out"),
-              {ok, Files} = mallocinfo_heapmap:render(Path, Out),
+              {Out, Files} = render(Path),
               ?assertEqual(["index.html", "arena0-seg0.png", "arena1-seg0.png", "arena1-seg1.png"],
                            [filename:basename(F) || F <- Files]),
-              {Img, Legend} = image(Out, "arena1-seg1.png"),
               %% 32 bytes of heap_info, then the fastbin chunk at pixel 2.
-              ?assertEqual(colour(Legend, meta, start), px(Img, 0, 0)),
-              ?assertEqual(colour(Legend, fast, start), px(Img, 2, 0)),
-              ?assertEqual(colour(Legend, in_use, start), px(Img, 4, 0))
+              assert_pixels(Out, "arena1-seg1.png",
+                            [{0, 0, meta, start}, {2, 0, fast, start}, {4, 0, in_use, start}])
       end).
 
 %%% Pictures ------------------------------------------------------------------
@@ -244,14 +241,32 @@ colour(Legend, Kind, Variant) ->
 
 px(Img, X, Y) -> mallocinfo_png:pixel(Img, X, Y).
 
+%% The dump at Path rendered into Path's directory's out/: {Out, Files}.
+render(Path) ->
+    Out = filename:join(filename:dirname(Path), "out"),
+    {ok, Files} = mallocinfo_heapmap:render(Path, Out),
+    {Out, Files}.
+
+%% Spec's dump written into Dir as Name, then render/1.
+render(Dir, Name, Spec) ->
+    render(dump_file(Dir, Name, ?W:dump(Spec))).
+
+%% Each {X, Y, Kind, Variant}: pixel (X, Y) of Out's File has Kind's Variant
+%% colour in the legend. One assertion over the whole table, each pixel
+%% beside its expected colour, so a failure shows which pixels differ.
+%% Returns the image.
+assert_pixels(Out, File, Pixels) ->
+    {Img, L} = image(Out, File),
+    ?assertEqual([{P, colour(L, K, V)} || {_, _, K, V} = P <- Pixels],
+                 [{P, px(Img, X, Y)} || {X, Y, _, _} = P <- Pixels]),
+    Img.
+
 %% One pixel per 16 bytes, one row per page: pixel (x, y) is offset
 %% y * 4096 + x * 16.
 known_colours_test() ->
     with_tmpdir(
       fun(Dir) ->
-              Path = dump_file(Dir, "k.heapdump", ?W:dump(known())),
-              Out = filename:join(Dir, "out"),
-              {ok, Files} = mallocinfo_heapmap:render(Path, Out),
+              {Out, Files} = render(Dir, "k.heapdump", known()),
               ?assertEqual([filename:join(Out, F)
                             || F <- ["index.html", "arena0-seg0.png", "arena1-seg0.png"]], Files),
               {Img, L} = image(Out, "arena0-seg0.png"),
@@ -262,37 +277,25 @@ known_colours_test() ->
               ?assertEqual(length(Kinds), length(lists:usort([C(K, normal) || K <- Kinds]))),
               [?assertNotEqual(C(K, normal), C(K, start)) || K <- Kinds],
               [?assertNotEqual(C(K, normal), C(K, faded)) || K <- Kinds],
-              %% Two adjacent in_use chunks: the second starts darker.
-              ?assertEqual(C(in_use, start), px(Img, 0, 0)),
-              ?assertEqual(C(in_use, normal), px(Img, 31, 0)),
-              ?assertEqual(C(in_use, start), px(Img, 32, 0)),
-              ?assertEqual(C(in_use, normal), px(Img, 33, 0)),
-              %% The 32-byte free hole is two pixels.
-              ?assertEqual(C(free, start), px(Img, 64, 0)),
-              ?assertEqual(C(free, normal), px(Img, 65, 0)),
-              ?assertEqual(C(in_use, start), px(Img, 66, 0)),
-              ?assertEqual(C(fast, start), px(Img, 128, 0)),
-              ?assertEqual(C(fast, normal), px(Img, 131, 0)),
-              ?assertEqual(C(in_use, start), px(Img, 132, 0)),
-              ?assertEqual(C(in_use, normal), px(Img, 255, 0)),
-              %% The big free chunk, pages 1-3: page 1 holds its first 48
-              %% bytes (pinned), pages 2 and 3 are whole free pages; page 3
-              %% is not resident.
-              ?assertEqual(C(free, start), px(Img, 0, 1)),
-              ?assertEqual(C(free, normal), px(Img, 255, 1)),
-              ?assertEqual(C(free_pages, normal), px(Img, 0, 2)),
-              ?assertEqual(C(free_pages, normal), px(Img, 200, 2)),
-              %% Not resident: faded, with a stroke where (x + y) mod 4 = 0.
-              ?assertEqual(C(free_pages, stroke), px(Img, 1, 3)),
-              ?assertEqual(C(free_pages, faded), px(Img, 2, 3)),
-              ?assertEqual(C(free_pages, faded), px(Img, 3, 3)),
-              ?assertEqual(C(free_pages, stroke), px(Img, 5, 3)),
-              ?assertEqual(C(tcache, start), px(Img, 0, 4)),
-              ?assertEqual(C(tcache, normal), px(Img, 2, 4)),
-              ?assertEqual(C(in_use, start), px(Img, 3, 4)),
-              ?assertEqual(C(top, start), px(Img, 0, 5)),
-              ?assertEqual(C(top, normal), px(Img, 17, 6)),
-              ?assertEqual(C(top, faded), px(Img, 2, 7)),
+              assert_pixels(Out, "arena0-seg0.png",
+                            %% Two adjacent in_use chunks: the second starts darker.
+                            [{0, 0, in_use, start}, {31, 0, in_use, normal},
+                             {32, 0, in_use, start}, {33, 0, in_use, normal},
+                             %% The 32-byte free hole is two pixels.
+                             {64, 0, free, start}, {65, 0, free, normal}, {66, 0, in_use, start},
+                             {128, 0, fast, start}, {131, 0, fast, normal},
+                             {132, 0, in_use, start}, {255, 0, in_use, normal},
+                             %% The big free chunk, pages 1-3: page 1 holds its
+                             %% first 48 bytes (pinned), pages 2 and 3 are whole
+                             %% free pages; page 3 is not resident.
+                             {0, 1, free, start}, {255, 1, free, normal},
+                             {0, 2, free_pages, normal}, {200, 2, free_pages, normal},
+                             %% Not resident: faded, with a stroke where
+                             %% (x + y) mod 4 = 0.
+                             {1, 3, free_pages, stroke}, {2, 3, free_pages, faded},
+                             {3, 3, free_pages, faded}, {5, 3, free_pages, stroke},
+                             {0, 4, tcache, start}, {2, 4, tcache, normal}, {3, 4, in_use, start},
+                             {0, 5, top, start}, {17, 6, top, normal}, {2, 7, top, faded}]),
               %% At 16 bytes a pixel, the free and fastbin pixels are exactly
               %% the pinned bytes, the whole free pages the rest.
               Count = fun(Ks) ->
@@ -303,43 +306,34 @@ known_colours_test() ->
               ?assertEqual(maps:get(pinned_bytes, arena0()), 16 * Count([free, fast])),
               ?assertEqual(2 * ?PAGE, 16 * Count([free_pages])),
               %% The non-main heap: headers drawn as meta, then the chunks.
-              {Heap, _} = image(Out, "arena1-seg0.png"),
-              ?assertMatch(#{width := 256, height := 4}, Heap),
-              ?assertEqual(C(meta, start), px(Heap, 0, 0)),
-              ?assertEqual(C(meta, normal), px(Heap, ?HEAP_HDR div 16 - 1, 0)),
-              ?assertEqual(C(in_use, start), px(Heap, ?HEAP_HDR div 16, 0)),
-              ?assertEqual(C(free, start), px(Heap, 0, 1)),
-              ?assertEqual(C(free, normal), px(Heap, 100, 1)),
-              ?assertEqual(C(free_pages, stroke), px(Heap, 2, 2)),
-              ?assertEqual(C(free_pages, faded), px(Heap, 3, 2)),
-              ?assertEqual(C(top, normal), px(Heap, 100, 3)),
-              ?assertEqual(C(meta, start), px(Heap, 254, 3)),
-              ?assertEqual(C(meta, normal), px(Heap, 255, 3))
+              Heap = assert_pixels(Out, "arena1-seg0.png",
+                                   [{0, 0, meta, start}, {?HEAP_HDR div 16 - 1, 0, meta, normal},
+                                    {?HEAP_HDR div 16, 0, in_use, start},
+                                    {0, 1, free, start}, {100, 1, free, normal},
+                                    {2, 2, free_pages, stroke}, {3, 2, free_pages, faded},
+                                    {100, 3, top, normal},
+                                    {254, 3, meta, start}, {255, 3, meta, normal}]),
+              ?assertMatch(#{width := 256, height := 4}, Heap)
       end).
 
 tracked_colours_test() ->
     with_tmpdir(
       fun(Dir) ->
-              Path = dump_file(Dir, "t.heapdump", ?W:dump(tracked())),
-              Out = filename:join(Dir, "out"),
-              {ok, Files} = mallocinfo_heapmap:render(Path, Out),
+              {Out, Files} = render(Dir, "t.heapdump", tracked()),
               ?assertEqual(["index.html", "arena0-seg0.png", "arena1-seg0.png", "mmap.png"],
                            [filename:basename(F) || F <- Files]),
-              {Img, L} = image(Out, "arena0-seg0.png"),
               %% Site 1 has the most live bytes, then site 2; 65535 is "other".
-              ?assertEqual(colour(L, "1", start), px(Img, 0, 0)),
-              ?assertEqual(colour(L, "2", normal), px(Img, 40, 0)),
-              ?assertEqual(colour(L, "1", normal), px(Img, 70, 0)),
-              ?assertEqual(colour(L, in_use, normal), px(Img, 140, 0)),
-              ?assertEqual(colour(L, "other", normal), px(Img, 10, 4)),
-              ?assertEqual(colour(L, free, normal), px(Img, 65, 0)),
+              assert_pixels(Out, "arena0-seg0.png",
+                            [{0, 0, "1", start}, {40, 0, "2", normal}, {70, 0, "1", normal},
+                             {140, 0, in_use, normal}, {10, 4, "other", normal},
+                             {65, 0, free, normal}]),
+              {_, L} = image(Out, "arena0-seg0.png"),
               ?assertEqual(3, length(lists:usort([colour(L, K, normal) || K <- ["1", "2", "other"]]))),
-              {Mmap, _} = image(Out, "mmap.png"),
               %% 135168 bytes = 8448 pixels = 33 rows of 256.
+              Mmap = assert_pixels(Out, "mmap.png",
+                                   [{0, 0, mmap, start}, {1, 0, mmap, normal},
+                                    {255, 32, mmap, normal}]),
               ?assertMatch(#{width := 256, height := 33}, Mmap),
-              ?assertEqual(colour(L, mmap, start), px(Mmap, 0, 0)),
-              ?assertEqual(colour(L, mmap, normal), px(Mmap, 1, 0)),
-              ?assertEqual(colour(L, mmap, normal), px(Mmap, 255, 32)),
               {ok, Html} = file:read_file(filename:join(Out, "index.html")),
               %% Site labels are escaped, the header is there.
               ?assertNotEqual(nomatch, binary:match(Html, <<"cache_put &lt; &lt;b&gt;&amp;amp;">>)),
@@ -358,24 +352,22 @@ scaled_test() ->
              arenas => [#{segments => [#{base => 16#100000000, chunks => Chunks}]}]},
     with_tmpdir(
       fun(Dir) ->
-              Path = dump_file(Dir, "big.heapdump", ?W:dump(Spec)),
-              Out = filename:join(Dir, "out"),
-              {ok, _} = mallocinfo_heapmap:render(Path, Out),
-              {Img, L} = image(Out, "arena0-seg0.png"),
-              ?assertMatch(#{width := 1024, height := 2048}, Img),
-              Px = fun(Offset) -> px(Img, (Offset rem 65536) div 64, Offset div 65536) end,
-              ?assertEqual(colour(L, in_use, start), Px(0)),
-              ?assertEqual(colour(L, in_use, normal), Px(1000)),
-              ?assertEqual(colour(L, free, start), Px(1 bsl 20)),
-              ?assertEqual(colour(L, free, normal), Px((1 bsl 20) + 4000)),
-              ?assertEqual(colour(L, free_pages, normal), Px((1 bsl 20) + 4096)),
-              ?assertEqual(colour(L, free_pages, normal), Px(2 bsl 20)),
+              {Out, _} = render(Dir, "big.heapdump", Spec),
               Mixed = (1 bsl 20) + (64 bsl 20),
-              %% 32 bytes in use + 32 free: a tie, in_use is first (and starts here).
-              ?assertEqual(colour(L, in_use, start), Px(Mixed)),
-              %% The rest of the free chunk: 64 bytes, no chunk starts in it.
-              ?assertEqual(colour(L, free, normal), Px(Mixed + 64)),
-              ?assertEqual(colour(L, top, start), Px(Mixed + 128)),
+              %% Pixel of the byte at Offset: 64 bytes a pixel, 64 KiB a row.
+              At = fun(Offset, K, V) -> {(Offset rem 65536) div 64, Offset div 65536, K, V} end,
+              Img = assert_pixels(Out, "arena0-seg0.png",
+                                  [At(0, in_use, start), At(1000, in_use, normal),
+                                   At(1 bsl 20, free, start), At((1 bsl 20) + 4000, free, normal),
+                                   At((1 bsl 20) + 4096, free_pages, normal),
+                                   At(2 bsl 20, free_pages, normal),
+                                   %% 32 bytes in use + 32 free: a tie, in_use is
+                                   %% first (and starts here).
+                                   At(Mixed, in_use, start),
+                                   %% The rest of the free chunk: 64 bytes, no
+                                   %% chunk starts in it.
+                                   At(Mixed + 64, free, normal), At(Mixed + 128, top, start)]),
+              ?assertMatch(#{width := 1024, height := 2048}, Img),
               {ok, Html} = file:read_file(filename:join(Out, "index.html")),
               ?assertNotEqual(nomatch, binary:match(Html, <<"One pixel = 64 B, one row = 64.0 KiB">>))
       end).
@@ -392,9 +384,7 @@ layouts_test_() ->
                                  arenas => [#{segments => [#{base => 16#100000000,
                                                              chunks => [{in_use, 4096},
                                                                         {top, Bytes - 4096}]}]}]},
-                        Path = dump_file(Dir, "l.heapdump", ?W:dump(Spec)),
-                        Out = filename:join(Dir, "out"),
-                        {ok, _} = mallocinfo_heapmap:render(Path, Out),
+                        {Out, _} = render(Dir, "l.heapdump", Spec),
                         {Img, _} = image(Out, "arena0-seg0.png"),
                         ?assertMatch(#{width := W, height := H}, Img),
                         {ok, Html} = file:read_file(filename:join(Out, "index.html")),
@@ -412,8 +402,7 @@ no_temporaries_test() ->
     with_tmpdir(
       fun(Dir) ->
               Path = dump_file(Dir, "k.heapdump", ?W:dump(tracked())),
-              Out = filename:join(Dir, "out"),
-              {ok, Files} = mallocinfo_heapmap:render(Path, Out),
+              {Out, Files} = render(Path),
               {ok, Names} = file:list_dir(Out),
               ?assertEqual(lists:sort([filename:basename(F) || F <- Files]), lists:sort(Names)),
               %% Rendering again over the old files works.

@@ -46,14 +46,7 @@ groups() ->
      {tcmalloc, [], [tcmalloc_endpoints]}].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_prof_nif.so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_prof_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    {ok, mi_prof_nif} = compile:file(filename:join(Data, "mi_prof_nif.erl"), [{outdir, Priv}]),
+    ok = mi_ct:build_nif(Config, "mi_prof_nif"),
     {ok, _} = application:ensure_all_started(inets),
     {ok, _} = inets:start(httpc, [{profile, ?HTTPC}]),
     %% One connection per request, as many at once as asked for.

@@ -9,6 +9,7 @@
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 -include_lib("xmerl/include/xmerl.hrl").
+-import(mi_console, [sh/1, q/1, type/3]).
 
 -export([all/0, init_per_suite/1, end_per_suite/1]).
 -export([tarball_is_the_tool_only/1, inject_through_remote_console/1]).
@@ -42,7 +43,7 @@ init_per_suite(Config) ->
     [{script, Script}, {inject, Inject}, {tmux, Sock} | Config].
 
 end_per_suite(Config) ->
-    os:cmd("tmux -L " ++ ?config(tmux, Config) ++ " kill-server"),
+    ok = mi_console:kill_server(?config(tmux, Config)),
     os:cmd(q(?config(script, Config)) ++ " stop"),
     ok.
 
@@ -63,11 +64,8 @@ inject_through_remote_console(Config) ->
     Script = ?config(script, Config),
     Ebin = filename:join([?config(inject, Config), "mallocinfo", "ebin"]),
     Xml = filename:join(?config(priv_dir, Config), "x.xml"),
-    T = ?config(tmux, Config),
-    sh("tmux -L " ++ T ++ " new-session -d -s console -x 250 -y 60 " ++
-           q(Script ++ " remote_console")),
-    Console = {T, "console"},
-    wait_for(Console, "", "\\(mi_fixture_[0-9]+@[^)]+\\)1> $", 30),
+    Console = mi_console:open(?config(tmux, Config), "console", q(Script) ++ " remote_console",
+                              "\\(mi_fixture_[0-9]+@[^)]+\\)1> $"),
     %% A release started as a daemon loads code in embedded mode.
     type(Console, "code:get_mode().", "^embedded$"),
     type(Console, "code:add_path(\"" ++ Ebin ++ "\").", "^true$"),
@@ -103,9 +101,7 @@ inject_through_remote_console(Config) ->
     type(Console, "mallocinfo_trace:detach().", "^ok$"),
     %% Leave the console the way a person does (^G q), not with q(), which
     %% would stop the release.
-    sh("tmux -L " ++ T ++ " send-keys -t console C-g"),
-    wait_for(Console, "", "User switch command", 10),
-    sh("tmux -L " ++ T ++ " send-keys -t console q Enter"),
+    mi_console:leave(Console),
     %% The release survived all of this and stops cleanly.
     "pong\n" = os:cmd(q(Script) ++ " ping"),
     sh(q(Script) ++ " stop"),
@@ -137,32 +133,6 @@ attr(Name, Attrs) ->
 
 %%% Helpers ------------------------------------------------------------------
 
-%% Types Line and Enter, then waits until the text after the echoed line
-%% matches Regex. Returns that text.
-type({Sock, Sess} = Console, Line, Regex) ->
-    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " -l " ++ q(Line)),
-    sh("tmux -L " ++ Sock ++ " send-keys -t " ++ Sess ++ " Enter"),
-    wait_for(Console, Line, Regex, 30).
-
-wait_for(Console, Line, Regex, Secs) ->
-    wait_for(Console, Line, Regex, Secs * 10, "").
-
-wait_for(_Console, Line, Regex, 0, Last) ->
-    ct:fail({console_timeout, Line, Regex, Last});
-wait_for({Sock, Sess} = Console, Line, Regex, N, _) ->
-    Screen = os:cmd("tmux -L " ++ Sock ++ " capture-pane -p -J -S -1000 -t " ++ Sess),
-    After = case string:find(Screen, Line, trailing) of
-                nomatch -> "";
-                Rest -> string:slice(Rest, length(Line))
-            end,
-    case re:run(After, Regex, [multiline]) of
-        {match, _} ->
-            After;
-        nomatch ->
-            timer:sleep(100),
-            wait_for(Console, Line, Regex, N - 1, Screen)
-    end.
-
 wait_ping(_Script, 0) -> {error, release_did_not_start};
 wait_ping(Script, N) ->
     case os:cmd(q(Script) ++ " ping") of
@@ -176,18 +146,3 @@ wait_down(Script, N) ->
         "pong\n" -> timer:sleep(200), wait_down(Script, N - 1);
         _ -> ok
     end.
-
-%% Runs a shell command; fails the test with its output on a non-zero exit.
-sh(Cmd) ->
-    Port = open_port({spawn, "sh -c " ++ q(Cmd ++ " 2>&1")}, [exit_status, binary, stream]),
-    sh_loop(Port, Cmd, []).
-
-sh_loop(Port, Cmd, Acc) ->
-    receive
-        {Port, {data, D}} -> sh_loop(Port, Cmd, [Acc, D]);
-        {Port, {exit_status, 0}} -> iolist_to_binary(Acc);
-        {Port, {exit_status, S}} -> ct:fail({command_failed, Cmd, S, iolist_to_binary(Acc)})
-    after 300000 -> ct:fail({command_timeout, Cmd})
-    end.
-
-q(S) -> "'" ++ string:replace(S, "'", "'\\''", all) ++ "'".

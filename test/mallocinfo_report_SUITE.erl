@@ -18,14 +18,7 @@ all() ->
      cluster].
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, "mi_mmap_nif.so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -I~ts -o ~ts ~ts 2>&1",
-                        [Erts, So, filename:join(Data, "mi_mmap_nif.c")]),
-    "" = os:cmd(lists:flatten(Cmd)),
-    {ok, mi_mmap_nif} = compile:file(filename:join(Data, "mi_mmap_nif.erl"), [{outdir, Priv}]),
+    ok = mi_ct:build_nif(Config, "mi_mmap_nif"),
     Config.
 
 end_per_suite(_Config) ->

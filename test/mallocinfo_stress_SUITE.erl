@@ -47,22 +47,12 @@ seconds() ->
     end.
 
 init_per_suite(Config) ->
-    Priv = ?config(priv_dir, Config),
-    Data = ?config(data_dir, Config),
-    Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    Nif = filename:join(Priv, "mi_stress_nif.so"),
-    Target = filename:join(Priv, "mi_stress_target.so"),
-    cc(io_lib:format("cc -O1 -g -fPIC -shared -I~ts -o ~ts ~ts",
-                     [Erts, Nif, filename:join(Data, "mi_stress_nif.c")])),
-    cc(io_lib:format("cc -O1 -g -fPIC -shared -o ~ts ~ts",
-                     [Target, filename:join(Data, "mi_stress_target.c")])),
-    [{ok, _} = compile:file(filename:join(Data, M), [{outdir, Priv}])
-     || M <- ["mi_stress_nif.erl", "mi_stress.erl"]],
-    true = filelib:is_regular(mallocinfo_trace:preload_path()),
-    [{target, Target} | Config].
-
-cc(Cmd) ->
-    ?assertEqual("", os:cmd(lists:flatten(Cmd) ++ " 2>&1")).
+    %% mi_stress_target.so is a plain shared object (the dlopen loop's),
+    %% built the same way as the NIF.
+    ok = mi_ct:build_nif(Config, "mi_stress_target"),
+    ok = mi_ct:compile_module(Config, "mi_stress.erl"),
+    [{target, filename:join(?config(priv_dir, Config), "mi_stress_target.so")}
+     | mi_ct:init_tracker_suite(Config, "mi_stress_nif")].
 
 end_per_suite(_Config) ->
     ok.

@@ -18,9 +18,7 @@ all() ->
      racing_threads_one_site, sites_full_stack_table, reclaim_and_status].
 
 init_per_suite(Config) ->
-    ok = mi_ct:build_nif(Config, "mi_leaky_nif"),
-    true = filelib:is_regular(mallocinfo_trace:preload_path()),
-    Config.
+    mi_ct:init_tracker_suite(Config, "mi_leaky_nif").
 
 end_per_suite(_Config) ->
     ok.

@@ -2,8 +2,9 @@
 %% data directory, peer nodes (with or without the interposer) that see
 %% mallocinfo and the suite's priv_dir, and a distributed CT node.
 -module(mi_ct).
--export([ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, start_peer/2, start_peer/3,
-         stop_peer/1, call/4, project_root/0, tarball/0, demo_dir/0]).
+-export([ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
+         compile_module/2, compile_module/3, include_dir/1, start_peer/2, start_peer/3, stop_peer/1, call/4,
+         project_root/0, tarball/0, demo_dir/0]).
 
 -include_lib("common_test/include/ct.hrl").
 
@@ -33,21 +34,54 @@ build_nif(Config, Name, CFlags) ->
 
 %% Builds a test NIF of the suite: data_dir's Source.c into priv_dir's
 %% Name.so (with symbols, so stacks name its functions; CFlags added, e.g.
-%% -D options) and data_dir's Name.erl, its stub module, if there is one,
-%% into priv_dir. Fails the suite on any compiler output.
+%% -D options; include_dir/1's mi_test_nif.h on the include path) and its
+%% stub module, if there is one, into priv_dir: data_dir's Source.erl with
+%% the macro MI_MODULE set to Name (so one stub source serves several
+%% builds of one NIF, `-module(?MI_MODULE).'), else Name.erl. Fails the
+%% suite on any compiler output.
 build_nif(Config, Source, Name, CFlags) ->
-    Priv = ?config(priv_dir, Config),
     Data = ?config(data_dir, Config),
     Erts = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"]),
-    So = filename:join(Priv, Name ++ ".so"),
-    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts ~s -o ~ts ~ts 2>&1",
-                        [Erts, CFlags, So, filename:join(Data, Source ++ ".c")]),
+    So = filename:join(?config(priv_dir, Config), Name ++ ".so"),
+    Cmd = io_lib:format("cc -O1 -g -fPIC -shared -pthread -I~ts -I~ts ~s -o ~ts ~ts 2>&1",
+                        [Erts, include_dir(Config), CFlags, So,
+                         filename:join(Data, Source ++ ".c")]),
     "" = os:cmd(lists:flatten(Cmd)),
-    Erl = filename:join(Data, Name ++ ".erl"),
-    case filelib:is_regular(Erl) of
-        true -> {ok, _} = compile:file(Erl, [{outdir, Priv}]), ok;
-        false -> ok
+    Stubs = [F || F <- [Source ++ ".erl", Name ++ ".erl"],
+                  filelib:is_regular(filename:join(Data, F))],
+    case Stubs of
+        [Stub | _] -> compile_module(Config, Stub, [{d, 'MI_MODULE', list_to_atom(Name)}]);
+        [] -> ok
     end.
+
+%% The set-up of a suite that runs its NIF under the tracker: the NIF built
+%% (build_nif/2), and the interposer there to preload (a clear failure here
+%% rather than one per case). Returns Config.
+init_tracker_suite(Config, Nif) ->
+    ok = build_nif(Config, Nif),
+    true = filelib:is_regular(mallocinfo_trace:preload_path()),
+    Config.
+
+%% @equiv compile_module(Config, File, [])
+compile_module(Config, File) ->
+    compile_module(Config, File, []).
+
+%% Compiles data_dir's File (a module of the suite's, e.g. a NIF's stub),
+%% with include_dir/1 on the include path and Opts added, into priv_dir as
+%% <its module>.beam (which need not be File's name).
+compile_module(Config, File, Opts) ->
+    {ok, Mod, Beam} = compile:file(filename:join(?config(data_dir, Config), File),
+                                   [binary, {i, include_dir(Config)}, report, warnings_as_errors
+                                    | Opts]),
+    ok = file:write_file(filename:join(?config(priv_dir, Config), atom_to_list(Mod) ++ ".beam"),
+                         Beam).
+
+%% test/include of the tree the suite runs from (the parent of every
+%% data_dir): mi_test_nif.h for the test NIFs, mi_test_nif.hrl for their
+%% stub modules.
+include_dir(Config) ->
+    Data = filename:absname(?config(data_dir, Config)),
+    filename:join(filename:dirname(string:trim(Data, trailing, "/")), "include").
 
 %% @equiv start_peer(Config, Env, [])
 start_peer(Config, Env) ->

@@ -1,13 +1,9 @@
 %% Loader for mi_alloc_nif.so, and helpers for concurrent calls on the peer
 %% (test helpers of mallocinfo_alloc_SUITE).
 -module(mi_alloc_nif).
--export([hold/2, release/0, alloc/1, free/1, dlopen_global/1]).
+-define(NIFS, [hold/2, release/0, alloc/1, free/1, dlopen_global/1]).
 -export([parallel/1, alloc_then/2]).
--nifs([hold/2, release/0, alloc/1, free/1, dlopen_global/1]).
--on_load(init/0).
-
-init() ->
-    erlang:load_nif(filename:join(filename:dirname(code:which(?MODULE)), "mi_alloc_nif"), 0).
+-include("mi_test_nif.hrl").
 
 hold(_Count, _Size) -> erlang:nif_error(nif_not_loaded).
 release() -> erlang:nif_error(nif_not_loaded).

@@ -1,39 +1,18 @@
 /* A NIF that leaks on purpose from a function with a known name, and churns
  * malloc/free on threads of its own. Built twice by mallocinfo_attach_SUITE
  * (MI_MODULE, MI_LEAK_FN): one copy loaded before attach(), one after. */
-#include <erl_nif.h>
-#include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 
-#define MAX_KEPT (1024 * 1024)
-static void* kept[MAX_KEPT];
-static unsigned nkept;
+#include "mi_test_nif.h"
 
-/* The allocation site the tests look for: exported, not inlined. */
-__attribute__((noinline, visibility("default"))) void* MI_LEAK_FN(size_t n) {
-  void* p = malloc(n);
-  __asm__ volatile("" : : "g"(p) : "memory");
-  return p;
-}
+MI_HELD(kept, 1024 * 1024);
 
-static ERL_NIF_TERM leak(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  unsigned count, size;
-  (void)argc;
-  if (!enif_get_uint(env, argv[0], &count) || !enif_get_uint(env, argv[1], &size) ||
-      count > MAX_KEPT - nkept)
-    return enif_make_badarg(env);
-  for (unsigned i = 0; i < count; ++i) kept[nkept++] = MI_LEAK_FN(size);
-  return enif_make_atom(env, "ok");
-}
+/* The allocation site the tests look for. */
+MI_SITE(MI_LEAK_FN)
 
-static ERL_NIF_TERM release(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  (void)argc;
-  (void)argv;
-  for (unsigned i = 0; i < nkept; ++i) free(kept[i]);
-  nkept = 0;
-  return enif_make_atom(env, "ok");
-}
+MI_NIF_FILL(leak, kept, MI_LEAK_FN)
+
+MI_NIF_RELEASE(release, kept)
 
 /* Churn: threads allocating and freeing (malloc, calloc, realloc, free)
  * until stopped; each counts its operations. */

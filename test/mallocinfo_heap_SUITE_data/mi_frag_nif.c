@@ -1,17 +1,12 @@
 /* Test NIF for the heap map: fragments the glibc heap on purpose, from a
  * named function and from several threads (so several arenas hold
  * fragments), and churns allocations in background threads. */
-#include <erl_nif.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-#define MAX_BLOCKS (1 << 22)
+#include "mi_test_nif.h"
 
-static void* blocks[MAX_BLOCKS];
-static size_t n_blocks;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+MI_HELD(kept, 1 << 22);
 
 /* The call site the heap map must name. */
 __attribute__((noinline)) void* mi_frag_alloc(size_t size) {
@@ -33,14 +28,14 @@ static void* fragment_job(void* arg) {
   void** mine = malloc(j->n * sizeof(void*));
   if (mine == NULL) return NULL;
   for (size_t i = 0; i < j->n; ++i) mine[i] = mi_frag_alloc(j->size);
-  pthread_mutex_lock(&lock);
+  pthread_mutex_lock(&kept.lock);
   for (size_t i = 0; i < j->n; ++i) {
-    if ((i % j->keep_every == 0 || i + 1 == j->n) && n_blocks < MAX_BLOCKS)
-      blocks[n_blocks++] = mine[i];
+    if ((i % j->keep_every == 0 || i + 1 == j->n) && mi_held_room(&kept, 1))
+      kept.blocks[kept.n++] = mine[i];
     else
       free(mine[i]);
   }
-  pthread_mutex_unlock(&lock);
+  pthread_mutex_unlock(&kept.lock);
   free(mine);
   return NULL;
 }
@@ -60,15 +55,7 @@ static ERL_NIF_TERM fragment(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]
   return enif_make_atom(env, "ok");
 }
 
-static ERL_NIF_TERM release(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  (void)argc;
-  (void)argv;
-  pthread_mutex_lock(&lock);
-  for (size_t i = 0; i < n_blocks; ++i) free(blocks[i]);
-  n_blocks = 0;
-  pthread_mutex_unlock(&lock);
-  return enif_make_atom(env, "ok");
-}
+MI_NIF_RELEASE(release, kept)
 
 /* Background churn: threads that allocate and free without pause. */
 static volatile int churning;

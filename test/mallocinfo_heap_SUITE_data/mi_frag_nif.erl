@@ -1,10 +1,7 @@
 -module(mi_frag_nif).
--export([fragment/4, release/0, churn_start/1, churn_stop/0, counter_start/0, counter_read/1,
-         progress_during/1]).
--on_load(init/0).
-
-init() ->
-    erlang:load_nif(filename:join(filename:dirname(code:which(?MODULE)), "mi_frag_nif"), 0).
+-define(NIFS, [fragment/4, release/0, churn_start/1, churn_stop/0]).
+-export([counter_start/0, counter_read/1, progress_during/1]).
+-include("mi_test_nif.hrl").
 
 fragment(_Threads, _N, _Size, _KeepEvery) -> erlang:nif_error(not_loaded).
 release() -> erlang:nif_error(not_loaded).

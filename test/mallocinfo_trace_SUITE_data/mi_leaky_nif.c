@@ -1,84 +1,39 @@
 /* A NIF that leaks on purpose, from a function with a known name, so the
  * tracker's answers can be checked exactly. Built by mallocinfo_trace_SUITE. */
-#include <erl_nif.h>
-#include <pthread.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 
-#define MAX_KEPT (2 * 1024 * 1024)
-static void* kept[MAX_KEPT];
-static unsigned nkept;
+#include "mi_test_nif.h"
 
-/* The allocation site the tests look for. Exported and not inlined, so it
- * is a real frame with a symbol in .dynsym. */
-__attribute__((noinline)) void* mi_test_leak_here(size_t n) {
-  void* p = malloc(n);
-  __asm__ volatile("" : : "g"(p) : "memory");
-  return p;
-}
+MI_HELD(kept, 2 * 1024 * 1024);
 
-/* Many distinct call stacks from two functions: mi_test_path_a and
- * mi_test_path_b call each other (or themselves) `level` times, taking the
- * call site that bit k of `path` selects at level k, so every path value
- * below 2^level reaches malloc through its own sequence of return
- * addresses. The empty asm after each call keeps it a real call (no tail
- * call, no merged call sites). */
-__attribute__((noinline)) void* mi_test_path_b(unsigned level, unsigned path, size_t n);
+/* The allocation site the tests look for. */
+MI_SITE(mi_test_leak_here)
 
-__attribute__((noinline)) void* mi_test_path_a(unsigned level, unsigned path, size_t n) {
-  void* p;
-  if (level == 0)
-    p = malloc(n);
-  else if (path & 1)
-    p = mi_test_path_a(level - 1, path >> 1, n);
-  else
-    p = mi_test_path_b(level - 1, path >> 1, n);
-  __asm__ volatile("" : : "g"(p) : "memory");
-  return p;
-}
-
-__attribute__((noinline)) void* mi_test_path_b(unsigned level, unsigned path, size_t n) {
-  void* p;
-  if (level == 0)
-    p = malloc(n);
-  else if (path & 1)
-    p = mi_test_path_a(level - 1, path >> 1, n);
-  else
-    p = mi_test_path_b(level - 1, path >> 1, n);
-  __asm__ volatile("" : : "g"(p) : "memory");
-  return p;
-}
-
+/* Many distinct call stacks from two functions (see MI_PATH_PAIR). */
 #define PATH_LEVELS 20
+MI_PATH_PAIR(mi_test_path_a, mi_test_path_b)
 
-static ERL_NIF_TERM leak(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  unsigned count, size;
-  (void)argc;
-  if (!enif_get_uint(env, argv[0], &count) || !enif_get_uint(env, argv[1], &size) ||
-      count > MAX_KEPT - nkept)
-    return enif_make_badarg(env);
-  for (unsigned i = 0; i < count; ++i) kept[nkept++] = mi_test_leak_here(size);
-  return enif_make_atom(env, "ok");
-}
+MI_NIF_FILL(leak, kept, mi_test_leak_here)
 
 /* paths(First, Count, PerPath, Size): PerPath blocks of Size bytes from each
  * of the Count distinct stacks First .. First+Count-1 (below 2^20). With
  * PerPath = 0 each path allocates one block and frees it at once: a stream
  * of distinct stacks none of which stays referenced. */
 static ERL_NIF_TERM paths(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  unsigned first, count, per, size;
+  unsigned a[4];
   (void)argc;
-  if (!enif_get_uint(env, argv[0], &first) || !enif_get_uint(env, argv[1], &count) ||
-      !enif_get_uint(env, argv[2], &per) || !enif_get_uint(env, argv[3], &size) ||
-      count > (1u << PATH_LEVELS) || first > (1u << PATH_LEVELS) - count ||
-      (unsigned long long)count * per > MAX_KEPT - nkept)
+  if (!mi_get_uints(env, argv, 4, a)) return enif_make_badarg(env);
+  const unsigned first = a[0], count = a[1], per = a[2], size = a[3];
+  if (count > (1u << PATH_LEVELS) || first > (1u << PATH_LEVELS) - count ||
+      !mi_held_room(&kept, (unsigned long long)count * per))
     return enif_make_badarg(env);
   for (unsigned i = 0; i < count; ++i) {
     if (per == 0) {
       free(mi_test_path_a(PATH_LEVELS, first + i, size));
       continue;
     }
-    for (unsigned k = 0; k < per; ++k) kept[nkept++] = mi_test_path_a(PATH_LEVELS, first + i, size);
+    for (unsigned k = 0; k < per; ++k)
+      kept.blocks[kept.n++] = mi_test_path_a(PATH_LEVELS, first + i, size);
   }
   return enif_make_atom(env, "ok");
 }
@@ -115,24 +70,25 @@ static void* race_thread(void* arg) {
   while (r->started >= 0) pthread_cond_wait(&r->go, &r->lock);
   pthread_mutex_unlock(&r->lock);
   for (unsigned i = 0; i < r->count; ++i)
-    for (unsigned k = 0; k < r->per; ++k) kept[base++] = mi_test_path_a(PATH_LEVELS, i, r->size);
+    for (unsigned k = 0; k < r->per; ++k)
+      kept.blocks[base++] = mi_test_path_a(PATH_LEVELS, i, r->size);
   return NULL;
 }
 
 static ERL_NIF_TERM race_paths(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  unsigned threads, count, per, size;
+  unsigned a[4];
   pthread_t tids[16];
   struct race r = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0};
   (void)argc;
-  if (!enif_get_uint(env, argv[0], &threads) || !enif_get_uint(env, argv[1], &count) ||
-      !enif_get_uint(env, argv[2], &per) || !enif_get_uint(env, argv[3], &size) || threads == 0 ||
-      threads > 16 || count > (1u << PATH_LEVELS) ||
-      (unsigned long long)threads * count * per > MAX_KEPT - nkept)
+  if (!mi_get_uints(env, argv, 4, a)) return enif_make_badarg(env);
+  const unsigned threads = a[0], count = a[1], per = a[2], size = a[3];
+  if (threads == 0 || threads > 16 || count > (1u << PATH_LEVELS) ||
+      !mi_held_room(&kept, (unsigned long long)threads * count * per))
     return enif_make_badarg(env);
   r.count = count;
   r.per = per;
   r.size = size;
-  r.base = nkept;
+  r.base = kept.n;
   for (unsigned t = 0; t < threads; ++t) pthread_create(&tids[t], NULL, race_thread, &r);
   pthread_mutex_lock(&r.lock);
   while (r.started < (int)threads) pthread_cond_wait(&r.go, &r.lock);
@@ -140,7 +96,7 @@ static ERL_NIF_TERM race_paths(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv
   pthread_cond_broadcast(&r.go);
   pthread_mutex_unlock(&r.lock);
   for (unsigned t = 0; t < threads; ++t) pthread_join(tids[t], NULL);
-  nkept = r.base;
+  kept.n = r.base;
   return enif_make_atom(env, "ok");
 }
 
@@ -159,13 +115,7 @@ static ERL_NIF_TERM regions(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[])
   return enif_make_atom(env, "ok");
 }
 
-static ERL_NIF_TERM release(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  (void)argc;
-  (void)argv;
-  for (unsigned i = 0; i < nkept; ++i) free(kept[i]);
-  nkept = 0;
-  return enif_make_atom(env, "ok");
-}
+MI_NIF_RELEASE(release, kept)
 
 static ErlNifFunc funcs[] = {
     {"leak", 2, leak, ERL_NIF_DIRTY_JOB_CPU_BOUND},

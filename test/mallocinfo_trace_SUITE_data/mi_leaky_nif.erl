@@ -1,11 +1,7 @@
 %% Loader for mi_leaky_nif.so (test helper of mallocinfo_trace_SUITE).
 -module(mi_leaky_nif).
--export([leak/2, paths_jit/4, paths/4, race_paths/4, regions/1, release/0]).
--nifs([leak/2, paths_jit/4, paths/4, race_paths/4, regions/1, release/0]).
--on_load(init/0).
-
-init() ->
-    erlang:load_nif(filename:join(filename:dirname(code:which(?MODULE)), "mi_leaky_nif"), 0).
+-define(NIFS, [leak/2, paths_jit/4, paths/4, race_paths/4, regions/1, release/0]).
+-include("mi_test_nif.hrl").
 
 leak(_Count, _Size) -> erlang:nif_error(nif_not_loaded).
 paths_jit(_First, _Count, _PerPath, _Size) -> erlang:nif_error(nif_not_loaded).

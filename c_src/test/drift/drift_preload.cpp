@@ -13,7 +13,6 @@
 // back: VmRSS drops once 200,000 freed-but-recorded-then-removed entries'
 // pages are released.
 // Prints "drift_preload: N passed, N failed"; exit status 1 on any failure.
-#include <dlfcn.h>
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,39 +23,20 @@
 #include <thread>
 #include <vector>
 
-#include "../../common/mi_abi.h"
+#include "../preload_probe.h"
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (cond) {                                                         \
-      ++g_passed;                                                       \
-    } else {                                                            \
-      ++g_failed;                                                       \
-      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                   \
-  } while (0)
+using probe::opaque;
 
 const mi_preload_abi* g_abi = nullptr;
 
 mi_abi_status status() {
-  mi_abi_status s{};
-  g_abi->status(&s, sizeof s);
-  return s;
+  return probe::status(g_abi);
 }
 
 int64_t net(const mi_abi_status& s) {
   return static_cast<int64_t>(s.bytes_allocated - s.bytes_freed);
-}
-
-// Keeps the compiler from pairing malloc/free calls or folding sizes.
-template <class T>
-T opaque(T v) {
-  asm volatile("" : "+r"(v));
-  return v;
 }
 
 constexpr int kThreads = 4;
@@ -83,13 +63,7 @@ size_t pick_size(uint64_t v) {
 }
 
 void worker(int id, Held* h) {
-  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 7);
-  auto rnd = [&x] {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  };
+  probe::Xorshift rnd(static_cast<uint64_t>(id + 7));
   for (int op = 0; op < kOps; ++op) {
     const uint64_t v = rnd();
     if (h->n >= kMaxHeld || (h->n > 0 && v % 3 == 0)) {
@@ -177,18 +151,17 @@ void check_reset_releases() {
   g_abi->reset();
   const long after = rss_kib();
   printf("drift_preload: reset: VmRSS %ld KiB -> %ld KiB\n", before, after);
-  CHECK(before - after >= 4096);  // the entries covered > 6 MiB of table
+  PROBE_CHECK(before - after >= 4096);  // the entries covered > 6 MiB of table
 }
 
 }  // namespace
 
 int main() {
-  auto fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
-  if (fn == nullptr) {
+  g_abi = probe::find_abi();
+  if (g_abi == nullptr) {
     fprintf(stderr, "drift_preload: run me with LD_PRELOAD=libmallocinfo_preload.so\n");
     return 2;
   }
-  g_abi = fn();
   const mi_abi_status s = status();
   if (s.recording != 1 || s.mode == MI_MODE_OFF) {
     fprintf(stderr, "drift_preload: not recording (MALLOCINFO_TRACE_EXE? MALLOCINFO_TRACE?)\n");
@@ -243,25 +216,24 @@ int main() {
     // live (the workers hold megabytes: many sampled blocks).
     printf("drift_preload: sample: live %zu blocks, %lld usable bytes; estimate moved by %lld\n",
            nheld, static_cast<long long>(live_usable), static_cast<long long>(moved));
-    CHECK(moved > 0);
-    CHECK(net(s2) == net(s0));
-    CHECK(s1.live_entries > s0.live_entries);
-    CHECK(s2.live_entries == s0.live_entries);
+    PROBE_CHECK(moved > 0);
+    PROBE_CHECK(net(s2) == net(s0));
+    PROBE_CHECK(s1.live_entries > s0.live_entries);
+    PROBE_CHECK(s2.live_entries == s0.live_entries);
   } else {
     printf(
         "drift_preload: %s: live %zu blocks, %lld usable bytes; allocated - freed moved by %lld\n",
         s.mode == MI_MODE_FULL ? "full" : "counters", nheld, static_cast<long long>(live_usable),
         static_cast<long long>(moved));
-    CHECK(nheld > 0);
-    CHECK(moved == live_usable);
-    CHECK(net(s2) == net(s0));
-    CHECK(s1.calls[MI_FN_REALLOC] - s0.calls[MI_FN_REALLOC] > 0);
+    PROBE_CHECK(nheld > 0);
+    PROBE_CHECK(moved == live_usable);
+    PROBE_CHECK(net(s2) == net(s0));
+    PROBE_CHECK(s1.calls[MI_FN_REALLOC] - s0.calls[MI_FN_REALLOC] > 0);
     if (s.mode == MI_MODE_FULL) {
-      CHECK(s1.dropped == s0.dropped);
-      CHECK(s1.live_entries - s0.live_entries == nheld);
+      PROBE_CHECK(s1.dropped == s0.dropped);
+      PROBE_CHECK(s1.live_entries - s0.live_entries == nheld);
     }
   }
   if (s.mode == MI_MODE_FULL) check_reset_releases();
-  printf("drift_preload: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return probe::finish("drift_preload");
 }

@@ -38,7 +38,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../common/mi_abi.h"
+#include "../preload_probe.h"
 
 #if defined(__x86_64__)
 
@@ -195,8 +195,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "stress_loader_lock: cannot map code\n");
     return 1;
   }
-  auto abi_fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
-  const mi_preload_abi* abi = abi_fn != nullptr ? abi_fn() : nullptr;
+  const mi_preload_abi* abi = probe::find_abi();
   if (abi == nullptr) fprintf(stderr, "stress_loader_lock: not preloaded, nothing to stress\n");
   const std::string target = sibling("stress_dlopen_target.so");
 

@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../common/mi_abi.h"
+#include "../preload_probe.h"
 
 namespace {
 
@@ -155,9 +155,8 @@ bool frame_in_main(const mi_abi_region& r) {
 }  // namespace
 
 int main() {
-  const auto fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
-  g_abi = fn != nullptr ? fn() : nullptr;
-  if (g_abi == nullptr || g_abi->struct_size < sizeof(mi_preload_abi)) {
+  g_abi = probe::find_abi();
+  if (g_abi == nullptr) {
     fprintf(stderr, "stress_mmap: not under the interposer\n");
     return 2;
   }

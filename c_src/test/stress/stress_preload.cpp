@@ -7,7 +7,6 @@
 // more call stacks than the stack table holds (every kept block's stack
 // reads back as its own), and fork() from a multi-threaded process.
 // Prints "N passed, N failed"; exit status 1 on any failure.
-#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdint.h>
@@ -23,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../common/mi_abi.h"
+#include "../preload_probe.h"
 
 // The checks look freed addresses up in the table (never dereference
 // them), which is exactly what this warning is about.
@@ -31,24 +30,12 @@
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (cond) {                                                         \
-      ++g_passed;                                                       \
-    } else {                                                            \
-      ++g_failed;                                                       \
-      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                   \
-  } while (0)
+using probe::opaque;
 
 const mi_preload_abi* g_abi = nullptr;
 
 mi_abi_status status() {
-  mi_abi_status s{};
-  g_abi->status(&s, sizeof s);
-  return s;
+  return probe::status(g_abi);
 }
 
 // Snapshot into a buffer reserved up front, so that reading the table does
@@ -80,14 +67,8 @@ bool absent(const std::map<uint64_t, mi_abi_entry>& m, const void* p) {
   return m.find(reinterpret_cast<uintptr_t>(p)) == m.end();
 }
 
-// Keeps the compiler from pairing and deleting malloc/free calls, and from
-// reasoning about sizes it would otherwise reject at compile time.
+// Where results go that the compiler must not drop (with probe::opaque).
 void* volatile g_sink;
-template <class T>
-T opaque(T v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
 
 void test_edge_cases(Snap& snap) {
   const mi_abi_status s0 = status();
@@ -95,7 +76,7 @@ void test_edge_cases(Snap& snap) {
   void* b = calloc(10, 30);
   void* c = opaque(realloc(opaque<void*>(nullptr), 40));  // realloc(NULL, n) is malloc
   void* d = nullptr;
-  CHECK(posix_memalign(&d, 64, 50) == 0);
+  PROBE_CHECK(posix_memalign(&d, 64, 50) == 0);
   void* e = aligned_alloc(128, 256);
   void* f = memalign(32, 70);
   void* g = valloc(10);
@@ -105,67 +86,67 @@ void test_edge_cases(Snap& snap) {
   void* k = reallocarray(nullptr, 7, 9);
   errno = 0;
   void* over = calloc(opaque(SIZE_MAX / 2), 4);  // overflow: NULL, ENOMEM, nothing recorded
-  CHECK(over == nullptr);
-  CHECK(errno == ENOMEM);
+  PROBE_CHECK(over == nullptr);
+  PROBE_CHECK(errno == ENOMEM);
   errno = 0;
-  CHECK(reallocarray(a, opaque(SIZE_MAX / 2), 4) == nullptr);
-  CHECK(errno == ENOMEM);
+  PROBE_CHECK(reallocarray(a, opaque(SIZE_MAX / 2), 4) == nullptr);
+  PROBE_CHECK(errno == ENOMEM);
   free(opaque<void*>(nullptr));
 
   auto m = snap.take();
-  CHECK(live(m, a, 100));
-  CHECK(live(m, b, 300));
-  CHECK(live(m, c, 40));
-  CHECK(live(m, d, 50));
-  CHECK(live(m, e, 256));
-  CHECK(live(m, f, 70));
-  CHECK(live(m, g, 10));
-  CHECK(live(m, h, 10));
-  CHECK(live(m, i, 6));
-  CHECK(live(m, j, 6));
-  CHECK(live(m, k, 63));
+  PROBE_CHECK(live(m, a, 100));
+  PROBE_CHECK(live(m, b, 300));
+  PROBE_CHECK(live(m, c, 40));
+  PROBE_CHECK(live(m, d, 50));
+  PROBE_CHECK(live(m, e, 256));
+  PROBE_CHECK(live(m, f, 70));
+  PROBE_CHECK(live(m, g, 10));
+  PROBE_CHECK(live(m, h, 10));
+  PROBE_CHECK(live(m, i, 6));
+  PROBE_CHECK(live(m, j, 6));
+  PROBE_CHECK(live(m, k, 63));
 
   const mi_abi_status s1 = status();
-  CHECK(s1.calls[MI_FN_CALLOC] - s0.calls[MI_FN_CALLOC] == 2);
-  CHECK(s1.calls[MI_FN_POSIX_MEMALIGN] - s0.calls[MI_FN_POSIX_MEMALIGN] == 1);
-  CHECK(s1.calls[MI_FN_ALIGNED_ALLOC] - s0.calls[MI_FN_ALIGNED_ALLOC] == 1);
-  CHECK(s1.calls[MI_FN_MEMALIGN] - s0.calls[MI_FN_MEMALIGN] == 1);
-  CHECK(s1.calls[MI_FN_VALLOC] - s0.calls[MI_FN_VALLOC] == 1);
-  CHECK(s1.calls[MI_FN_PVALLOC] - s0.calls[MI_FN_PVALLOC] == 1);
-  CHECK(s1.calls[MI_FN_STRDUP] - s0.calls[MI_FN_STRDUP] == 1);
-  CHECK(s1.calls[MI_FN_STRNDUP] - s0.calls[MI_FN_STRNDUP] == 1);
-  CHECK(s1.calls[MI_FN_REALLOCARRAY] - s0.calls[MI_FN_REALLOCARRAY] == 1);
-  CHECK(s1.calls[MI_FN_FREE] - s0.calls[MI_FN_FREE] == 1);  // free(NULL)
+  PROBE_CHECK(s1.calls[MI_FN_CALLOC] - s0.calls[MI_FN_CALLOC] == 2);
+  PROBE_CHECK(s1.calls[MI_FN_POSIX_MEMALIGN] - s0.calls[MI_FN_POSIX_MEMALIGN] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_ALIGNED_ALLOC] - s0.calls[MI_FN_ALIGNED_ALLOC] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_MEMALIGN] - s0.calls[MI_FN_MEMALIGN] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_VALLOC] - s0.calls[MI_FN_VALLOC] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_PVALLOC] - s0.calls[MI_FN_PVALLOC] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_STRDUP] - s0.calls[MI_FN_STRDUP] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_STRNDUP] - s0.calls[MI_FN_STRNDUP] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_REALLOCARRAY] - s0.calls[MI_FN_REALLOCARRAY] == 1);
+  PROBE_CHECK(s1.calls[MI_FN_FREE] - s0.calls[MI_FN_FREE] == 1);  // free(NULL)
 
   // realloc growing: the old address leaves, the new one carries the size.
   void* a2 = realloc(a, 100000);
   m = snap.take();
-  CHECK(live(m, a2, 100000));
-  if (a2 != a) CHECK(absent(m, a));
+  PROBE_CHECK(live(m, a2, 100000));
+  if (a2 != a) PROBE_CHECK(absent(m, a));
   // realloc failure: NULL, the block is untouched and still recorded.
   errno = 0;
   void* fail = realloc(a2, opaque(SIZE_MAX - 4096));
-  CHECK(fail == nullptr);
+  PROBE_CHECK(fail == nullptr);
   m = snap.take();
-  CHECK(live(m, a2, 100000));
+  PROBE_CHECK(live(m, a2, 100000));
   // realloc(p, 0) frees p (glibc) and returns NULL.
-  CHECK(realloc(b, 0) == nullptr);
+  PROBE_CHECK(realloc(b, 0) == nullptr);
   m = snap.take();
-  CHECK(absent(m, b));
+  PROBE_CHECK(absent(m, b));
 
   // C++ new/delete go through the hooks.
   char* arr = new char[12345];
   g_sink = arr;
   m = snap.take();
-  CHECK(live(m, arr, 12345));
+  PROBE_CHECK(live(m, arr, 12345));
   delete[] arr;
   m = snap.take();
-  CHECK(absent(m, arr));
+  PROBE_CHECK(absent(m, arr));
 
   for (void* p : {a2, c, d, e, f, g, h, static_cast<void*>(i), static_cast<void*>(j), k}) free(p);
   m = snap.take();
   for (void* p : {a2, c, d, e, f, g, h, static_cast<void*>(i), static_cast<void*>(j), k})
-    CHECK(absent(m, p));
+    PROBE_CHECK(absent(m, p));
 }
 
 constexpr int kWorkers = 4;
@@ -183,13 +164,7 @@ struct WorkerResult {
 
 // Mixed allocation traffic; keeps up to kMaxHeld blocks live.
 void worker(int id, WorkerResult* r) {
-  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(id + 1);
-  auto rnd = [&x] {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  };
+  probe::Xorshift rnd(static_cast<uint64_t>(id + 1));
   auto& held = r->held;
   size_t& n = r->nheld;
   for (int op = 0; op < kOps; ++op) {
@@ -293,13 +268,13 @@ void test_stress(Snap& snap) {
     // lists): a small allowance for those three, none for the functions
     // only the workers call.
     if (f == MI_FN_MALLOC || f == MI_FN_FREE || f == MI_FN_CALLOC) {
-      CHECK(s1.calls[f] - s0.calls[f] >= expected[f]);
-      CHECK(s1.calls[f] - s0.calls[f] <= expected[f] + 32 * kWorkers);
+      PROBE_CHECK(s1.calls[f] - s0.calls[f] >= expected[f]);
+      PROBE_CHECK(s1.calls[f] - s0.calls[f] <= expected[f] + 32 * kWorkers);
     } else {
-      CHECK(s1.calls[f] - s0.calls[f] == expected[f]);
+      PROBE_CHECK(s1.calls[f] - s0.calls[f] == expected[f]);
     }
   }
-  CHECK(s1.dropped == s0.dropped);
+  PROBE_CHECK(s1.dropped == s0.dropped);
   auto m = snap.take();
   size_t found = 0;
   bool sizes_ok = true;
@@ -311,35 +286,32 @@ void test_stress(Snap& snap) {
         if (it->second.size != r.held[k].second) sizes_ok = false;
       }
     }
-  CHECK(found == held);
-  CHECK(sizes_ok);
+  PROBE_CHECK(found == held);
+  PROBE_CHECK(sizes_ok);
   // Nothing else is live but what thread start-up allocated (a handful).
-  CHECK(m.size() >= held);
-  CHECK(m.size() <= held + 4 * kWorkers);
-  CHECK(snap.live_after == m.size());
+  PROBE_CHECK(m.size() >= held);
+  PROBE_CHECK(m.size() <= held + 4 * kWorkers);
+  PROBE_CHECK(snap.live_after == m.size());
   for (auto& r : res)
     for (size_t k = 0; k < r.nheld; ++k) free(r.held[k].first);
   m.clear();  // its nodes are live blocks too
   m = snap.take();
-  CHECK(m.size() <= 4 * kWorkers);
+  PROBE_CHECK(m.size() <= 4 * kWorkers);
 }
 
-// Many distinct call stacks: path_a/path_b call each other `level` times,
-// bit k of `path` choosing the callee at level k (as the CT suite's test
-// NIF does). noipa: no clones, no folding of the two into one.
-__attribute__((noipa)) void* path_b(unsigned level, unsigned path, size_t n);
-__attribute__((noipa)) void* path_a(unsigned level, unsigned path, size_t n) {
+// Many distinct call stacks: stack_path<0> and stack_path<1> call each other `level`
+// times, bit k of `bits` choosing the callee at level k (as the CT suites'
+// test NIFs do). noipa: no clones, no folding of the two into one; their
+// asm differs too, so the two are never the same code.
+template <int Which>
+__attribute__((noipa)) void* stack_path(unsigned level, unsigned bits, size_t n) {
   void* p = level == 0   ? malloc(n)
-            : (path & 1) ? path_a(level - 1, path >> 1, n)
-                         : path_b(level - 1, path >> 1, n);
-  asm volatile("" : "+r"(p) : : "memory");
-  return p;
-}
-__attribute__((noipa)) void* path_b(unsigned level, unsigned path, size_t n) {
-  void* p = level == 0   ? malloc(n)
-            : (path & 1) ? path_a(level - 1, path >> 1, n)
-                         : path_b(level - 1, path >> 1, n);
-  asm volatile("nop" : "+r"(p) : : "memory");
+            : (bits & 1) ? stack_path<0>(level - 1, bits >> 1, n)
+                         : stack_path<1>(level - 1, bits >> 1, n);
+  if constexpr (Which == 0)
+    asm volatile("" : "+r"(p) : : "memory");
+  else
+    asm volatile("nop" : "+r"(p) : : "memory");
   return p;
 }
 
@@ -374,7 +346,7 @@ void test_reclaim_stress() {
     ts.emplace_back([w] {
       for (unsigned i = 0; i < kPaths; ++i) {
         const unsigned path = static_cast<unsigned>(w) << 16 | i;
-        void* p = path_a(kLevels, path, 24);
+        void* p = stack_path<0>(kLevels, path, 24);
         // Every 128th block is kept; the others are freed at once.
         if ((i & 127) == 0)
           kept[w][i >> 7] = Kept{p, path};
@@ -413,16 +385,16 @@ void test_reclaim_stress() {
           checked, static_cast<unsigned long>(reclaims.load()),
           static_cast<unsigned long>(s1.stacks_reclaimed - s0.stacks_reclaimed),
           static_cast<unsigned long>(s1.stacks_dropped - s0.stacks_dropped));
-  CHECK(checked + unknown == kThreads * kKept);
-  CHECK(mismatched == 0);
+  PROBE_CHECK(checked + unknown == kThreads * kKept);
+  PROBE_CHECK(mismatched == 0);
   // A thread descheduled inside a sweep chunk can hold the sweep up while
   // the others fill the table: their stacks are dropped and counted.
-  CHECK(unknown <= s1.stacks_dropped - s0.stacks_dropped);
+  PROBE_CHECK(unknown <= s1.stacks_dropped - s0.stacks_dropped);
   // At most a table's worth of stacks is stored at the end; the rest of
   // the three tables' worth was freed on the way.
-  CHECK(s1.stacks_reclaimed - s0.stacks_reclaimed + s1.stacks_dropped - s0.stacks_dropped +
-            s1.stacks >=
-        kThreads * kPaths);
+  PROBE_CHECK(s1.stacks_reclaimed - s0.stacks_reclaimed + s1.stacks_dropped - s0.stacks_dropped +
+                  s1.stacks >=
+              kThreads * kPaths);
   m.clear();
   for (auto& row : kept)
     for (const Kept& k : row) free(k.p);
@@ -458,23 +430,21 @@ void test_fork() {
   }
   stop = true;
   for (auto& t : ts) t.join();
-  CHECK(ok_children == 20);
+  PROBE_CHECK(ok_children == 20);
 }
 
 }  // namespace
 
 int main() {
-  auto fn = reinterpret_cast<mi_preload_abi_fn>(dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL));
-  if (fn == nullptr) {
+  g_abi = probe::find_abi();  // struct_size checked there
+  if (g_abi == nullptr) {
     fprintf(stderr, "stress_preload: run me with LD_PRELOAD=libmallocinfo_preload.so\n");
     return 2;
   }
-  g_abi = fn();
-  CHECK(g_abi->abi_version == MI_ABI_VERSION);
-  CHECK(g_abi->struct_size >= sizeof(mi_preload_abi));
+  PROBE_CHECK(g_abi->abi_version == MI_ABI_VERSION);
   const mi_abi_status s = status();
-  CHECK(s.recording == 1);
-  CHECK(s.mode == MI_MODE_FULL);
+  PROBE_CHECK(s.recording == 1);
+  PROBE_CHECK(s.mode == MI_MODE_FULL);
   if (s.recording != 1) {
     fprintf(stderr, "stress_preload: not recording (MALLOCINFO_TRACE_EXE?)\n");
     return 2;
@@ -484,6 +454,5 @@ int main() {
   test_stress(snap);
   test_reclaim_stress();
   test_fork();
-  printf("stress_preload: %d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return probe::finish("stress_preload");
 }

@@ -1,39 +1,17 @@
 /* A NIF that leaks on purpose from a function with a known name, for
  * mallocinfo_elixir_SUITE: MiElixirApp.Leak.leak(Count, Size) keeps Count
  * blocks of Size bytes, release() frees them. Built by the suite into the
- * application's priv/ before `mix release`. */
-#include <erl_nif.h>
-#include <stdlib.h>
+ * application's priv/ before `mix release`, with -I for test/include. */
+#include "mi_test_nif.h"
 
-#define MAX_KEPT (1024 * 1024)
-static void* kept[MAX_KEPT];
-static unsigned nkept;
+MI_HELD(kept, 1024 * 1024);
 
-/* The allocation site the test looks for: exported and not inlined, so it
- * is a frame of its own with a symbol in .dynsym. */
-__attribute__((noinline)) void* mi_elixir_leak_here(size_t n) {
-  void* p = malloc(n);
-  __asm__ volatile("" : : "g"(p) : "memory");
-  return p;
-}
+/* The allocation site the test looks for. */
+MI_SITE(mi_elixir_leak_here)
 
-static ERL_NIF_TERM leak(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  unsigned count, size;
-  (void)argc;
-  if (!enif_get_uint(env, argv[0], &count) || !enif_get_uint(env, argv[1], &size) ||
-      count > MAX_KEPT - nkept)
-    return enif_make_badarg(env);
-  for (unsigned i = 0; i < count; ++i) kept[nkept++] = mi_elixir_leak_here(size);
-  return enif_make_atom(env, "ok");
-}
+MI_NIF_FILL(leak, kept, mi_elixir_leak_here)
 
-static ERL_NIF_TERM release(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) {
-  (void)argc;
-  (void)argv;
-  for (unsigned i = 0; i < nkept; ++i) free(kept[i]);
-  nkept = 0;
-  return enif_make_atom(env, "ok");
-}
+MI_NIF_RELEASE(release, kept)
 
 /* Dirty: a leak of a million blocks takes longer than a millisecond. */
 static ErlNifFunc funcs[] = {
