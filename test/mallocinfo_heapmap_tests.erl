@@ -113,6 +113,9 @@ tmpdir() ->
     {ok, _} = file:read_file_info(Dir),
     Dir.
 
+%% The tests that write and read a file per case (a hundred and more) get
+%% 120 s instead of EUnit's 5: on a loaded CI machine file operations stall
+%% (truncated_test, 0.08 s here, once timed out in a fresh-clone make test).
 with_tmpdir(Fun) ->
     Dir = tmpdir(),
     try Fun(Dir) after file:del_dir_r(Dir) end.
@@ -398,7 +401,10 @@ layouts_test_() ->
                                {1024, 1024, 2048, "One pixel = 512 B, one row = 512.0 KiB"}]].
 
 %% Nothing but the files: the temporaries were renamed away.
-no_temporaries_test() ->
+no_temporaries_test_() ->
+    {timeout, 120, fun no_temporaries/0}.
+
+no_temporaries() ->
     with_tmpdir(
       fun(Dir) ->
               Path = dump_file(Dir, "k.heapdump", ?W:dump(tracked())),
@@ -446,7 +452,10 @@ replace(Records, Tag, Fun) ->
 payload(<<_:64, P/binary>>) -> P.
 
 %% Cut at every record boundary and inside every record of a dump.
-truncated_test() ->
+truncated_test_() ->
+    {timeout, 120, fun truncated/0}.
+
+truncated() ->
     with_tmpdir(
       fun(Dir) ->
               Full = bin(records()),
@@ -465,7 +474,10 @@ truncated_test() ->
               ?assertEqual([], [N || N <- Names, lists:suffix(".out", N)])
       end).
 
-structural_test() ->
+structural_test_() ->
+    {timeout, 120, fun structural/0}.
+
+structural() ->
     with_tmpdir(
       fun(Dir) ->
               Rs = records(),
@@ -521,7 +533,10 @@ swap_arena_index(Rs) ->
                        end).
 
 %% Chunk-level lies: each made by editing one segment of the known heap.
-chunks_test() ->
+chunks_test_() ->
+    {timeout, 120, fun chunks/0}.
+
+chunks() ->
     with_tmpdir(
       fun(Dir) ->
               Main = fun(Chunks, Extra) ->
@@ -627,7 +642,10 @@ chunk_size_offsets(Records) ->
 
 %%% Paths and arguments ---------------------------------------------------------
 
-paths_test() ->
+paths_test_() ->
+    {timeout, 120, fun paths/0}.
+
+paths() ->
     with_tmpdir(
       fun(Dir) ->
               Good = dump_file(Dir, "k.heapdump", ?W:dump(known())),
