@@ -22,9 +22,9 @@ die() {
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mallocinfo-heapmap.XXXXXX") || die "mktemp failed"
 trap 'rm -rf "$tmp"' EXIT
 erts=$(erl -noshell -eval 'io:format("~ts/erts-~ts/include", [code:root_dir(), erlang:system_info(version)]), halt().')
-cc -O1 -g -fPIC -shared -pthread -I"$erts" -o "$tmp/mi_frag_nif.so" \
+cc -O1 -g -fPIC -shared -pthread -I"$erts" -I"$root/test/include" -o "$tmp/mi_frag_nif.so" \
   "$root/test/mallocinfo_heap_SUITE_data/mi_frag_nif.c" || die "cannot build the fragmenting NIF"
-erlc -o "$tmp" "$root/test/mallocinfo_heap_SUITE_data/mi_frag_nif.erl" || die "erlc failed"
+erlc -I "$root/test/include" -o "$tmp" "$root/test/mallocinfo_heap_SUITE_data/mi_frag_nif.erl" || die "erlc failed"
 
 # In the node: fragment (threads x blocks of `size` bytes, every other one
 # freed), then dump three times while a normal-scheduler process measures
