@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../symbolize/symbolize.h"
+#include "../test/unknown_addresses.h"
 
 namespace {
 
@@ -46,30 +47,6 @@ uint64_t libc_qsort() {
   if (q == nullptr) die("no qsort in libc");
   return reinterpret_cast<uint64_t>(q);
 }
-
-// 1000 addresses outside every loaded object: 500 in an anonymous mapping
-// (between PROT_NONE guards, so it stays one mapping of its own), 500 below
-// mmap_min_addr. `salt` makes each set's addresses distinct.
-struct Unknowns {
-  static constexpr size_t kMapBytes = 1 << 20;
-  static constexpr size_t kGuard = 4096;
-  char* map = nullptr;
-  std::vector<uint64_t> addresses;
-
-  explicit Unknowns(unsigned salt) {
-    void* m = mmap(nullptr, kMapBytes + 2 * kGuard, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) die("mmap");
-    map = static_cast<char*>(m) + kGuard;
-    if (mprotect(map, kMapBytes, PROT_READ | PROT_WRITE) != 0) die("mprotect");
-    for (uint64_t i = 0; i < 500; ++i) {
-      addresses.push_back(reinterpret_cast<uint64_t>(map) + i * 2048 + 8 * salt + 1);
-      addresses.push_back(0x1000 + i * 16 + salt);
-    }
-  }
-  ~Unknowns() { munmap(map - kGuard, kMapBytes + 2 * kGuard); }
-  Unknowns(const Unknowns&) = delete;
-  Unknowns& operator=(const Unknowns&) = delete;
-};
 
 }  // namespace
 
@@ -106,7 +83,8 @@ int main() {
       "resolve_all_ns=%.0f\n",
       cold_s * 1e3, second_s * 1e6, hot_s * 1e9 / kCalls, batch_s * 1e9 / kCalls);
 
-  Unknowns first_set(2), second_set(3);
+  mi::test::UnknownAddresses first_set(2), second_set(3);
+  if (!first_set.ok() || !second_set.ok()) die("mmap");
   size_t anon = 0;
   t0 = std::chrono::steady_clock::now();
   for (const uint64_t a : first_set.addresses) anon += s.resolve(a, false).object == "[anon]";

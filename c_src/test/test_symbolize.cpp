@@ -24,6 +24,7 @@
 #include "../symbolize/proc_maps.h"
 #include "../symbolize/symbolize.h"
 #include "loader_probe.h"
+#include "unknown_addresses.h"
 
 namespace sym = mi::symbolize;
 namespace fs = std::filesystem;
@@ -410,35 +411,7 @@ TEST_CASE("JIT frames from a perf map", "[symbolize]") {
 
 namespace {
 
-// 1000 addresses outside every loaded object: 500 in an anonymous mapping
-// (answered "[anon]" with their offset), 500 below mmap_min_addr (never
-// mapped, answered ""). Distinct per `salt`, so each set is new to a cache.
-struct Unknowns {
-  static constexpr size_t kMapBytes = 1 << 20;
-  static constexpr size_t kGuard = 4096;
-  char* map = nullptr;
-  std::vector<uint64_t> addresses;
-
-  explicit Unknowns(unsigned salt) {
-    // Between two PROT_NONE pages, so the kernel cannot merge it with a
-    // neighbouring mapping (offsets are from the mapping's start).
-    void* m = mmap(nullptr, kMapBytes + 2 * kGuard, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(m != MAP_FAILED);
-    map = static_cast<char*>(m) + kGuard;
-    REQUIRE(mprotect(map, kMapBytes, PROT_READ | PROT_WRITE) == 0);
-    for (uint64_t i = 0; i < 500; ++i) {
-      addresses.push_back(reinterpret_cast<uint64_t>(map) + i * 2048 + 8 * salt + 1);
-      addresses.push_back(0x1000 + i * 16 + salt);
-    }
-  }
-  ~Unknowns() { unmap(); }
-  void unmap() {
-    if (map != nullptr) munmap(map - kGuard, kMapBytes + 2 * kGuard);
-    map = nullptr;
-  }
-  Unknowns(const Unknowns&) = delete;
-  Unknowns& operator=(const Unknowns&) = delete;
-};
+using Unknowns = mi::test::UnknownAddresses;
 
 void check_unknown_frames(const std::vector<sym::Frame>& frames, const Unknowns& u) {
   REQUIRE(frames.size() == u.addresses.size());
@@ -465,6 +438,8 @@ TEST_CASE("misses: /proc/self/maps is read at most once per batch, and not for k
           "[symbolize]") {
   sym::Symbolizer s;
   Unknowns a(0), b(1);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
   (void)s.resolve(addr_of(&mi_test::frob), false);  // the object list, read once
   const uint64_t reads0 = s.stats().maps_reads;
 
