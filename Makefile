@@ -19,6 +19,7 @@ build: deps
 # part of the application, its tarball or a release that depends on it.
 DEMO_DIR := $(CURDIR)/_build/demo
 demo: build
+	@rm -f priv/mallocinfo_demo_nif.so  # where 0.1.0 built it: never ship it
 	@mkdir -p $(DEMO_DIR)
 	@$(MAKE) -s -C c_src demo DEMO_DIR=$(DEMO_DIR)
 	@erlc +warnings_as_errors +debug_info -pa $(EBIN) -o $(DEMO_DIR) demo/*.erl

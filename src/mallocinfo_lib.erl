@@ -66,8 +66,8 @@ check_nul(Bin, Args) ->
 
 %% The application's modules: the `modules' of mallocinfo.app beside
 %% mallocinfo.beam, else the mallocinfo*.beam files there, else (loaded
-%% from binaries over distribution: no files) the loaded mallocinfo*
-%% modules. Called from mallocinfo's on_load, while the code server has
+%% from binaries over distribution: no files, or files that are gone) the
+%% loaded mallocinfo* modules. Called from mallocinfo's on_load, while the code server has
 %% not recorded that module yet: code:which/1 then searches the path, and
 %% mallocinfo.app is found the same way.
 -spec app_modules() -> [module()].
@@ -84,15 +84,22 @@ app_modules() ->
                     undefined -> none;
                     _ -> file:consult(filename:join(Ebin, "mallocinfo.app"))
                 end,
-    case Consulted of
-        {ok, [{application, mallocinfo, Props}]} ->
+    Beams = case Ebin of
+                undefined -> [];
+                _ -> filelib:wildcard(filename:join(Ebin, "mallocinfo*.beam"))
+            end,
+    case {Consulted, Beams} of
+        {{ok, [{application, mallocinfo, Props}]}, _} ->
             proplists:get_value(modules, Props, []);
-        _ when Ebin =/= undefined ->
-            [list_to_atom(filename:basename(F, ".beam"))
-             || F <- filelib:wildcard(filename:join(Ebin, "mallocinfo*.beam"))];
+        {_, [_ | _]} ->
+            [list_to_atom(filename:basename(F, ".beam")) || F <- Beams];
         _ ->
+            %% Loaded over distribution (mallocinfo_remote): the file names
+            %% are those of a directory that is gone. make run's demo is
+            %% not part of the application.
             lists:usort([M || {M, _} <- code:all_loaded(),
-                              lists:prefix("mallocinfo", atom_to_list(M))])
+                              lists:prefix("mallocinfo", atom_to_list(M)),
+                              not lists:prefix("mallocinfo_demo", atom_to_list(M))])
     end.
 
 %% xmerl is part of OTP but not of every release. When it is not loadable

@@ -36,30 +36,45 @@ ensure_app(Node, Timeout) ->
 
 %% Loads the object code of `Modules' (loaded or loadable on this node) on
 %% `Node', in that order. `{error, {Module, Why}}' for the first that
-%% could not be loaded (`no_object_code' when this node has none).
+%% could not be loaded (`no_object_code' when this node has none: checked
+%% for every module before anything is sent).
 -spec load_modules(node(), [module()], timeout()) -> ok | {error, {module(), term()}}.
 load_modules(Node, Modules, Timeout) ->
-    load_modules(Node, Modules, fun(_, File) -> File end, Timeout).
+    case object_code(Modules) of
+        {ok, Objects} -> load_objects(Node, Objects, fun(_, File) -> File end, Timeout);
+        {error, _} = E -> E
+    end.
 
-%% The same, each module's file name on the target given by Name(Module,
-%% ItsFileHere).
-load_modules(_Node, [], _Name, _Timeout) ->
+%% Every module's object code, before anything is loaded anywhere.
+object_code(Modules) ->
+    Objects = [{M, code:get_object_code(M)} || M <- Modules],
+    case [M || {M, error} <- Objects] of
+        [] -> {ok, [Object || {_, Object} <- Objects]};
+        [M | _] -> {error, {M, no_object_code}}
+    end.
+
+%% Loads them on Node in order, each module's file name there given by
+%% Name(Module, ItsFileHere).
+load_objects(_Node, [], _Name, _Timeout) ->
     ok;
-load_modules(Node, [M | Rest], Name, Timeout) ->
-    case code:get_object_code(M) of
-        {M, Bin, File} ->
-            case erpc:call(Node, code, load_binary, [M, Name(M, File), Bin], Timeout) of
-                {module, M} -> load_modules(Node, Rest, Name, Timeout);
-                {error, Why} -> {error, {M, Why}}
-            end;
-        error ->
-            {error, {M, no_object_code}}
+load_objects(Node, [{M, Bin, File} | Rest], Name, Timeout) ->
+    case erpc:call(Node, code, load_binary, [M, Name(M, File), Bin], Timeout) of
+        {module, M} -> load_objects(Node, Rest, Name, Timeout);
+        {error, Why} -> {error, {M, Why}}
     end.
 
 inject(Node, Timeout) ->
     Call = fun(M, F, A) -> erpc:call(Node, M, F, A, Timeout) end,
     Missing = [M || M <- mallocinfo_lib:app_modules(),
                     element(1, Call(code, ensure_loaded, [M])) =:= error],
+    %% mallocinfo_nif first, mallocinfo last (its on_load loads its
+    %% siblings); all the object code is in hand before the target changes.
+    First = [M || M <- [mallocinfo_nif], lists:member(M, Missing)],
+    Last = [M || M <- [mallocinfo], lists:member(M, Missing)],
+    Objects = case object_code(First ++ ((Missing -- First) -- Last) ++ Last) of
+                  {ok, Os} -> Os;
+                  {error, {NoCode, no_object_code}} -> throw({inject, {no_object_code, NoCode}})
+              end,
     Tmp = case Call(os, getenv, ["TMPDIR"]) of
               T when is_list(T), T =/= "" -> T;
               _ -> "/tmp"
@@ -73,17 +88,20 @@ inject(Node, Timeout) ->
              must(Call(file, write_file, [Target, Bin]), {write, Target}),
              must(Call(file, change_mode, [Target, 8#500]), {chmod, Target})
          end || So <- ?SO_SENT],
-        %% mallocinfo_nif's on_load looks here first (see so_path/0); the
-        %% NIF first, mallocinfo last (its on_load loads its siblings).
+        %% mallocinfo_nif's on_load looks here first (see so_path/0).
         must(Call(application, set_env, [mallocinfo, nif_dir, Dir]), set_env),
-        First = [M || M <- [mallocinfo_nif], lists:member(M, Missing)],
-        Last = [M || M <- [mallocinfo], lists:member(M, Missing)],
         %% Each module's file name is where it would be in that directory:
         %% code:which/1 there names the directory it came from.
         InDir = fun(M, _) -> filename:join(Dir, atom_to_list(M) ++ ".beam") end,
-        case load_modules(Node, First ++ ((Missing -- First) -- Last) ++ Last, InDir, Timeout) of
+        case load_objects(Node, Objects, InDir, Timeout) of
             ok -> ok;
             {error, {M, Why}} -> throw({inject, {load_failed, M, Why}})
+        end,
+        %% Nothing missing was found to send (an application list that
+        %% named nothing, say): say so rather than claim it is there.
+        case Call(code, ensure_loaded, [mallocinfo]) of
+            {module, mallocinfo} -> ok;
+            Other -> throw({inject, {not_loaded, Other}})
         end
     after
         %% A loaded shared object stays mapped after its file is gone:

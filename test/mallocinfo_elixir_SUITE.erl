@@ -125,8 +125,7 @@ release_ships_priv(Config) ->
     offline_checks(Config).
 
 %% `bin/<app> daemon' with rel/env.sh.eex: the emulator runs with the
-%% release's own copy of the interposer, recording; no demo NIF (it is not
-%% shipped) is loaded.
+%% release's own copy of the interposer, recording.
 release_starts_preloaded(Config) ->
     Script = script(Config, ?APP),
     {T, Pid} = timer:tc(fun() ->
@@ -143,7 +142,6 @@ release_starts_preloaded(Config) ->
     ?assert(same_file(binary_to_list(Preload), Shipped)),
     {ok, Maps} = file:read_file("/proc/" ++ Pid ++ "/maps"),
     ?assertNotEqual(nomatch, binary:match(Maps, Preload)),
-    ?assertEqual(nomatch, binary:match(Maps, <<"mallocinfo_demo_nif.so">>)),
     ?assertMatch(#{preloaded := true, recording := true, mode := full},
                  rpc_term(Config, ?APP, ":mallocinfo_trace.status()")),
     %% The script's other commands run their short-lived nodes without it.

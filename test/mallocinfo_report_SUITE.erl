@@ -272,6 +272,11 @@ cluster(Config) ->
         {file, Loaded} = erpc:call(B, code, is_loaded, [mallocinfo_nif]),
         ?assertEqual(Tmp, filename:dirname(filename:dirname(Loaded))),
         ?assertEqual({ok, []}, file:list_dir(Tmp)),
+        %% It still knows the application's modules (its files are gone:
+        %% the loaded ones), so its report leaves mallocinfo's own
+        %% processes out, and it could inject another node in turn.
+        ?assertEqual(lists:sort(mallocinfo_lib:app_modules()),
+                     lists:sort(erpc:call(B, mallocinfo_lib, app_modules, []))),
         ?assertMatch(<<_/binary>>, erpc:call(B, mallocinfo, version, [])),
         Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format_cluster(Results)])),
         ct:pal("~ts", [Text]),

@@ -1,5 +1,6 @@
 // The demo workload behind `make run` and mallocinfo_report_SUITE
-// (module mallocinfo_demo_nif, priv/mallocinfo_demo_nif.so): the three
+// (module mallocinfo_demo_nif, _build/demo/mallocinfo_demo_nif.so, built
+// by `make demo`, never shipped): the three
 // classic native problems, reproduced on purpose so the report has
 // something real to find.
 //

@@ -78,8 +78,9 @@ class AtomicFile {
 // end of file, or errno. Blocks as read(2) does on `fd`.
 int append_read(int fd, std::string& out, bool* eof);
 
-// The whole of the file at `path` (not followed if it is a symbolic link)
-// into `out`. 0 or errno.
+// The whole of the file at `path` into `out`: ELOOP when the last component
+// of `path` is a symbolic link (links in the directories above it are
+// followed). 0 or errno.
 int read_file(const std::string& path, std::string& out);
 
 }  // namespace mi::file

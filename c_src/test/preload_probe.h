@@ -57,7 +57,8 @@ T opaque(T v) {
 // hooks see only the allocations under test). One per thread.
 class Xorshift {
  public:
-  // Pre: any seed; it is scrambled, so small ones (a thread's number) do.
+  // Pre: seed != 0 (0 would give an all-zero stream); it is scrambled, so
+  // small ones (a thread's number) do.
   explicit Xorshift(uint64_t seed) : x_(0x9E3779B97F4A7C15ull * seed) {}
   // The next value. Not thread-safe (one generator per thread).
   uint64_t operator()() {

@@ -26,9 +26,11 @@
 
 namespace mi::track::eh {
 
-// The readable bytes [lo, hi) a lookup may touch: a test's buffer, or the
-// mapped extent of one loaded object (_dl_find_object's dlfo_map_start and
-// dlfo_map_end), which holds its .eh_frame and .eh_frame_hdr.
+// The bytes [lo, hi) a lookup may touch: a test's buffer, or the mapped
+// extent of one loaded object (_dl_find_object's dlfo_map_start and
+// dlfo_map_end), which holds its .eh_frame and .eh_frame_hdr. That extent
+// may contain PROT_NONE gaps between segments: a well-formed .eh_frame never
+// points into one, so only malformed CFI could still fault there.
 struct Span {
   const uint8_t* lo;
   const uint8_t* hi;

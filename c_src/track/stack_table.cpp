@@ -213,38 +213,40 @@ bool StackTable::hold(uint32_t id, uint32_t e) {
   return stamp_if_current(id, e, true);
 }
 
-const StackTable::Header* StackTable::holding(uint32_t id) const {
+const StackTable::Header* StackTable::holding(uint32_t id, uint32_t* w) const {
   const uint32_t g = id >> slot_bits_;
   if (g == 0 || g > gen_max_ || headers_ == nullptr) return nullptr;
   const Header& h = headers_[id & mask_];
-  return still_holds(h, g) ? &h : nullptr;
+  return still_holds(h, g, w) ? &h : nullptr;
 }
 
 // Acquire, so that a reader's frame or hash loads that follow a first call
 // are not reordered before it; a second call after those loads (acquire
 // loads themselves) sees any free that overlapped them (see same_stack()).
-bool StackTable::still_holds(const Header& h, uint32_t id_gen) {
-  const uint32_t w = h.state.load(std::memory_order_acquire);
-  return gen(w) == id_gen && (kind(w) == kReady || kind(w) == kFreeing);
+bool StackTable::still_holds(const Header& h, uint32_t id_gen, uint32_t* w) {
+  *w = h.state.load(std::memory_order_acquire);
+  return gen(*w) == id_gen && (kind(*w) == kReady || kind(*w) == kFreeing);
 }
 
 unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
-  const Header* h = holding(id);
+  uint32_t w;
+  const Header* h = holding(id, &w);
   if (h == nullptr) return 0;
-  const unsigned n = depth_of(h->state.load(std::memory_order_relaxed));
+  const unsigned n = depth_of(w);
   const std::atomic<uintptr_t>* f = frames_ + (id & mask_) * depth_;
   for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
   // Frames change only after the slot is freed, which changes the
   // generation: READY and FREEING of the same generation hold the same
   // frames. Acquire frame loads keep this check after them.
-  return still_holds(*h, id >> slot_bits_) ? n : 0;
+  return still_holds(*h, id >> slot_bits_, &w) ? n : 0;
 }
 
 uint64_t StackTable::hash_of(uint32_t id) const {
-  const Header* h = holding(id);
+  uint32_t w;
+  const Header* h = holding(id, &w);
   if (h == nullptr) return 0;
   const uint64_t hash = h->hash.load(std::memory_order_acquire);
-  if (!still_holds(*h, id >> slot_bits_)) return 0;
+  if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
   return hash != 0 ? hash : 1;
 }
 

@@ -175,11 +175,12 @@ class StackTable {
   bool same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
                   unsigned n) const;
   // The header of `id`'s slot while it holds that id's stack (READY or
-  // FREEING of its generation), else nullptr. A reader copies what it needs,
-  // then asks still_holds(): frames and hash change only after the slot is
-  // freed, which changes the generation. Lock-free; no allocation.
-  const Header* holding(uint32_t id) const;
-  static bool still_holds(const Header& h, uint32_t id_gen);
+  // FREEING of its generation), its state word in *w; else nullptr. A reader
+  // copies what it needs, then asks still_holds(): frames and hash change
+  // only after the slot is freed, which changes the generation. Lock-free;
+  // no allocation.
+  const Header* holding(uint32_t id, uint32_t* w) const;
+  static bool still_holds(const Header& h, uint32_t id_gen, uint32_t* w);
   static void stamp(Header& h, uint32_t e);
   bool stamp_if_current(uint32_t id, uint32_t e, bool revive);
   uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n);
