@@ -483,6 +483,49 @@ void* addr(uint64_t a) {
   return reinterpret_cast<void*>(a);
 }
 
+// A tracker on the fake unwinder and clock, with `entries` live-table
+// slots and 1 Ki stacks.
+void init_small(Tracker& t, size_t entries = 1 << 12) {
+  Config c;
+  c.table_capacity = entries;
+  c.stack_capacity = 1024;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+}
+
+// One thread inside on_alloc(malloc, address, size) with `stack` as its
+// stack, parked at test point `at` until finish().
+struct ParkedAlloc : Parking {
+  TestPoint at;
+  std::thread thread;
+  ParkedAlloc(Tracker& t, TestPoint point, std::vector<uintptr_t> stack, uintptr_t address,
+              size_t size)
+      : at(point) {
+    t.set_test_hook(&ParkedAlloc::hook, this);
+    thread = std::thread([&t, stack, address, size] {
+      t_fake_stack = stack;
+      t.on_alloc(MI_FN_MALLOC, addr(address), size);
+    });
+    wait_parked();
+  }
+  static void hook(TestPoint p, void* ctx) {
+    auto* self = static_cast<ParkedAlloc*>(ctx);
+    if (p == self->at) Parking::hook(ctx);
+  }
+  void finish(Tracker& t) {
+    release();
+    thread.join();
+    t.set_test_hook(nullptr, nullptr);
+  }
+  // A failed check between construction and finish() must not leave the
+  // thread parked (std::thread's destructor would terminate the run).
+  ~ParkedAlloc() {
+    if (thread.joinable()) {
+      release();
+      thread.join();
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("tracker full mode records blocks with stack and time", "[track][tracker]") {
@@ -582,10 +625,7 @@ TEST_CASE("tracker modes", "[track][tracker]") {
 TEST_CASE("tracker: per-thread counters are exact after threads finish",
           "[track][tracker][concurrency]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 18;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  init_small(t, 1 << 18);
   constexpr int kThreads = 4, kOps = 20000;
   std::vector<std::thread> threads;
   for (int w = 0; w < kThreads; ++w) {
@@ -755,10 +795,7 @@ std::vector<uintptr_t> site_stack(uint64_t i) {
 TEST_CASE("tracker: reset frees every stack and reclaim frees unreferenced ones",
           "[track][tracker][reclaim]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 12;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  init_small(t);
   std::vector<uint32_t> ids;
   for (uint64_t i = 0; i < 100; ++i) {
     t_fake_stack = site_stack(i);
@@ -847,13 +884,6 @@ TEST_CASE("tracker: cycling 10x the stack capacity of call sites leaves a new le
 namespace {
 
 // Parks a recording thread at one TestPoint until released.
-struct PointParking : Parking {
-  TestPoint at;
-  static void hook(TestPoint p, void* ctx) {
-    auto* self = static_cast<PointParking*>(ctx);
-    if (p == self->at) Parking::hook(ctx);
-  }
-};
 
 }  // namespace
 
@@ -862,26 +892,14 @@ TEST_CASE(
     "interns it again",
     "[track][tracker][reclaim][concurrency]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 12;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  PointParking parking;
-  parking.at = TestPoint::kInterned;
-  t.set_test_hook(&PointParking::hook, &parking);
-  std::thread hook_thread([&] {
-    t_fake_stack = {0x1234, 0x5678};
-    t.on_alloc(MI_FN_MALLOC, addr(0x40000), 77);
-  });
-  parking.wait_parked();
+  init_small(t);
+  ParkedAlloc parked(t, TestPoint::kInterned, {0x1234, 0x5678}, 0x40000, 77);
   // The stack is stored, referenced by nothing a sweep can see: no entry,
   // no pending id. The sweep frees it.
   CHECK(status_of(t).stacks == 1);
   CHECK(t.reclaim() == 1);
   CHECK(status_of(t).stacks == 0);
-  parking.release();
-  hook_thread.join();
-  t.set_test_hook(nullptr, nullptr);
+  parked.finish(t);
   // The hook saw the epoch move and its stack gone, and interned it again.
   const auto live = live_of(t);
   REQUIRE(live.size() == 1);
@@ -896,24 +914,12 @@ TEST_CASE(
 TEST_CASE("tracker: a sweep while a hook's id is pending keeps the stack",
           "[track][tracker][reclaim][concurrency]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 12;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  PointParking parking;
-  parking.at = TestPoint::kPinned;
-  t.set_test_hook(&PointParking::hook, &parking);
-  std::thread hook_thread([&] {
-    t_fake_stack = {0xabc0, 0xdef0};
-    t.on_alloc(MI_FN_MALLOC, addr(0x50000), 88);
-  });
-  parking.wait_parked();
+  init_small(t);
+  ParkedAlloc parked(t, TestPoint::kPinned, {0xabc0, 0xdef0}, 0x50000, 88);
   // Not in the live table yet, but pending: the sweep must keep it.
   CHECK(t.reclaim() == 0);
   CHECK(status_of(t).stacks == 1);
-  parking.release();
-  hook_thread.join();
-  t.set_test_hook(nullptr, nullptr);
+  parked.finish(t);
   const auto live = live_of(t);
   REQUIRE(live.size() == 1);
   const uint32_t id = live.at(0x50000).stack_id;
@@ -928,10 +934,7 @@ TEST_CASE("tracker: a sweep while a hook's id is pending keeps the stack",
 TEST_CASE("tracker: realloc's taken entry keeps its stack through a sweep",
           "[track][tracker][reclaim]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 12;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  init_small(t);
   t_fake_stack = {0x7100, 0x7200};
   t.on_alloc(MI_FN_MALLOC, addr(0x60000), 40);
   LiveEntry taken{};
