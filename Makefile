@@ -81,8 +81,8 @@ fmt-check: deps
 # Static checks of the Erlang side: xref (undefined calls, unused locals,
 # deprecated calls) and dialyzer, both clean.
 lint: build
-	@$(REBAR) xref
-	@$(REBAR) dialyzer
+	@$(REBAR) as lint xref
+	@$(REBAR) as lint dialyzer
 
 # Module reference from the public modules' @doc (OTP's edoc), into _build/docs.
 docs: build

@@ -205,7 +205,7 @@ draw_image(Fd, #{header := #{page_size := PS, tracker := Tracker}, mmap_offsets 
         mallocinfo_file:sync(Out)
     catch
         Class:Reason:Stack ->
-            _ = (catch mallocinfo_png:close(Png)),
+            try mallocinfo_png:close(Png) catch _:_ -> ok end,
             erlang:raise(Class, Reason, Stack)
     after
         file:close(Out)

@@ -220,11 +220,15 @@ servers() ->
         Services when is_list(Services) ->
             [{Pid, proplists:get_value(port, Info)}
              || {httpd, Pid, _} <- Services,
-                Info <- [catch httpd:info(Pid, [modules, port])],
+                Info <- [httpd_info(Pid)],
                 is_list(Info), proplists:get_value(modules, Info) =:= [?MODULE]];
         {error, _} ->
             []
     end.
+
+%% A server that stops meanwhile answers nothing.
+httpd_info(Pid) ->
+    try httpd:info(Pid, [modules, port]) catch _:_ -> [] end.
 
 %% inets is part of OTP but not of every release: when the release lacks
 %% it, load it from the OTP installation the emulator runs from, every

@@ -111,9 +111,9 @@ ensure_xmerl() ->
         {file, _} ->
             ok;
         false ->
-            Dirs = case code:lib_dir(xmerl, ebin) of
+            Dirs = case code:lib_dir(xmerl) of
                        {error, _} -> [];
-                       D -> [D]
+                       D -> [filename:join(D, "ebin")]
                    end ++ xmerl_candidates(otp_roots()),
             load_xmerl(Dirs)
     end.

@@ -36,12 +36,17 @@ rules() ->
 verdicts(R) ->
     %% A rule that meets a shape it does not know says nothing rather than
     %% taking the report down.
-    Fired = [V || Name <- rules(), {_, _} = V <- [catch rule(Name, R)]],
+    Fired = [V || Name <- rules(), {_, _} = V <- [safe_rule(Name, R)]],
     case lists:reverse(lists:keysort(1, Fired)) of
         [] -> [nothing_stands_out(R)];
         [{0, _} | _] = Sorted -> [nothing_stands_out(R) | [S || {_, S} <- Sorted]];
         Sorted -> [S || {_, S} <- Sorted]
     end.
+
+%% A rule's {Bytes, Sentence}, or none when it crashed (a crash term must
+%% never read as a verdict).
+safe_rule(Name, R) ->
+    try rule(Name, R) catch _:_ -> none end.
 
 sign(D) when D < 0 -> "-";
 sign(_) -> "+".

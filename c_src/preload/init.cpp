@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #include "../common/mi_limits.h"
 #include "glob.h"
