@@ -20,19 +20,50 @@
 %% the test suite reads them from Chromium's `--dump-dom'.
 -module(mallocinfo_flamegraph).
 
--export([page/2]).
+-export([page/2, page/3, coverage/2]).
 
-%% @doc The page for a collapsed-stacks text (see
-%% {@link mallocinfo_trace:folded/1}); `Title' is shown as the heading.
+%% @equiv page(Folded, Title, <<>>)
 -spec page(Folded :: iodata(), Title :: iodata()) -> iodata().
 page(Folded, Title) ->
+    page(Folded, Title, <<>>).
+
+%% @doc The page for a collapsed-stacks text (see
+%% {@link mallocinfo_trace:folded/1}); `Title' is shown as the heading,
+%% `Coverage' (see {@link coverage/2}) under it, in `#coverage'.
+-spec page(Folded :: iodata(), Title :: iodata(), Coverage :: iodata()) -> iodata().
+page(Folded, Title, Coverage) ->
     [<<"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>">>,
      escape(Title), <<"</title>\n">>, style(), <<"</head>\n<body>\n<h1>">>, escape(Title),
-     <<"</h1>\n">>, controls(),
+     <<"</h1>\n<p id=\"coverage\">">>, escape(Coverage), <<"</p>\n">>, controls(),
      %% A textarea's content is text up to </textarea: escaping & and <
      %% makes any frame name safe (C++ templates are full of <).
      <<"<textarea id=\"folded\" hidden readonly>">>, escape(Folded), <<"</textarea>\n">>,
      script(), <<"</body></html>\n">>].
+
+%% @doc What the graph covers, from the tracker's status and the node's
+%% RSS (bytes, or undefined): malloc'ed blocks seen since the tracker
+%% started recording, and what it does not show.
+-spec coverage(map(), non_neg_integer() | undefined) -> binary().
+coverage(Status, Rss) ->
+    Since = case Status of
+                #{attached_at := At} when is_integer(At) ->
+                    ["since attach at ",
+                     calendar:system_time_to_rfc3339(At, [{unit, millisecond}, {offset, "Z"}])];
+                _ -> "since the node started"
+            end,
+    Of = case Rss of
+             R when is_integer(R), R > 0 -> [" of the node's ", mallocinfo_units:bytes(R), " RSS"];
+             _ -> ""
+         end,
+    Mode = case Status of
+               #{mode := sample} -> " (sample mode: estimates)";
+               _ -> ""
+           end,
+    iolist_to_binary(
+      ["malloc'ed memory seen ", Since, ": ", mallocinfo_units:bytes(maps:get(live_bytes, Status, 0)),
+       " live", Of, Mode, ". ERTS's carriers, libc's free memory and mappings are not drawn: ",
+       "mallocinfo:report() accounts for the whole RSS. mallocinfo's own allocations are never "
+       "recorded."]).
 
 escape(Text) ->
     Bin = iolist_to_binary(Text),

@@ -28,7 +28,11 @@
                       live_bytes := non_neg_integer(),
                       live_blocks := non_neg_integer(),
                       estimated := boolean(),
-                      sites := #{binary() => {non_neg_integer(), non_neg_integer(), boolean()}}}.
+                      sites := #{binary() => {non_neg_integer(), non_neg_integer(), boolean()}},
+                      %% mallocinfo_trace:snapshot(#{olds => N}): the oldest
+                      %% blocks, {Address, Size, AgeMs, Estimated, Frames}
+                      olds => [{non_neg_integer(), non_neg_integer(), non_neg_integer(),
+                                boolean(), binary()}]}.
 
 %% @doc A snapshot from the NIF's answer. `Meta' holds `node', `os_pid',
 %% `time_ms' (system time) and `monotonic_ms' (when it was taken). Two

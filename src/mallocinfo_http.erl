@@ -505,8 +505,10 @@ flamegraph(Params) ->
             case mallocinfo_trace:folded() of
                 {ok, Folded} ->
                     Title = ["live heap of ", atom_to_list(node()), " (os pid ", os:getpid(), ")"],
+                    Coverage = mallocinfo_flamegraph:coverage(mallocinfo_trace:status(),
+                                                              mallocinfo:rss()),
                     {200, [{"Content-Type", "text/html; charset=utf-8"}],
-                     mallocinfo_flamegraph:page(Folded, Title)};
+                     mallocinfo_flamegraph:page(Folded, Title, Coverage)};
                 {error, Reason} ->
                     profile_refusal(Reason)
             end;

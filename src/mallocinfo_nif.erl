@@ -7,7 +7,7 @@
        trim/1, mallopt/2, rss/0, version/0, libc_version/0,
        trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/5,
        trace_sites/2, trace_profile/0, trace_pprof/2, trace_now/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
-       trace_symbolizer_stats/0, trace_snapshot/0, trace_regions/1, heap_dump/4,
+       trace_symbolizer_stats/0, trace_snapshot/2, trace_regions/1, heap_dump/4,
        allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
        jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
        tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
@@ -18,7 +18,7 @@
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
          trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/5,
          trace_sites/2, trace_profile/0, trace_pprof/2, trace_now/0, trace_symbolize/2, trace_attach/5, trace_detach/0,
-         trace_symbolizer_stats/0, trace_snapshot/0, trace_regions/1, heap_dump/4,
+         trace_symbolizer_stats/0, trace_snapshot/2, trace_regions/1, heap_dump/4,
          allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
          jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
          tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
@@ -84,7 +84,7 @@ trace_attach(_Mode, _SampleBytes, _TableSize, _StackTableSize, _StackDepth) ->
     erlang:nif_error(nif_not_loaded).
 trace_detach() -> erlang:nif_error(nif_not_loaded).
 trace_symbolizer_stats() -> erlang:nif_error(nif_not_loaded).
-trace_snapshot() -> erlang:nif_error(nif_not_loaded).
+trace_snapshot(_OldsN, _MaxAgeMs) -> erlang:nif_error(nif_not_loaded).
 heap_dump(_Path, _MaxSites, _TimeoutMs, _WantXml) -> erlang:nif_error(nif_not_loaded).
 allocator() -> erlang:nif_error(nif_not_loaded).
 jemalloc_stats() -> erlang:nif_error(nif_not_loaded).

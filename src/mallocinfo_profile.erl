@@ -222,7 +222,11 @@ frame_names(#{locations := Locs}) ->
     list_to_tuple([frame_name(L) || L <- Locs]).
 
 frame_name({_, Object, Symbol, Offset}) ->
-    Name = <<(function_name(Object, Symbol, Offset))/binary, " (", (basename(Object))/binary, ")">>,
+    %% "function (object)": readers split at the last " (", so the object
+    %% keeps none of its own ("x.so (deleted)" reads "x.so [deleted]").
+    Obj = binary:replace(binary:replace(basename(Object), <<"(">>, <<"[">>, [global]), <<")">>,
+                         <<"]">>, [global]),
+    Name = <<(function_name(Object, Symbol, Offset))/binary, " (", Obj/binary, ")">>,
     case binary:match(Name, [<<";">>, <<"\n">>]) of
         nomatch -> Name;
         _ -> binary:replace(binary:replace(Name, <<";">>, <<":">>, [global]), <<"\n">>, <<" ">>,

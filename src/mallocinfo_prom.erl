@@ -171,11 +171,12 @@ tracker(#{tracker := #{preloaded := Pre} = T}) when Pre;
      counter(<<"tracker_calls_total">>, <<"Calls to each interposed allocation function">>,
              [{[{function, F}], N} || {F, N} <- lists:sort(maps:to_list(maps:get(calls, T, #{})))])]
         ++ Opt(bytes_allocated, <<"tracker_allocated_bytes_total">>, counter,
-               <<"Bytes allocated while the tracker counted: usable bytes in full and counters modes, "
-                 "the sample's unbiased estimate in sample mode">>)
+               <<"Bytes allocated while the tracker counted: requested bytes of recorded blocks in "
+                 "full mode, usable bytes of every call in counters mode, the sample's unbiased "
+                 "estimate in sample mode">>)
         ++ Opt(bytes_freed, <<"tracker_freed_bytes_total">>, counter,
-               <<"Bytes freed, counted as tracker_allocated_bytes_total counts them: allocated minus "
-                 "freed is the live bytes (an estimate in sample mode)">>)
+               <<"Bytes freed (or forgotten by a reset), counted as tracker_allocated_bytes_total "
+                 "counts them: in full mode allocated minus freed is tracker_live_bytes">>)
         ++ Opt(live_bytes, <<"tracker_live_bytes">>, gauge,
                <<"Bytes of recorded blocks still live (in sample mode, of the sampled blocks only)">>)
         ++ Opt(live_entries, <<"tracker_live_blocks">>, gauge,
@@ -186,7 +187,17 @@ tracker(#{tracker := #{preloaded := Pre} = T}) when Pre;
                <<"Frees of blocks the tracker had not recorded">>)
         ++ Opt(stacks, <<"tracker_stacks">>, gauge, <<"Distinct allocation stacks stored">>)
         ++ Opt(table_capacity, <<"tracker_table_capacity_blocks">>, gauge,
-               <<"Capacity of the live table">>);
+               <<"Capacity of the live table">>)
+        ++ case T of
+               #{self := #{calls := SC, bytes := SB}} ->
+                   [counter(<<"tracker_self_allocations_total">>,
+                            <<"Allocations mallocinfo's own work made, never recorded as the node's">>,
+                            [{[], SC}]),
+                    counter(<<"tracker_self_allocated_bytes_total">>,
+                            <<"Bytes mallocinfo's own work allocated, never recorded as the node's">>,
+                            [{[], SB}])];
+               #{} -> []
+           end;
 tracker(#{}) ->
     [].
 

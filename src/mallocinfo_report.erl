@@ -204,33 +204,36 @@ gather(Opts) ->
       heap_map => heap_map(),
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
       trace_status => guard(fun mallocinfo_trace:status/0),
-      olds => guard(fun() -> olds(maps:get(startup_blocks, Opts, false)) end),
       regions => Regions,
       jemalloc => guard(fun mallocinfo_jemalloc:summary/0),
       tcmalloc => guard(fun mallocinfo_tcmalloc:stats/0)},
     maps:merge(maps:merge(Raw, heap_evidence(Smaps)), culprits(Opts)).
 
-%% The tracker's culprits from one snapshot (so the roll-ups agree with
-%% each other and with the totals), the growth over `interval' when asked
-%% (three snapshots: at 0, half-way and at the end), and this run's
-%% summary against the previous run's on this node.
+%% The tracker's culprits from one snapshot (so the roll-ups, the totals
+%% and the oldest blocks agree with each other), the growth over `interval'
+%% when asked (three snapshots: at 0, half-way and at the end; the last one
+%% is the report's), and this run's summary against the previous run's on
+%% this node.
 culprits(Opts) ->
-    case guard(fun mallocinfo_trace:snapshot/0) of
-        #{} = S0 ->
-            Snaps = case maps:get(interval, Opts, undefined) of
-                        undefined -> [S0];
-                        Ms -> later_snapshots(S0, Ms)
-                    end,
-            culprits_of(Snaps, maps:get(interval, Opts, undefined));
-        Error ->
-            #{rollup => Error}
+    Last = olds_options(maps:get(startup_blocks, Opts, false)),
+    case maps:get(interval, Opts, undefined) of
+        undefined ->
+            case guard(fun() -> mallocinfo_trace:snapshot(Last) end) of
+                #{} = S -> culprits_of([S], undefined);
+                Error -> #{rollup => Error}
+            end;
+        Ms ->
+            case guard(fun mallocinfo_trace:snapshot/0) of
+                #{} = S0 -> culprits_of(later_snapshots(S0, Ms, Last), Ms);
+                Error -> #{rollup => Error}
+            end
     end.
 
-later_snapshots(S0, Ms) ->
+later_snapshots(S0, Ms, LastOpts) ->
     timer:sleep(Ms div 2),
     S1 = mallocinfo_trace:snapshot(),
     timer:sleep(Ms - Ms div 2),
-    S2 = mallocinfo_trace:snapshot(),
+    S2 = mallocinfo_trace:snapshot(LastOpts),
     case {S1, S2} of
         {#{}, #{}} -> [S0, S1, S2];
         _ -> [S0]
@@ -244,8 +247,16 @@ culprits_of(Snaps, Interval) ->
                                                                           demangle => true}),
                            #{functions => Functions,
                              objects => mallocinfo_growth:objects_of(Functions),
-                             live_bytes => maps:get(live_bytes, Last)}
+                             live_bytes => maps:get(live_bytes, Last),
+                             live_blocks => maps:get(live_blocks, Last)}
                    end),
+    Olds = case Last of
+               #{olds := _} ->
+                   guard(fun() -> mallocinfo_trace:olds(?OLDS, #{snapshot => Last,
+                                                                 demangle => true}) end);
+               #{} ->
+                   {error, snapshot_failed}  % the last of an interval's snapshots failed
+           end,
     Growth = case Snaps of
                  [_, _ | _] ->
                      guard(fun() ->
@@ -268,7 +279,8 @@ culprits_of(Snaps, Interval) ->
     %% make every update a global GC pass; a process of ours would have to
     %% be started and supervised on nodes that never start mallocinfo.
     _ = is_map(This) andalso application:set_env(mallocinfo, ?PREVIOUS, This),
-    #{rollup => Rollup, growth => Growth, previous_run => Previous, this_run => This}.
+    #{rollup => Rollup, olds => Olds, growth => Growth, previous_run => Previous,
+      this_run => This}.
 
 %% What the next report compares with: when, the tracker's live bytes and
 %% the native functions' bytes (the largest 100).
@@ -283,18 +295,17 @@ this_run(#{functions := Rows, live_bytes := Live}) ->
 this_run(_) ->
     undefined.
 
-%% Blocks allocated in the node's first ?STARTUP_MS are start-up blocks:
-%% "oldest live blocks" leaves them out unless asked.
-olds(true) ->
-    mallocinfo_trace:olds(?OLDS, #{demangle => true});
-olds(false) ->
+%% The report's snapshot options: its ?OLDS oldest blocks. Blocks allocated
+%% in the node's first ?STARTUP_MS are start-up blocks: "oldest live
+%% blocks" leaves them out unless asked.
+olds_options(true) ->
+    #{olds => ?OLDS};
+olds_options(false) ->
     Start = erlang:convert_time_unit(erlang:system_info(start_time), native, millisecond),
     Uptime = erlang:monotonic_time(millisecond) - Start,
     case Uptime - ?STARTUP_MS of
-        MaxAge when MaxAge > 0 ->
-            mallocinfo_trace:olds(?OLDS, #{demangle => true, max_age_ms => MaxAge});
-        _ ->
-            []
+        MaxAge when MaxAge > 0 -> #{olds => ?OLDS, max_age_ms => MaxAge};
+        _ -> #{olds => 0}
     end.
 
 %% The largest processes but mallocinfo's own (registered under, or

@@ -334,11 +334,16 @@ native(#{trace_status := #{recording := false}}) ->
 native(#{trace_status := #{mode := Mode}}) when Mode =:= off; Mode =:= counters ->
     {unavailable, {mode, Mode},
      <<"mallocinfo_trace:set_mode(full) records blocks allocated from then on">>};
-native(#{trace_status := #{} = S, olds := Olds, rollup := #{functions := F, objects := O}} = Raw)
+native(#{trace_status := #{} = S, olds := Olds,
+         rollup := #{functions := F, objects := O} = Rollup} = Raw)
   when is_list(Olds), is_list(F), is_list(O) ->
-    Base = maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, attached,
-                      attached_at], S),
-    maps:merge(Base#{olds => Olds}, culprit_view(F, O, Raw));
+    %% The figures of one snapshot (the roll-ups', the oldest blocks'), not
+    %% the tracker's counters read at another moment; `self' is what
+    %% mallocinfo's own work allocated, never recorded (status/0).
+    Base = maps:with([mode, dropped, table_bytes, stack_bytes, attached, attached_at, self], S),
+    Live = #{live_bytes => maps:get(live_bytes, Rollup, maps:get(live_bytes, S, 0)),
+             live_entries => maps:get(live_blocks, Rollup, maps:get(live_entries, S, 0))},
+    maps:merge(maps:merge(Base, Live#{olds => Olds}), culprit_view(F, O, Raw));
 native(#{trace_status := #{}, rollup := Error}) when not is_map(Error) ->
     unavailable(Error, <<"mallocinfo_trace:snapshot/0 failed">>);
 native(#{trace_status := #{} = S, sites := Sites, olds := Olds})

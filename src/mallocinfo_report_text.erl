@@ -260,25 +260,30 @@ heap_map_lines(#{total := T}) ->
 
 section_native(#{native := {unavailable, _, _} = U}) ->
     [rule_line("4. Native callers (tracker)"), unavailable_line(U)];
-section_native(#{native := #{functions := Functions, objects := Objects, olds := Olds} = N}) ->
+section_native(#{native := #{functions := Functions, objects := Objects, olds := Olds} = N} = R) ->
     [rule_line("4. Native callers (tracker)"),
      attached_line(N),
-     para(io_lib:format("mode ~ts: ~ts live in ~ts blocks, ~b dropped",
-                        [maps:get(mode, N), bytes(maps:get(live_bytes, N, 0)),
-                         count(maps:get(live_entries, N, 0)), maps:get(dropped, N, 0)])),
+     coverage_line(N, R),
      para(io_lib:format("left out of every ranking and verdict: the VM's own malloc (~ts in ~ts "
-                        "blocks, erts_alloc's carriers: ERTS memory), mallocinfo's own "
-                        "allocations (~ts in ~ts blocks), its processes and this shell",
+                        "blocks, erts_alloc's carriers: ERTS memory, section 2), "
+                        "mallocinfo's own work (~ts), its processes and this shell",
                         [bytes(maps:get(erts_bytes, N, 0)), count(maps:get(erts_blocks, N, 0)),
-                         bytes(maps:get(self_bytes, N, 0)), count(maps:get(self_blocks, N, 0))])),
+                         self_text(N)])),
      "top functions (live bytes, blocks, stacks, first caller past the allocator):\n",
-     [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
-                    [bytes(B), count(C), count(St), frame_text(maps:get(frame, F, undefined), 50)])
-      || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)],
+     case Functions of
+         [] -> "  none: no native call site outside the VM holds a live block\n";
+         _ -> [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                             [bytes(B), count(C), count(St),
+                              frame_text(maps:get(frame, F, undefined), 50)])
+               || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)]
+     end,
      "top objects (live bytes, blocks, stacks, object):\n",
-     [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
-                    [bytes(B), count(C), count(St), object_text(O)])
-      || #{bytes := B, count := C, stacks := St, object := O} <- Objects],
+     case Objects of
+         [] -> "  none\n";
+         _ -> [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                             [bytes(B), count(C), count(St), object_text(O)])
+               || #{bytes := B, count := C, stacks := St, object := O} <- Objects]
+     end,
      growth_lines(maps:get(growth, N, none)),
      previous_lines(maps:get(previous, N, none)),
      "oldest live blocks (size, age, allocated from), start-up (the node's first 30 s)\n"
@@ -347,6 +352,41 @@ sign(_) -> "+".
 
 %% A tracker brought in by mallocinfo_trace:attach/0 has not seen what was
 %% allocated before: the report says since when it looks.
+%% What the section covers, beside the node's resident set: the tracker
+%% sees malloc'ed blocks only, from the moment it started recording.
+coverage_line(N, R) ->
+    Since = case N of
+                #{attached_at := At} when is_integer(At) -> "since attach";
+                _ -> "since the node started"
+            end,
+    Rss = case R of
+              #{resident := #{rss := Bytes}} when is_integer(Bytes), Bytes > 0 ->
+                  io_lib:format(" of the node's ~ts RSS", [bytes(Bytes)]);
+              _ -> ""
+          end,
+    para(io_lib:format("mode ~ts: malloc'ed memory seen ~ts: ~ts live in ~ts blocks~ts, ~b "
+                       "dropped; ERTS's carriers, libc's free memory and mappings are in "
+                       "sections 1 to 3",
+                       [maps:get(mode, N), Since, bytes(maps:get(live_bytes, N, 0)),
+                        count(maps:get(live_entries, N, 0)), Rss, maps:get(dropped, N, 0)])).
+
+%% mallocinfo's own allocations: never recorded, counted apart by the
+%% tracker (status/0's `self'); blocks whose stacks pass through its
+%% objects anyway (the loader's, when it loaded the NIF) are summed too.
+self_text(N) ->
+    Recorded = case maps:get(self_bytes, N, 0) of
+                   0 -> "";
+                   B -> io_lib:format("; ~ts in ~ts blocks through its objects",
+                                      [bytes(B), count(maps:get(self_blocks, N, 0))])
+               end,
+    case maps:get(self, N, undefined) of
+        #{calls := C, bytes := Bytes} ->
+            io_lib:format("~ts allocations, ~ts, never recorded~ts", [count(C), bytes(Bytes),
+                                                                      Recorded]);
+        _ ->
+            io_lib:format("not counted by this interposer~ts", [Recorded])
+    end.
+
 attached_line(#{attached_at := At} = N) when is_integer(At) ->
     When = calendar:system_time_to_rfc3339(At, [{unit, millisecond}, {offset, "Z"}]),
     Detached = case maps:get(attached, N, true) of

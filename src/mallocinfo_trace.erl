@@ -11,7 +11,7 @@
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, mappings/1, mappings/2, heap_profile/0, stats/0,
          pprof/0, pprof/1, folded/0, folded/1, profile_data/1,
-         snapshot/0, diff/2, diff/3, growth/2, growth/3, growth_of/1, growth_of/2,
+         snapshot/0, snapshot/1, diff/2, diff/3, growth/2, growth/3, growth_of/1, growth_of/2,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
 
 -export([knobs/0]).
@@ -79,9 +79,9 @@
 %% {@link attach/0} and {@link detach/0}, `attached_at' the time of the last
 %% attach (`erlang:system_time(millisecond)' units, `undefined' if never)
 %% and `attach' its figures (`objects', `slots' patched, `slots_foreign'
-%% left alone, `data_pointers', `attach_us'); `recording => false' when the
-%% interposer is preloaded but this executable did not match
-%% `MALLOCINFO_TRACE_EXE'.
+%% left alone, `data_pointers', `attach_us'); `recording => false' (and
+%% `mode => off') when the interposer is preloaded but this executable did
+%% not match `MALLOCINFO_TRACE_EXE', and after {@link detach/0}.
 %% Other keys (with the interposer): `table_capacity', `table_bytes',
 %% `live_entries', `live_bytes', `dropped' (allocations the full table
 %% could not record), `stacks' (distinct call stacks stored now),
@@ -91,7 +91,12 @@
 %% (reclamation passes done), `stack_depth', `sample_bytes', `unwinder'
 %% (`cached': lock-free CFI rules cached per thread; `libunwind' only from
 %% interposers older than this one, started with `MALLOCINFO_UNWIND=libunwind'),
-%% `frees_untracked', `bytes_allocated', `bytes_freed', `calls' (per function).
+%% `frees_untracked', `bytes_allocated', `bytes_freed' (full mode: requested
+%% bytes of recorded blocks, so that their difference is `live_bytes';
+%% counters mode: usable bytes of every call; doc/tracking.md), `calls'
+%% (per function), `mappings' (the mmap family), and `self': what
+%% mallocinfo's own work allocated and mapped, which the tracker never
+%% records (`#{calls, bytes, mmaps, bytes_mapped}').
 -spec status() -> #{preloaded := boolean(), recording := boolean(), mode := mode(),
                     atom() => term()}.
 status() ->
@@ -119,8 +124,27 @@ olds(N) ->
 %% `stack => []'. `{error, eagain}' (in theory only) when so many stacks
 %% were reclaimed while it ran that a stack id could have been reused,
 %% three times in a row (doc/tracking.md).
--spec olds(non_neg_integer(), opts()) ->
+%% With `snapshot => S' (a {@link snapshot/1} taken with `olds') the
+%% blocks are that snapshot's oldest (its first `N'), so they agree with
+%% its sites and totals; `demangle' is then the only other option.
+-spec olds(non_neg_integer(), opts() | #{snapshot => snapshot(), demangle => boolean()}) ->
           [old()] | {error, not_preloaded | not_recording | eagain}.
+olds(N, #{snapshot := S} = Opts) when is_integer(N), N >= 0, N < 1 bsl 64 ->
+    #{demangle := D} = options(maps:remove(snapshot, Opts), [demangle], [N, Opts]),
+    case S of
+        #{mallocinfo_snapshot := 1, olds := Olds} when is_list(Olds) ->
+            Rows = try [#{address => A, size => Size, age_ms => Age, estimated => E, frames => F}
+                        || {A, Size, Age, E, F} <- lists:sublist(Olds, N),
+                           is_integer(A), is_integer(Size), is_integer(Age), is_boolean(E),
+                           is_binary(F)]
+                   catch error:_ -> erlang:error(badarg, [N, Opts])
+                   end,
+            length(Rows) =:= min(N, length(Olds)) orelse erlang:error(badarg, [N, Opts]),
+            Stacks = symbolize_stacks([F || #{frames := F} <- Rows], D),
+            [(maps:remove(frames, R))#{stack => maps:get(F, Stacks)} || #{frames := F} = R <- Rows];
+        _ ->
+            erlang:error(badarg, [N, Opts])
+    end;
 olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} = O =
         options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
@@ -184,8 +208,8 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
                 {error, _} = E -> E
             end;
         _ ->
-            case mallocinfo_nif:trace_snapshot() of
-                {ok, {_Mode, _Now, Raw}} ->
+            case mallocinfo_nif:trace_snapshot(0, 0) of
+                {ok, {_Mode, _Now, Raw, []}} ->
                     Culprits = culprits(Raw, D),
                     take(N, mallocinfo_growth:rollup(By, Raw, Culprits));
                 {error, _} = E ->
@@ -227,15 +251,36 @@ take_by(_, Args) ->
 %% addresses there.
 -spec snapshot() -> snapshot() | {error, not_preloaded | not_recording | eagain}.
 snapshot() ->
-    case mallocinfo_nif:trace_snapshot() of
-        {ok, {Mode, Now, Raw}} ->
+    snapshot(#{}).
+
+%% @doc {@link snapshot/0}, and with `olds => N' also the `N' oldest live
+%% blocks of the same pass over the table (raw, under the key `olds';
+%% {@link olds/2} with `snapshot' symbolizes them), leaving out blocks
+%% older than `max_age_ms' when given. The report takes one snapshot this
+%% way, so its call sites, totals and oldest blocks are of one instant.
+-spec snapshot(#{olds => non_neg_integer(), max_age_ms => non_neg_integer()}) ->
+          snapshot() | {error, not_preloaded | not_recording | eagain}.
+snapshot(Opts) when is_map(Opts) ->
+    maps:foreach(fun(K, V) when (K =:= olds orelse K =:= max_age_ms), is_integer(V), V >= 0 -> ok;
+                    (_, _) -> erlang:error(badarg, [Opts])
+                 end, Opts),
+    N = maps:get(olds, Opts, 0),
+    MaxAge = min(maps:get(max_age_ms, Opts, 1 bsl 62), 1 bsl 62),
+    case mallocinfo_nif:trace_snapshot(N, MaxAge) of
+        {ok, {Mode, Now, Raw, Olds}} ->
+            Meta = #{node => node(), os_pid => os:getpid(),
+                     time_ms => erlang:system_time(millisecond),
+                     monotonic_ms => erlang:monotonic_time(millisecond)},
             mallocinfo_growth:snapshot(Mode, {Now, Raw},
-                                       #{node => node(), os_pid => os:getpid(),
-                                         time_ms => erlang:system_time(millisecond),
-                                         monotonic_ms => erlang:monotonic_time(millisecond)});
+                                       case maps:is_key(olds, Opts) of
+                                           true -> Meta#{olds => Olds};
+                                           false -> Meta
+                                       end);
         {error, _} = E ->
             E
-    end.
+    end;
+snapshot(Opts) ->
+    erlang:error(badarg, [Opts]).
 
 %% @equiv diff(Old, New, #{})
 -spec diff(snapshot(), snapshot()) -> [change()].

@@ -87,14 +87,26 @@ typedef struct mi_abi_status {
   uint64_t stacks_dropped; /* captured stacks that could not be stored (blocks without one) */
   uint64_t sample_bytes;   /* mean sampling interval */
   uint64_t frees_untracked;
-  uint64_t bytes_allocated; /* requested bytes, every recording mode */
-  uint64_t bytes_freed;     /* recorded bytes of blocks freed while recorded */
+  /* Byte counters, cumulative (track/tracker.h says exactly what each mode
+   * counts). full: requested bytes of the blocks the table recorded, and
+   * of those that left it (freed, or forgotten by reset() or a mode
+   * switch), so bytes_allocated - bytes_freed == live_bytes. counters:
+   * usable bytes of every call. sample: estimates. */
+  uint64_t bytes_allocated;
+  uint64_t bytes_freed;
   uint64_t calls[MI_FN_COUNT];
   /* Filled by interposers that have mi_preload_abi.reclaim; older ones
    * copy only the fields above, leaving the caller's zeros. */
   uint64_t stacks_reclaimed;  /* stacks freed because no live block used them */
   uint64_t stack_sweeps;      /* completed reclamation sweeps */
   uint64_t stack_generations; /* a freed slot's ids repeat after this many sweeps */
+  /* Filled by interposers that have mi_preload_abi.quiet; older ones leave
+   * the caller's zeros. What mallocinfo's own work allocated (threads
+   * inside quiet(1)...quiet(0)) while a mode counted: left out of every
+   * other figure and never recorded. Exact in full and counters mode; in
+   * sample mode, the estimate from the sample points that fell on them. */
+  uint64_t self_calls;
+  uint64_t self_bytes; /* requested bytes */
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;
@@ -170,6 +182,10 @@ typedef struct mi_abi_region_status {
   uint64_t calls_mremap;
   uint64_t bytes_mapped;   /* by successful mmap calls, every recording mode */
   uint64_t bytes_unmapped; /* by munmap calls that succeeded */
+  /* Filled by interposers that have mi_preload_abi.quiet: mappings made by
+   * mallocinfo's own work (never recorded as regions). */
+  uint64_t self_mmaps;
+  uint64_t self_bytes_mapped;
 } mi_abi_region_status;
 
 typedef struct mi_preload_abi {
@@ -231,6 +247,17 @@ typedef struct mi_preload_abi {
   /* Copies up to max live regions into out (one consistent view); returns
    * how many are live, which may exceed max. */
   uint64_t (*regions)(mi_abi_region* out, uint64_t max);
+
+  /* --- mallocinfo's own work (issue 22): check struct_size. ---
+   * quiet(1) marks the calling thread as working for mallocinfo (the NIF
+   * wraps every call in it) until the matching quiet(0); calls nest.
+   * Meanwhile the thread's allocations and mappings are forwarded and
+   * counted in self_* instead of being recorded or counted as the node's,
+   * and its frees of blocks the table does not hold count nothing. A free
+   * of a block the table holds is seen as always (it is the node's). A
+   * store to the calling thread's initial-exec TLS: no lock, no malloc;
+   * callable from any thread, never from inside a hook. */
+  void (*quiet)(int enter);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

@@ -191,6 +191,9 @@
   X(calls_munmap, "munmap")                       \
   X(calls_mremap, "mremap")                       \
   X(bytes_mapped, "bytes_mapped")                 \
+  /* mallocinfo's own work, left out (quiet.h) */ \
+  X(self, "self")                                 \
+  X(mmaps, "mmaps")                               \
   X(bytes_unmapped, "bytes_unmapped")
 
 namespace mi::nif {

@@ -64,7 +64,7 @@ ErlNifFunc nif_funcs[] = {
     {"trace_now", 0, guarded<n::trace_now>, kIo},
     // Growth snapshots: the same walk and grouping as trace_profile (the
     // whole live table), no symbolization.
-    {"trace_snapshot", 0, guarded<n::trace_snapshot>, kCpu},
+    {"trace_snapshot", 2, guarded<n::trace_snapshot>, kCpu},
     // Copies the region table, runs mincore(2) over every region (one
     // system call per 64 Ki pages: gigabyte reservations take many) and
     // symbolizes their stacks (ELF reads on a cold cache).
@@ -116,13 +116,19 @@ ErlNifFunc nif_funcs[] = {
 // The NIF keeps no per-instance state: atoms are global and identical for
 // every instance, so load and upgrade just (re)make them, and unload has
 // nothing to free. This is what makes load/purge/reload cycles leak-free.
+// The interposer, if it is here, is looked for first: from then on every
+// call's own allocations are mallocinfo's, never the node's (quiet.h).
 int on_load(ErlNifEnv* env, void** priv, ERL_NIF_TERM) {
+  n::tracker_abi();
+  const n::QuietScope quiet;
   n::make_atoms(env);
   *priv = nullptr;
   return 0;
 }
 
 int on_upgrade(ErlNifEnv* env, void** priv, void**, ERL_NIF_TERM) {
+  n::tracker_abi();
+  const n::QuietScope quiet;
   n::make_atoms(env);
   *priv = nullptr;
   return 0;

@@ -1,4 +1,5 @@
-// Term helpers and the single try/catch boundary every NIF goes through.
+// Term helpers and the single try/catch boundary every NIF goes through,
+// which also marks the call as mallocinfo's own work (quiet.h).
 //
 // A NIF body is written as a plain function that decodes its arguments with
 // the helpers below (which throw BadArg), calls the core, and encodes the
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "atoms.h"
+#include "quiet.h"
 
 namespace mi::nif {
 
@@ -70,6 +72,8 @@ class MapBuilder {
 
 template <NifFn F>
 ERL_NIF_TERM guarded(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]) noexcept {
+  // Whatever the call allocates is mallocinfo's, never the node's (quiet.h).
+  const QuietScope quiet;
   try {
     return F(env, argc, argv);
   } catch (const BadArg&) {

@@ -17,8 +17,10 @@
 
 #include "../common/mi_abi.h"
 #include "../common/mi_limits.h"
+#include "../sites/oldest.h"
 #include "../sites/stack_merge.h"
 #include "../symbolize/symbolize.h"
+#include "quiet.h"
 #include "term.h"
 
 namespace mi::nif {
@@ -79,12 +81,14 @@ const mi_preload_abi* find_abi() {
   if (const mi_preload_abi* abi = g_attached.load(std::memory_order_acquire)) return abi;
   if (const mi_preload_abi* abi =
           checked(reinterpret_cast<mi_preload_abi_fn>(::dlsym(RTLD_DEFAULT, MI_ABI_SYMBOL)))) {
+    learn_quiet(abi);
     g_preloaded.store(abi, std::memory_order_release);
     return abi;
   }
   // This NIF may have been reloaded since attach(): the library is still there.
   const mi_preload_abi* abi = loaded_local_abi(false);
   if (abi != nullptr && ever_attached(abi)) {
+    learn_quiet(abi);
     g_attached.store(abi, std::memory_order_release);
     return abi;
   }
@@ -271,16 +275,24 @@ void stream_snapshot(const mi_preload_abi* abi, F&& consume) {
   if (ctx.error) std::rethrow_exception(ctx.error);
 }
 
-std::vector<mi_abi_entry> snapshot(const mi_preload_abi* abi, const mi_abi_status& st) {
-  std::vector<mi_abi_entry> entries;
-  entries.reserve(st.live_entries + st.live_entries / 8 + 64);
-  stream_snapshot(
-      abi, [&](const mi_abi_entry* e, size_t n) { entries.insert(entries.end(), e, e + n); });
-  return entries;
-}
-
 uint64_t age_ms(uint64_t now, uint64_t ts) {
   return now > ts ? (now - ts) / 1000000 : 0;
+}
+
+// The collector of the k oldest blocks whose age (at `now`, in ms) lies in
+// [min_age, max_age], of at least min_size bytes. Blocks allocated after
+// `now` (while the snapshot streams) are 0 ms old.
+mi::sites::Oldest oldest(uint64_t k, uint64_t now, uint64_t min_age, uint64_t max_age,
+                         uint64_t min_size) {
+  constexpr uint64_t kMs = 1000000;
+  // age_ms(now, ts) <= max_age  <=>  ts > now - (max_age + 1) ms
+  const uint64_t span = max_age >= UINT64_MAX / kMs - 1 ? UINT64_MAX : (max_age + 1) * kMs;
+  const uint64_t after = now > span ? now - span + 1 : 0;
+  // age_ms(now, ts) >= min_age  <=>  ts <= now - min_age ms
+  uint64_t before = UINT64_MAX;
+  if (min_age > 0) before = min_age > now / kMs ? 0 : now - min_age * kMs;
+  return mi::sites::Oldest(static_cast<size_t>(std::min<uint64_t>(k, 1 << 20)), after, before,
+                           min_size);
 }
 
 // Live blocks grouped by call site. Sampled entries count 1/p(size)
@@ -349,14 +361,17 @@ class SiteIndex {
 // with_stable_ids, so ids keep their meaning.
 // since_ns > 0 keeps only blocks allocated at or after that instant (on
 // now_ns()'s clock): the delta profiles of trace_pprof.
+// `olds` (when not nullptr) is offered every block on the way: the oldest
+// blocks of the same snapshot.
 std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st,
-                                uint64_t since_ns = 0) {
+                                uint64_t since_ns = 0, mi::sites::Oldest* olds = nullptr) {
   const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
   std::vector<Site> sites;
   sites.reserve(std::min<uint64_t>(st.stacks, 1 << 20) + 16);
   SiteIndex index(st.stack_capacity);
   stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
     for (size_t i = 0; i < count; ++i) {
+      if (olds != nullptr) olds->offer(e[i]);
       if (e[i].timestamp_ns < since_ns) continue;
       uint32_t at = index.find(e[i].stack_id);
       if (at == SiteIndex::kNone) {
@@ -420,6 +435,10 @@ mi::symbolize::Symbolizer& symbolizer() {
   return s;
 }
 
+const mi_preload_abi* tracker_abi() {
+  return find_abi();
+}
+
 const mi_preload_abi* recording_tracker() {
   const mi_preload_abi* abi = find_abi();
   if (abi == nullptr) return nullptr;
@@ -450,6 +469,24 @@ ERL_NIF_TERM mappings_status(ErlNifEnv* env, const mi_preload_abi* abi) {
                             .build(env))
       .put(atoms.bytes_mapped, u64(env, r.bytes_mapped))
       .put(atoms.bytes_unmapped, u64(env, r.bytes_unmapped))
+      .build(env);
+}
+}  // namespace
+
+namespace {
+// status()'s `self': what mallocinfo's own work allocated and mapped, left
+// out of every other figure (quiet.h); undefined from an interposer that
+// cannot tell.
+ERL_NIF_TERM self_status(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi_status& s) {
+  if (abi->struct_size < offsetof(mi_preload_abi, quiet) + sizeof(abi->quiet))
+    return atoms.undefined;
+  mi_abi_region_status r{};
+  abi->region_status(&r, sizeof r);
+  return MapBuilder()
+      .put(atoms.calls, u64(env, s.self_calls))
+      .put(atoms.bytes, u64(env, s.self_bytes))
+      .put(atoms.mmaps, u64(env, r.self_mmaps))
+      .put(atoms.bytes_mapped, u64(env, r.self_bytes_mapped))
       .build(env);
 }
 }  // namespace
@@ -509,6 +546,7 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.bytes_freed, u64(env, s.bytes_freed))
       .put(atoms.calls, calls.build(env))
       .put(atoms.mappings, mappings_status(env, abi))
+      .put(atoms.self, self_status(env, abi, s))
       .build(env);
 }
 
@@ -554,19 +592,14 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const bool demangle = enif_is_identical(argv[3], atoms.true_);
   const uint64_t max_age = get_u64(env, argv[4]);
   return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
-    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
-      std::vector<mi_abi_entry> entries = snapshot(abi, st);
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status&) {
       const uint64_t now = abi->now_ns();
-      std::erase_if(entries, [&](const mi_abi_entry& e) {
-        const uint64_t age = age_ms(now, e.timestamp_ns);
-        return e.size < min_size || age < min_age || age > max_age;
+      mi::sites::Oldest olds = oldest(n, now, min_age, max_age, min_size);
+      stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+        for (size_t i = 0; i < count; ++i) olds.offer(e[i]);
       });
-      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, entries.size()));
-      std::partial_sort(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(k), entries.end(),
-                        [](const mi_abi_entry& a, const mi_abi_entry& b) {
-                          return a.timestamp_ns != b.timestamp_ns ? a.timestamp_ns < b.timestamp_ns
-                                                                  : a.address < b.address;
-                        });
+      const std::vector<mi_abi_entry> entries = olds.take();
+      const size_t k = entries.size();
       StackTerms stacks(abi, demangle);
       for (size_t i = 0; i < k; ++i) stacks.want(entries[i].stack_id);
       stacks.resolve(env);
@@ -724,26 +757,41 @@ ERL_NIF_TERM trace_now(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 // one binary: a snapshot of thousands of sites stays a few flat binaries
 // (cheap to keep, compare and send), and the Erlang side symbolizes only the
 // stacks it returns. NowNs is the tracker's clock (the blocks' timestamps).
-ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+namespace {
+// Stack `id`'s raw return addresses packed as native 64-bit words.
+ERL_NIF_TERM packed_frames(ErlNifEnv* env, const mi_preload_abi* abi, uint32_t id) {
+  uint64_t pcs[mi::sites::kMaxFrames];
+  const uint32_t depth = stack_frames(abi, id, pcs);
+  ERL_NIF_TERM frames;
+  unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
+  if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
+  return frames;
+}
+}  // namespace
+
+ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  const uint64_t olds_n = get_u64(env, argv[0]);
+  const uint64_t max_age = get_u64(env, argv[1]);
   return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
       const uint64_t now = abi->now_ns();
-      const std::vector<Site> sites = group_by_site(abi, st);
+      mi::sites::Oldest olds = oldest(olds_n, now, 0, max_age, 0);
+      const std::vector<Site> sites = group_by_site(abi, st, 0, &olds);
       std::vector<ERL_NIF_TERM> out;
       out.reserve(sites.size());
-      for (const Site& s : sites) {
-        uint64_t pcs[mi::sites::kMaxFrames];
-        const uint32_t depth = stack_frames(abi, s.stack, pcs);
-        ERL_NIF_TERM frames;
-        unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
-        if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
+      for (const Site& s : sites)
         out.push_back(enif_make_tuple4(env, u64(env, rounded(s.count)), u64(env, rounded(s.bytes)),
-                                       make_bool(s.estimated), frames));
-      }
+                                       make_bool(s.estimated), packed_frames(env, abi, s.stack)));
+      std::vector<ERL_NIF_TERM> old_terms;
+      for (const mi_abi_entry& e : olds.take())
+        old_terms.push_back(enif_make_tuple5(
+            env, u64(env, e.address), u64(env, e.size), u64(env, age_ms(now, e.timestamp_ns)),
+            make_bool((e.flags & MI_ENTRY_SAMPLED) != 0), packed_frames(env, abi, e.stack_id)));
       return enif_make_tuple2(
           env, atoms.ok,
-          enif_make_tuple3(env, mode_atom(st.mode), u64(env, now),
-                           enif_make_list_from_array(env, out.data(), out.size())));
+          enif_make_tuple4(env, mode_atom(st.mode), u64(env, now),
+                           enif_make_list_from_array(env, out.data(), out.size()),
+                           enif_make_list_from_array(env, old_terms.data(), old_terms.size())));
     });
   });
 }
@@ -922,6 +970,10 @@ ERL_NIF_TERM trace_attach(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
         env, enif_make_tuple2(env, atoms.load_failed, make_binary(env, why != nullptr ? why : "")));
   }
   mi_attach_result r{};
+  // From the moment the hooks are in, this call's own allocations are
+  // mallocinfo's too: the rest of it is quiet, and so is every later call.
+  learn_quiet(abi);
+  const QuietScope quiet(abi);
   abi->attach(&cfg, sizeof cfg, &r, sizeof r);
   switch (r.rc) {
     case MI_ATTACH_OK:

@@ -16,6 +16,12 @@ namespace mi::nif {
 // The process-wide symbolizer (its caches outlive single calls). Thread-safe.
 mi::symbolize::Symbolizer& symbolizer();
 
+// The interposer's ABI when it is in this process (preloaded, or attached,
+// also before this NIF was last loaded), else nullptr. Finding it also
+// makes every later NIF call quiet (quiet.h): on_load calls it first.
+// Thread-safe; a failed lookup is tried again next time.
+const mi_preload_abi* tracker_abi();
+
 // The interposer's ABI when it is in this process and keeps a live table
 // (mode sample or full), else nullptr. Cheap after the first call.
 const mi_preload_abi* recording_tracker();
@@ -38,8 +44,11 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, NowNs}: the tracker's clock, which block timestamps use.
 ERL_NIF_TERM trace_now(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
-// {ok, {Mode, NowNs, [{Count, Bytes, Estimated, FramesBinary}]}}: every live
-// site, raw addresses packed as native 64-bit words (mallocinfo_trace:snapshot/0).
+// snapshot(OldsN, MaxAgeMs) -> {ok, {Mode, NowNs, [{Count, Bytes, Estimated,
+// FramesBinary}], [{Address, Size, AgeMs, Estimated, FramesBinary}]}}: every
+// live site, raw addresses packed as native 64-bit words, and the OldsN
+// oldest blocks no older than MaxAgeMs, oldest first, from the same pass
+// over the table (mallocinfo_trace:snapshot/1).
 ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // attach(Mode, SampleBytes, TableSize, StackTableSize, StackDepth): ok |
 // {error, preloaded | already_attached | {unsupported, What} |

@@ -10,9 +10,15 @@
 namespace mi::preload {
 namespace {
 
+// This process records: the executable matched (or attach() made it), and
+// it has not been detached since.
+bool recording() {
+  return ensure_init() && g_recording && !detached();
+}
+
 void abi_status(mi_abi_status* out, size_t out_size) {
   mi_abi_status s{};
-  if (ensure_init() && g_recording) {
+  if (recording()) {
     g_tracker.status(&s);
     s.recording = 1;
   } else {
@@ -22,8 +28,15 @@ void abi_status(mi_abi_status* out, size_t out_size) {
 }
 
 int abi_set_mode(uint32_t mode) {
-  if (!ensure_init() || !g_recording) return -1;
+  if (!recording()) return -1;
   return change_mode(mode) ? 0 : -1;
+}
+
+void abi_quiet(int enter) {
+  if (enter != 0)
+    ++t_quiet;
+  else if (t_quiet != 0)
+    --t_quiet;
 }
 
 uint64_t abi_snapshot(mi_abi_sink sink, void* ctx) {
@@ -100,6 +113,8 @@ constexpr mi_preload_abi kAbi = {
     // mapped memory
     abi_region_status,
     abi_regions,
+    // mallocinfo's own work
+    abi_quiet,
 };
 
 }  // namespace

@@ -485,8 +485,17 @@ int abi_detach() {
   const uint64_t had = g_status.slots.load(std::memory_order_relaxed);
   g_status.slots.store(had > w.patched ? had - w.patched : 0, std::memory_order_relaxed);
   g_status.attached.store(0, std::memory_order_release);
+  // Nothing is recorded from now on, and frees no longer reach the table:
+  // what it holds would go stale. Switch off (the table's pages go back);
+  // the next attach() starts afresh.
+  change_mode(MI_MODE_OFF);
   ::pthread_mutex_unlock(&g_attach_lock);
   return 0;
+}
+
+bool detached() {
+  return g_status.ever.load(std::memory_order_relaxed) != 0 &&
+         g_status.attached.load(std::memory_order_acquire) == 0;
 }
 
 void abi_attach_status(mi_attach_status* out, size_t out_size) {

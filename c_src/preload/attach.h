@@ -15,6 +15,9 @@ void abi_attach(const mi_attach_config* config, size_t config_size, mi_attach_re
                 size_t out_size);
 int abi_detach();
 void abi_attach_status(mi_attach_status* out, size_t out_size);
+// True once attach() succeeded and detach() undid it (until the next
+// attach): nothing reaches the hooks then, so the process records nothing.
+bool detached();
 
 }  // namespace mi::preload
 

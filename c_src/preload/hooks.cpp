@@ -10,6 +10,12 @@
 // and never wait for a lock their caller may hold: stack capture calls
 // neither libunwind nor the loader (track/unwind.h).
 //
+// mallocinfo's own work (a NIF call: t_quiet, see runtime.h) is forwarded
+// and counted apart: an allocation made while quiet is never recorded, so
+// no view shows mallocinfo's buffers as the node's memory. The test costs
+// one TLS load on the paths that record or count (counters, full, and
+// sample mode's sample points), nothing on the fast paths.
+//
 // Cost by gate (g_gate, one load):
 //  - pass (executable not matched, or off): a compare and a tail call;
 //  - sample: an allocation subtracts its size from the thread's countdown
@@ -116,6 +122,26 @@ void* do_realloc(mi_fn fn, void* p, size_t size) {
   Guard g;
   const uint32_t mode = g_tracker.mode();
   mi::track::LiveEntry old{};
+  if (quiet()) [[unlikely]] {
+    // mallocinfo's own block, or (in principle) a block of the node's that
+    // the table holds: that one leaves the live set as usual; the new
+    // block is mallocinfo's either way.
+    const bool had = p != nullptr && mode != MI_MODE_COUNTERS && g_tracker.take(p, &old);
+    void* r = g_next.realloc(p, size);
+    if (r == nullptr && size != 0) {
+      if (had) g_tracker.restore(old);
+      return r;
+    }
+    if (had) g_tracker.freed(fn, &old, 0);
+    if (r != nullptr) {
+      if (mode == MI_MODE_SAMPLE) {
+        if (g_tracker.sample_take(size)) g_tracker.count_self_sampled(size);
+      } else {
+        g_tracker.count_self(size);
+      }
+    }
+    return r;
+  }
   if (mode == MI_MODE_SAMPLE) {
     const bool had =
         p != nullptr && mi::track::Tracker::sampled_address(p) && g_tracker.take(p, &old);
@@ -160,6 +186,15 @@ void* tracked_alloc(mi_fn fn, size_t size, size_t align, Fill fill, Call call) {
     return p;
   }
   Guard g;
+  if (quiet()) [[unlikely]] {
+    void* p = call();
+    if (p == nullptr) return p;
+    if (g_tracker.mode() != MI_MODE_SAMPLE)
+      g_tracker.count_self(size);
+    else if (g_tracker.sample_take(size))  // re-arms the countdown either way
+      g_tracker.count_self_sampled(size);
+    return p;
+  }
   switch (g_tracker.mode()) {
     case MI_MODE_COUNTERS: {
       void* p = call();
@@ -206,7 +241,7 @@ namespace {
 [[gnu::noinline]] void* slow_malloc(size_t size) noexcept {
   if (!ready()) [[unlikely]]
     return pool_alloc(size, 16);
-  if (tracking() && g_tracker.mode() == MI_MODE_SAMPLE) {
+  if (tracking() && g_tracker.mode() == MI_MODE_SAMPLE && !quiet()) {
     // A sampled malloc is allocated page-aligned at once, not moved.
     Guard g;
     if (!g_tracker.sample_take(size)) return g_next.malloc(size);
@@ -218,9 +253,12 @@ namespace {
   return tracked_alloc(MI_FN_MALLOC, size, 16, Fill::kNone, [&] { return g_next.malloc(size); });
 }
 
-// Counters mode's free: count, then forward (a tail call).
+// Counters mode's free: count, then forward (a tail call). mallocinfo's
+// own frees count nothing (there is no table to tell whose block it is,
+// and its own blocks were not counted either).
 [[gnu::noinline]] void counters_free(void* p) noexcept {
-  g_tracker.count_free(MI_FN_FREE, next_usable_size(p));
+  if (!quiet()) [[likely]]
+    g_tracker.count_free(MI_FN_FREE, next_usable_size(p));
   return g_next.free(p);
 }
 
@@ -232,10 +270,11 @@ namespace {
     return g_next.free(p);
   }
   Guard g;
-  if (g_tracker.mode() == MI_MODE_COUNTERS)
-    g_tracker.count_free(MI_FN_FREE, next_usable_size(p));
-  else
-    g_tracker.on_free(MI_FN_FREE, p);
+  if (g_tracker.mode() == MI_MODE_COUNTERS) {
+    if (!quiet()) g_tracker.count_free(MI_FN_FREE, next_usable_size(p));
+  } else {
+    g_tracker.on_free(MI_FN_FREE, p, quiet());
+  }
   g_next.free(p);
 }
 
@@ -247,7 +286,7 @@ namespace {
       errno = ENOMEM;
       return nullptr;
     }
-    if (tracking() && g_tracker.mode() != MI_MODE_SAMPLE) {
+    if (tracking() && g_tracker.mode() != MI_MODE_SAMPLE && !quiet()) {
       Guard g;
       g_tracker.count_alloc(MI_FN_CALLOC, 0);
     }
@@ -343,7 +382,7 @@ namespace {
     if (p != nullptr) ::memcpy(p, s, n);
     return p;
   }
-  if (tracking()) g_tracker.count(MI_FN_STRDUP);
+  if (tracking() && !quiet()) g_tracker.count(MI_FN_STRDUP);
   return g_next.strdup(s);
 }
 
@@ -357,7 +396,7 @@ namespace {
     }
     return p;
   }
-  if (tracking()) g_tracker.count(MI_FN_STRNDUP);
+  if (tracking() && !quiet()) g_tracker.count(MI_FN_STRNDUP);
   return g_next.strndup(s, n);
 }
 
@@ -382,7 +421,10 @@ MI_EXPORT void* malloc(size_t size) noexcept {
     return g_next.malloc(size);
   if (g == kGateCounters) {
     void* p = g_next.malloc(size);
-    g_tracker.count_alloc(MI_FN_MALLOC, next_usable_size(p));
+    if (quiet()) [[unlikely]]
+      g_tracker.count_self(size);
+    else
+      g_tracker.count_alloc(MI_FN_MALLOC, next_usable_size(p));
     return p;
   }
   return slow_malloc(size);

@@ -33,6 +33,7 @@ constinit bool g_recording = false;
 constinit bool g_glibc_chunks = false;
 constinit mi::track::Tracker g_tracker;
 __thread bool t_in_hook = false;
+__thread uint32_t t_quiet = 0;
 
 namespace {
 

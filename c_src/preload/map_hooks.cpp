@@ -49,6 +49,8 @@ constexpr size_t kRegionCapacity = 8192;
 
 struct Counters {
   std::atomic<uint64_t> mmap{0}, munmap{0}, mremap{0}, bytes_mapped{0}, bytes_unmapped{0};
+  // Mappings made while the thread was quiet (mallocinfo's own work).
+  std::atomic<uint64_t> self_mmaps{0}, self_bytes_mapped{0};
 };
 constinit Counters g_counts;
 
@@ -115,7 +117,14 @@ uint32_t region_flags(int prot, int flags) {
 }
 
 // After a successful mmap of len bytes at p (counting already checked).
+// mallocinfo's own mappings (a quiet thread's) are counted apart and never
+// recorded; their munmap finds nothing to cut.
 void note_mapped(void* p, size_t len, int prot, int flags) {
+  if (quiet()) [[unlikely]] {
+    g_counts.self_mmaps.fetch_add(1, std::memory_order_relaxed);
+    g_counts.self_bytes_mapped.fetch_add(page_round(len), std::memory_order_relaxed);
+    return;
+  }
   g_counts.mmap.fetch_add(1, std::memory_order_relaxed);
   g_counts.bytes_mapped.fetch_add(page_round(len), std::memory_order_relaxed);
   if (!recording()) return;
@@ -265,6 +274,8 @@ void map_status(mi_abi_region_status* out) {
   s.calls_mremap = g_counts.mremap.load(rl);
   s.bytes_mapped = g_counts.bytes_mapped.load(rl);
   s.bytes_unmapped = g_counts.bytes_unmapped.load(rl);
+  s.self_mmaps = g_counts.self_mmaps.load(rl);
+  s.self_bytes_mapped = g_counts.self_bytes_mapped.load(rl);
   *out = s;
 }
 

@@ -81,6 +81,15 @@ extern mi::track::Tracker g_tracker;
 // it makes meanwhile is forwarded untracked. initial-exec TLS.
 extern __thread bool t_in_hook;
 
+// Non-zero while this thread works for mallocinfo (mi_preload_abi.quiet:
+// the NIF sets it around every call; it nests). Its allocations and
+// mappings are then forwarded and counted as mallocinfo's own, never
+// recorded; its frees still remove what the table holds. initial-exec TLS.
+extern __thread uint32_t t_quiet;
+inline bool quiet() {
+  return t_quiet != 0;
+}
+
 // Runs start-up once (first hook call of the process). True when the
 // caller may use g_next; false when start-up is in progress (re-entry from
 // dlsym, or another thread racing the first call): use the bootstrap pool.

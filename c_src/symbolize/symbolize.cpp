@@ -376,7 +376,7 @@ struct Symbolizer::Impl {
         perf_map.refresh(perf_map_path());
       }
       if (const detail::PerfMap::Entry* e = perf_map.find(address)) {
-        r.object = "[jit]";
+        r.object = kErlangJit;
         r.symbol = e->name;
         r.symbol_start = e->start;
         return r;
@@ -390,6 +390,11 @@ struct Symbolizer::Impl {
     if (const Mapping* m = find_mapping(maps(batch), address)) {
       if (m->name.empty()) {
         r.object = "[anon]";
+        r.base = m->start;
+      } else if (m->name.starts_with("/memfd:vmem")) {
+        // The BEAM JIT's code (OTP 25+ maps it twice from a memfd named
+        // "vmem", one view writable, one executable): Erlang code.
+        r.object = kErlangJit;
         r.base = m->start;
       } else {
         r.object = m->name;

@@ -37,14 +37,20 @@ namespace mi::symbolize {
 //     knows it (the main program: the target of /proc/self/exe; the vDSO:
 //     "[vdso]"); object_offset = address - load bias, i.e. the address as
 //     `addr2line -e object` and the symbol table of the file understand it;
-//   - "[jit]" for an address listed in the Erlang VM's perf map
-//     (/tmp/perf-<pid>.map, written with `+JPperf true`); object_offset =
-//     address (JIT code has no load bias);
+//   - "[erlang jit]" (kErlangJit) for Erlang code the BEAM JIT emitted: an
+//     address listed in the Erlang VM's perf map (/tmp/perf-<pid>.map,
+//     written with `+JPperf true`; the symbol is the map's name,
+//     object_offset = address: JIT code has no load bias), or else in one
+//     of the JIT's `memfd:vmem` mappings (no symbol; object_offset = offset
+//     into the mapping);
 //   - otherwise the name of the /proc/self/maps mapping holding it
 //     ("[heap]", "[stack]", "[vvar]", "[anon:name]", a file path, or "[anon]"
 //     for an unnamed mapping); object_offset = offset into the mapping plus
 //     the mapping's file offset (a file offset for file mappings);
 //   - "" when nothing is mapped there; object_offset = 0.
+// The object name of Erlang code compiled by the BEAM JIT.
+inline constexpr const char* kErlangJit = "[erlang jit]";
+
 struct Frame {
   uint64_t address = 0;               // the address asked for
   std::string object;                 // see above ("" when unmapped)

@@ -311,7 +311,7 @@ TEST_CASE("addresses outside ELF objects", "[symbolize]") {
       REQUIRE(f.object.size() >= 2);
       CHECK(f.object.front() == '[');
       CHECK(f.object.back() == ']');
-      CHECK(f.object != "[jit]");
+      CHECK(f.object != mi::symbolize::kErlangJit);
       CHECK_FALSE(f.symbol);
     }
   }
@@ -340,6 +340,27 @@ TEST_CASE("addresses outside ELF objects", "[symbolize]") {
   }
 }
 
+TEST_CASE("the BEAM JIT's memfd:vmem code is named as Erlang code, without a perf map",
+          "[symbolize]") {
+  // What OTP 25+ maps: a memfd named "vmem", unlinked, so /proc/self/maps
+  // says "/memfd:vmem (deleted)". Without the name the frame read
+  // "+0x56e (memfd:vmem (deleted))".
+  const int fd = ::memfd_create("vmem", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 8192) == 0);
+  void* code = ::mmap(nullptr, 8192, PROT_READ | PROT_EXEC, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(code != MAP_FAILED);
+  sym::SymbolizerOptions options;
+  options.perf_map_path = "/nonexistent/perf.map";
+  sym::Symbolizer s(options);
+  const sym::Frame f = s.resolve(reinterpret_cast<uint64_t>(code) + 0x56e, false, false);
+  CHECK(f.object == mi::symbolize::kErlangJit);
+  CHECK(f.object_offset == 0x56e);
+  CHECK_FALSE(f.symbol);
+  ::munmap(code, 8192);
+}
+
 TEST_CASE("JIT frames from a perf map", "[symbolize]") {
   const fs::path dir = make_sym_tmpdir();
   const fs::path map = dir / "perf-test.map";
@@ -356,7 +377,7 @@ TEST_CASE("JIT frames from a perf map", "[symbolize]") {
   sym::Symbolizer s(options);
 
   sym::Frame f = s.resolve(base + 0x10, false, false);
-  CHECK(f.object == "[jit]");
+  CHECK(f.object == mi::symbolize::kErlangJit);
   CHECK(f.object_offset == base + 0x10);
   REQUIRE(f.symbol);
   CHECK(*f.symbol == "$lists:reverse/2");

@@ -129,8 +129,10 @@ std::vector<void*> churn(Hooks h, uint64_t seed, int ops) {
 
 }  // namespace
 
-TEST_CASE("byte counters: allocated - freed is the live usable bytes (full, counters)",
-          "[track][counters]") {
+TEST_CASE(
+    "byte counters: allocated - freed is the live requested bytes (full) and the live usable "
+    "bytes (counters)",
+    "[track][counters]") {
   for (const uint32_t mode : {uint32_t{MI_MODE_FULL}, uint32_t{MI_MODE_COUNTERS}}) {
     INFO("mode " << mode);
     Tracker t;
@@ -155,11 +157,18 @@ TEST_CASE("byte counters: allocated - freed is the live usable bytes (full, coun
         ++n;
       }
     mi_abi_status s = status_of(t);
-    CHECK(s.bytes_allocated - s.bytes_freed == live);
     CHECK(s.calls[MI_FN_REALLOC] > 0);
     if (mode == MI_MODE_FULL) {
+      // Full mode counts what the table recorded: its entries' requested
+      // sizes, summed here from the entries themselves.
+      uint64_t recorded = 0;
+      t.for_each_live([&](const mi::track::LiveEntry& e) { recorded += e.size; });
+      CHECK(s.bytes_allocated - s.bytes_freed == recorded);
+      CHECK(s.live_bytes == recorded);
       CHECK(s.live_entries == n);
       CHECK(s.dropped == 0);
+    } else {
+      CHECK(s.bytes_allocated - s.bytes_freed == live);
     }
     Hooks h{t};
     for (auto& v : held)
@@ -173,26 +182,149 @@ TEST_CASE("byte counters: allocated - freed is the live usable bytes (full, coun
 
 TEST_CASE("byte counters: realloc moves, shrinks and realloc(p, 0) count the old block freed",
           "[track][counters]") {
+  for (const uint32_t mode : {uint32_t{MI_MODE_FULL}, uint32_t{MI_MODE_COUNTERS}}) {
+    INFO("mode " << mode);
+    Tracker t;
+    Config c;
+    c.mode = mode;
+    c.table_capacity = 4096;
+    c.stack_capacity = 64;
+    REQUIRE(t.init(c, no_unwind, zero_clock));
+    t.set_usable_size(real_usable);
+    Hooks h{t};
+    void* p = h.malloc_(100);
+    void* q = h.malloc_(100);  // keeps p from growing in place
+    p = h.realloc_(p, 1 << 20);
+    p = h.realloc_(p, 10);
+    mi_abi_status s = status_of(t);
+    if (mode == MI_MODE_FULL) {
+      CHECK(s.bytes_allocated - s.bytes_freed == 110);  // requested: 10 + 100
+      CHECK(s.live_bytes == 110);
+    } else {
+      CHECK(s.bytes_allocated - s.bytes_freed == ::malloc_usable_size(p) + ::malloc_usable_size(q));
+    }
+    CHECK(h.realloc_(p, 0) == nullptr);
+    h.free_(q);
+    s = status_of(t);
+    CHECK(s.bytes_allocated == s.bytes_freed);
+    CHECK(s.live_entries == 0);
+    t.destroy();
+  }
+}
+
+TEST_CASE("full mode: freeing a block the table never held counts nothing but frees_untracked",
+          "[track][counters]") {
+  // The attached node's case: blocks allocated before attach() are freed
+  // after it. They must not lower allocated - freed below the live bytes.
   Tracker t;
   Config c;
   c.table_capacity = 4096;
   c.stack_capacity = 64;
   REQUIRE(t.init(c, no_unwind, zero_clock));
   t.set_usable_size(real_usable);
+  void* before = ::malloc(10000);  // "before attach": never recorded
   Hooks h{t};
-  void* p = h.malloc_(100);
-  void* q = h.malloc_(100);  // keeps p from growing in place
-  p = h.realloc_(p, 1 << 20);
-  p = h.realloc_(p, 10);
-  mi_abi_status s = status_of(t);
-  CHECK(s.bytes_allocated - s.bytes_freed == ::malloc_usable_size(p) + ::malloc_usable_size(q));
-  CHECK(s.live_bytes == 110);  // the table: requested sizes
-  CHECK(h.realloc_(p, 0) == nullptr);
-  h.free_(q);
-  s = status_of(t);
-  CHECK(s.bytes_allocated == s.bytes_freed);
-  CHECK(s.live_entries == 0);
+  void* kept = h.malloc_(300);
+  h.free_(before);
+  const mi_abi_status s = status_of(t);
+  CHECK(s.frees_untracked == 1);
+  CHECK(s.calls[MI_FN_FREE] == 1);
+  CHECK(s.bytes_allocated == 300);
+  CHECK(s.bytes_freed == 0);
+  CHECK(s.bytes_allocated - s.bytes_freed == s.live_bytes);
+  h.free_(kept);
   t.destroy();
+}
+
+TEST_CASE("full and sample mode: what reset() and mode switches forget counts as freed",
+          "[track][counters]") {
+  for (const uint32_t mode : {uint32_t{MI_MODE_FULL}, uint32_t{MI_MODE_SAMPLE}}) {
+    INFO("mode " << mode);
+    Tracker t;
+    Config c;
+    c.mode = mode;
+    c.table_capacity = 1 << 14;
+    c.stack_capacity = 64;
+    c.sample_bytes = 4096;
+    REQUIRE(t.init(c, no_unwind, zero_clock));
+    t.set_usable_size(real_usable);
+    Hooks h{t};
+    std::vector<void*> old;
+    for (int i = 0; i < 2000; ++i) old.push_back(h.malloc_(100 + i));
+    REQUIRE(t.reset() > 0);
+    mi_abi_status s = status_of(t);
+    CHECK(s.live_bytes == 0);
+    CHECK(s.bytes_allocated == s.bytes_freed);
+    // The forgotten blocks' frees find nothing; new blocks count as usual.
+    for (void* p : old) h.free_(p);
+    std::vector<void*> fresh;
+    for (int i = 0; i < 2000; ++i) fresh.push_back(h.malloc_(200 + i));
+    s = status_of(t);
+    // What the live entries stand for: their sizes (full), their weights
+    // (sample: each sampled block counted size / p(size)).
+    uint64_t expected = 0;
+    t.for_each_live([&](const LiveEntry& e) {
+      expected += mode == MI_MODE_FULL
+                      ? e.size
+                      : static_cast<uint64_t>(std::llround(static_cast<double>(e.size) /
+                                                           sample_probability(e.size, 4096)));
+    });
+    CHECK(s.bytes_allocated - s.bytes_freed == expected);
+    if (mode == MI_MODE_FULL) CHECK(s.live_entries == 2000);
+    REQUIRE(t.set_mode(MI_MODE_OFF));
+    s = status_of(t);
+    CHECK(s.bytes_allocated == s.bytes_freed);
+    for (void* p : fresh) ::free(p);
+    t.destroy();
+  }
+}
+
+TEST_CASE("quiet: mallocinfo's own blocks are counted apart, never recorded or counted freed",
+          "[track][counters]") {
+  for (const uint32_t mode : {uint32_t{MI_MODE_FULL}, uint32_t{MI_MODE_COUNTERS}}) {
+    INFO("mode " << mode);
+    Tracker t;
+    Config c;
+    c.mode = mode;
+    c.table_capacity = 4096;
+    c.stack_capacity = 64;
+    REQUIRE(t.init(c, no_unwind, zero_clock));
+    t.set_usable_size(real_usable);
+    Hooks h{t};
+    void* node = h.malloc_(500);  // the node's
+    // What the hooks do for a quiet thread (preload/hooks.cpp): forward,
+    // count_self; its frees pass quiet = true.
+    void* own = ::malloc(700);
+    t.count_self(700);
+    mi_abi_status s = status_of(t);
+    CHECK(s.self_calls == 1);
+    CHECK(s.self_bytes == 700);
+    CHECK(s.calls[MI_FN_MALLOC] == 1);
+    if (mode == MI_MODE_FULL) {
+      CHECK(s.live_entries == 1);
+      CHECK(s.live_bytes == 500);
+      CHECK(s.bytes_allocated == 500);
+    }
+    const uint64_t freed_before = s.bytes_freed;
+    t.on_free(MI_FN_FREE, own, true);
+    ::free(own);
+    s = status_of(t);
+    CHECK(s.bytes_freed == freed_before);
+    CHECK(s.frees_untracked == 0);
+    CHECK(s.calls[MI_FN_FREE] == 0);  // nor is it a call of the node's
+    // A quiet thread freeing a block of the node's (the table holds it):
+    // it leaves the live set as always (full mode; counters mode cannot
+    // tell whose it is and counts nothing).
+    t.on_free(MI_FN_FREE, node, true);
+    ::free(node);
+    s = status_of(t);
+    if (mode == MI_MODE_FULL) {
+      CHECK(s.live_entries == 0);
+      CHECK(s.bytes_freed == 500);
+      CHECK(s.bytes_allocated == s.bytes_freed);
+    }
+    t.destroy();
+  }
 }
 
 TEST_CASE("sample mode: counters are the sample's estimates and balance", "[track][counters]") {

@@ -117,8 +117,8 @@ bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
   return false;
 }
 
-uint64_t LiveTable::clear_and_release(uint64_t* bytes) {
-  const uint64_t n = clear(bytes);
+uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) {
+  const uint64_t n = clear(bytes, each, ctx);
   os_release(slots_, bytes_);
   return n;
 }
@@ -127,7 +127,7 @@ size_t LiveTable::resident_bytes() const {
   return os_resident(slots_, bytes_);
 }
 
-uint64_t LiveTable::clear(uint64_t* bytes) {
+uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
   uint64_t n = 0;
   uint64_t b = 0;
   for (size_t i = 0; i <= mask_; ++i) {
@@ -141,6 +141,7 @@ uint64_t LiveTable::clear(uint64_t* bytes) {
     release_slot(s, home(k), &e);
     ++n;
     b += e.size;
+    if (each != nullptr) each(e, ctx);
   }
   if (bytes != nullptr) *bytes = b;
   return n;

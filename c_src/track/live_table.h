@@ -70,15 +70,18 @@ class LiveTable {
   template <class F>
   void for_each_stack(size_t lo, size_t hi, F&& f) const;
 
+  // Called by clear() with every entry it removes (ctx is the caller's).
+  using ClearFn = void (*)(const LiveEntry& e, void* ctx);
   // Removes every live entry; returns how many, and their bytes in *bytes.
-  // Safe while other threads insert and remove.
-  uint64_t clear(uint64_t* bytes);
+  // each (may be nullptr) sees every removed entry. Safe while other
+  // threads insert and remove.
+  uint64_t clear(uint64_t* bytes, ClearFn each = nullptr, void* ctx = nullptr);
   // The same, then gives every page back to the kernel (the table then
   // costs no resident memory until written again). Precondition: no thread
   // inserts or removes meanwhile (the tracker makes sure of it); readers may
   // run (a zeroed slot reads as empty, a slot zeroed mid-read fails its
   // sequence check and is retried).
-  uint64_t clear_and_release(uint64_t* bytes);
+  uint64_t clear_and_release(uint64_t* bytes, ClearFn each = nullptr, void* ctx = nullptr);
   // Resident bytes of the table's mapping (mincore). Thread-safe.
   size_t resident_bytes() const;
 

@@ -18,16 +18,6 @@ __thread bool t_sample_armed = false;
 
 constexpr size_t kThreadStates = 1024;
 
-inline void bump(ThreadState* ts, std::atomic<uint64_t>& c, uint64_t v) {
-  // The owner is the only writer of its own state: a plain load and store
-  // (no lock prefix) is enough, readers tolerate a slightly stale value.
-  // The shared overflow state has many writers and needs the atomic add.
-  if (ts->shared != 0)
-    c.fetch_add(v, std::memory_order_relaxed);
-  else
-    c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
-}
-
 // Publishing a pending id and checking the epoch must stay in program
 // order: the sweeper's membarrier makes that order the one that counts.
 inline void compiler_barrier() {
@@ -157,10 +147,17 @@ ThreadState* Tracker::acquire_state() {
   return &states_[0];
 }
 
+void Tracker::count_self_sampled(size_t size) {
+  ThreadState* ts = thread_state();
+  const Weight w = weight_of(size, config_.sample_bytes);
+  bump_own(ts, ts->self_calls, w.calls);
+  bump_own(ts, ts->self_bytes, w.bytes);
+}
+
 void Tracker::count_call_slow(mi_fn fn, bool freed, uint64_t bytes) {
   ThreadState* ts = thread_state();
-  bump(ts, ts->calls[fn], 1);
-  bump(ts, freed ? ts->bytes_freed : ts->bytes_allocated, bytes);
+  bump_own(ts, ts->calls[fn], 1);
+  bump_own(ts, freed ? ts->bytes_freed : ts->bytes_allocated, bytes);
 }
 
 void Tracker::release_state(void* p) {
@@ -255,7 +252,7 @@ void Tracker::leave_table(ThreadState* ts) {
   ts->table_busy.fetch_sub(1, std::memory_order_release);
 }
 
-void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled) {
+bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled) {
   std::atomic<uint32_t>* pin = pending_slot(ts);
   const uint32_t e = stacks_.epoch();
   uint32_t id = capture(ts);
@@ -284,10 +281,10 @@ void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
     leave_table(ts);
   }
   if (inserted == 1) {
-    bump(ts, ts->inserts, 1);
-    bump(ts, ts->insert_bytes, size);
+    bump_own(ts, ts->inserts, 1);
+    bump_own(ts, ts->insert_bytes, size);
   } else if (inserted == 0) {
-    bump(ts, ts->dropped, 1);
+    bump_own(ts, ts->dropped, 1);
   }
   // Release: a sweep that reads the cleared slot also sees the entry.
   if (pin != nullptr) pin->store(0, std::memory_order_release);
@@ -295,6 +292,7 @@ void Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   // sweep ends); a sweep reclaim() started is carried by its caller.
   if (hooks_sweep_ && stacks_.wants_sweep()) [[unlikely]]
     sweep_hook_step();
+  return inserted == 1;
 }
 
 bool Tracker::table_remove(ThreadState* ts, uint64_t address, LiveEntry* out) {
@@ -302,8 +300,8 @@ bool Tracker::table_remove(ThreadState* ts, uint64_t address, LiveEntry* out) {
   const bool found = table_.remove(address, out);
   leave_table(ts);
   if (found) {
-    bump(ts, ts->removes, 1);
-    bump(ts, ts->remove_bytes, out->size);
+    bump_own(ts, ts->removes, 1);
+    bump_own(ts, ts->remove_bytes, out->size);
   }
   return found;
 }
@@ -316,17 +314,18 @@ void Tracker::on_alloc(mi_fn fn, void* p, size_t size) {
     return;
   }
   ThreadState* ts = thread_state();
-  bump(ts, ts->calls[fn], 1);
+  bump_own(ts, ts->calls[fn], 1);
   if (p == nullptr) {
     unpin_taken(ts);
     return;
   }
-  bump(ts, ts->bytes_allocated, usable_ != nullptr ? usable_(p) : size);
   if (mode == MI_MODE_COUNTERS) {
+    bump_own(ts, ts->bytes_allocated, usable_ != nullptr ? usable_(p) : size);
     unpin_taken(ts);
     return;
   }
-  record(ts, reinterpret_cast<uintptr_t>(p), size, false);
+  if (record(ts, reinterpret_cast<uintptr_t>(p), size, false))
+    bump_own(ts, ts->bytes_allocated, size);
 }
 
 int64_t Tracker::draw_interval(ThreadState* ts) {
@@ -361,9 +360,9 @@ void Tracker::on_sampled_alloc(mi_fn fn, void* p, size_t size) {
   if (p == nullptr) return;
   ThreadState* ts = thread_state();
   const Weight w = weight_of(size, config_.sample_bytes);
-  bump(ts, ts->calls[fn], w.calls);
-  bump(ts, ts->bytes_allocated, w.bytes);
-  record(ts, reinterpret_cast<uintptr_t>(p), size, true);
+  bump_own(ts, ts->calls[fn], w.calls);
+  if (record(ts, reinterpret_cast<uintptr_t>(p), size, true))
+    bump_own(ts, ts->bytes_allocated, w.bytes);
 }
 
 void Tracker::account_free(ThreadState* ts, uint32_t mode, mi_fn fn, const LiveEntry* e,
@@ -372,33 +371,34 @@ void Tracker::account_free(ThreadState* ts, uint32_t mode, mi_fn fn, const LiveE
     // Only sampled blocks are seen: count what their allocation counted.
     if (e == nullptr || (e->stack_id & kSampledBit) == 0) return;
     const Weight w = weight_of(e->size, config_.sample_bytes);
-    bump(ts, ts->calls[fn], w.calls);
-    bump(ts, ts->bytes_freed, w.bytes);
+    bump_own(ts, ts->calls[fn], w.calls);
+    bump_own(ts, ts->bytes_freed, w.bytes);
     return;
   }
-  bump(ts, ts->calls[fn], 1);
-  if (usable_ != nullptr)
-    bump(ts, ts->bytes_freed, usable);
-  else if (e != nullptr)
-    bump(ts, ts->bytes_freed, e->size);
+  bump_own(ts, ts->calls[fn], 1);
+  if (mode == MI_MODE_COUNTERS)
+    bump_own(ts, ts->bytes_freed, usable_ != nullptr ? usable : (e != nullptr ? e->size : 0));
+  else if (e != nullptr)  // full: only what the table recorded
+    bump_own(ts, ts->bytes_freed, e->size);
 }
 
-void Tracker::on_free(mi_fn fn, void* p) {
+void Tracker::on_free(mi_fn fn, void* p, bool quiet) {
   const uint32_t mode = mode_.load(std::memory_order_relaxed);
   if (mode == MI_MODE_OFF) return;
   ThreadState* ts = thread_state();
   if (p == nullptr) {
-    if (mode != MI_MODE_SAMPLE) bump(ts, ts->calls[fn], 1);
+    if (mode != MI_MODE_SAMPLE && !quiet) bump_own(ts, ts->calls[fn], 1);
     return;
   }
   if (mode == MI_MODE_COUNTERS) {
-    account_free(ts, mode, fn, nullptr, usable(p));
+    if (!quiet) account_free(ts, mode, fn, nullptr, usable(p));
     return;
   }
   LiveEntry e;
   const bool found = table_remove(ts, reinterpret_cast<uintptr_t>(p), &e);
-  if (!found && mode == MI_MODE_FULL) bump(ts, ts->frees_untracked, 1);
-  account_free(ts, mode, fn, found ? &e : nullptr, mode == MI_MODE_FULL ? usable(p) : 0);
+  if (!found && quiet) return;  // mallocinfo's own block: never counted
+  if (!found && mode == MI_MODE_FULL) bump_own(ts, ts->frees_untracked, 1);
+  account_free(ts, mode, fn, found ? &e : nullptr, 0);
 }
 
 bool Tracker::take(void* p, LiveEntry* out) {
@@ -431,13 +431,13 @@ void Tracker::freed(mi_fn fn, const LiveEntry* e, size_t usable) {
   if (mode == MI_MODE_SAMPLE) {
     // The realloc's own call is counted with its new block, if sampled.
     if (e == nullptr || (e->stack_id & kSampledBit) == 0) return;
-    bump(ts, ts->bytes_freed, weight_of(e->size, config_.sample_bytes).bytes);
+    bump_own(ts, ts->bytes_freed, weight_of(e->size, config_.sample_bytes).bytes);
     return;
   }
-  if (usable_ != nullptr)
-    bump(ts, ts->bytes_freed, usable);
-  else if (e != nullptr)
-    bump(ts, ts->bytes_freed, e->size);
+  if (mode == MI_MODE_COUNTERS)
+    bump_own(ts, ts->bytes_freed, usable_ != nullptr ? usable : (e != nullptr ? e->size : 0));
+  else if (e != nullptr)  // full: only what the table recorded
+    bump_own(ts, ts->bytes_freed, e->size);
   (void)fn;
 }
 
@@ -456,10 +456,10 @@ void Tracker::restore(const LiveEntry& e) {
     leave_table(ts);
   }
   if (inserted == 1) {
-    bump(ts, ts->inserts, 1);
-    bump(ts, ts->insert_bytes, e.size);
+    bump_own(ts, ts->inserts, 1);
+    bump_own(ts, ts->insert_bytes, e.size);
   } else if (inserted == 0) {
-    bump(ts, ts->dropped, 1);
+    bump_own(ts, ts->dropped, 1);
   }
   unpin_taken(ts);
 }
@@ -468,7 +468,7 @@ void Tracker::count(mi_fn fn) {
   const uint32_t mode = mode_.load(std::memory_order_relaxed);
   if (mode == MI_MODE_OFF || mode == MI_MODE_SAMPLE) return;
   ThreadState* ts = thread_state();
-  bump(ts, ts->calls[fn], 1);
+  bump_own(ts, ts->calls[fn], 1);
   unpin_taken(ts);
 }
 
@@ -479,19 +479,30 @@ uint64_t Tracker::clear_table() {
   // instructions each) to leave it; then nobody writes the table and its
   // pages can be given back. A thread stopped inside one (a debugger) must
   // not hang us: after quiesce_rounds yields, clear without releasing.
-  bool quiet = false;
-  for (unsigned round = 0; !quiet; ++round) {
-    quiet = true;
-    for (size_t i = 0; i < nstates_ && quiet; ++i)
-      if (states_[i].table_busy.load(std::memory_order_seq_cst) != 0) quiet = false;
-    if (quiet || round >= config_.quiesce_rounds) break;
+  bool settled = false;
+  for (unsigned round = 0; !settled; ++round) {
+    settled = true;
+    for (size_t i = 0; i < nstates_ && settled; ++i)
+      if (states_[i].table_busy.load(std::memory_order_seq_cst) != 0) settled = false;
+    if (settled || round >= config_.quiesce_rounds) break;
     ::sched_yield();
   }
   uint64_t bytes = 0;
-  const uint64_t n = quiet ? table_.clear_and_release(&bytes) : table_.clear(&bytes);
+  // What bytes_freed gains: each forgotten entry's bytes as its allocation
+  // counted them (a sampled one's weight).
+  struct Forgotten {
+    uint64_t mean, bytes;
+  } forgotten{config_.sample_bytes, 0};
+  const LiveTable::ClearFn each = [](const LiveEntry& e, void* ctx) {
+    auto* f = static_cast<Forgotten*>(ctx);
+    f->bytes += (e.stack_id & kSampledBit) != 0 ? weight_of(e.size, f->mean).bytes : e.size;
+  };
+  const uint64_t n = settled ? table_.clear_and_release(&bytes, each, &forgotten)
+                             : table_.clear(&bytes, each, &forgotten);
   cleared_.fetch_add(n, std::memory_order_relaxed);
   cleared_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  if (!quiet) unreleased_clears_.fetch_add(1, std::memory_order_relaxed);
+  forgotten_bytes_.fetch_add(forgotten.bytes, std::memory_order_relaxed);
+  if (!settled) unreleased_clears_.fetch_add(1, std::memory_order_relaxed);
   table_open_.store(true, std::memory_order_seq_cst);
   ::pthread_mutex_unlock(&clear_lock_);
   return n;
@@ -529,11 +540,14 @@ void Tracker::status(mi_abi_status* out) const {
     s.bytes_freed += t.bytes_freed.load(std::memory_order_relaxed);
     s.dropped += t.dropped.load(std::memory_order_relaxed);
     s.frees_untracked += t.frees_untracked.load(std::memory_order_relaxed);
+    s.self_calls += t.self_calls.load(std::memory_order_relaxed);
+    s.self_bytes += t.self_bytes.load(std::memory_order_relaxed);
     inserts += t.inserts.load(std::memory_order_relaxed);
     insert_bytes += t.insert_bytes.load(std::memory_order_relaxed);
     removes += t.removes.load(std::memory_order_relaxed);
     remove_bytes += t.remove_bytes.load(std::memory_order_relaxed);
   }
+  s.bytes_freed += forgotten_bytes_.load(std::memory_order_relaxed);
   const uint64_t cleared = cleared_.load(std::memory_order_relaxed);
   const uint64_t cleared_bytes = cleared_bytes_.load(std::memory_order_relaxed);
   // Counters are read one by one while other threads run: clamp rather than

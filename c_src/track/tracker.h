@@ -70,22 +70,33 @@
 // (failure) or freed() (success: the old entry is gone for good).
 //
 // What the byte counters mean (mi_abi_status):
-//  - counters and full: bytes_allocated / bytes_freed are *usable* bytes
-//    (the next allocator's malloc_usable_size, see set_usable_size) of every
-//    block allocated / freed while the mode counts; a realloc counts the old
-//    block freed and the new one allocated (moved, grown in place or
-//    shrunk), realloc(p, 0) counts p freed. So bytes_allocated - bytes_freed
-//    equals the usable bytes of the live blocks allocated in these modes.
-//    Without a usable-size function (tests) requested sizes are counted, and
-//    a free counts the recorded size of a block found in the table.
+//  - full: bytes_allocated is the requested bytes of every block the table
+//    recorded; bytes_freed the requested bytes of every recorded block that
+//    left it: freed (found in the table: a free of a block the table never
+//    held, allocated before attach() or dropped when the table was full,
+//    counts nothing but frees_untracked), or forgotten by reset() or a mode
+//    switch. So bytes_allocated - bytes_freed == live_bytes, exactly, in a
+//    preloaded or an attached process alike.
+//  - counters: usable bytes (the next allocator's malloc_usable_size, see
+//    set_usable_size; requested sizes without one) of every block allocated
+//    / freed while the mode counts; a realloc counts the old block freed and
+//    the new one allocated, realloc(p, 0) counts p freed. There is no table
+//    to tell whose block a free gives back: bytes_allocated - bytes_freed is
+//    the live usable bytes only in a process that counted from its start
+//    (preloaded in counters mode); an attached one also counts the frees of
+//    blocks allocated before attach().
 //  - sample: every counter (calls, bytes_allocated, bytes_freed) is an
 //    unbiased estimate from the sample: a sampled block of n requested bytes
-//    adds 1/p(n) calls and round(n/p(n)) bytes, and its free adds the same
-//    again, so bytes_allocated - bytes_freed is the sample's estimate of the
-//    live requested bytes. Unsampled calls touch no counter (that is what
-//    makes sample mode cheap).
+//    adds 1/p(n) calls and round(n/p(n)) bytes, and its free (or its being
+//    forgotten) adds the same again, so bytes_allocated - bytes_freed is
+//    the sample's estimate of the live requested bytes. Unsampled calls
+//    touch no counter (that is what makes sample mode cheap).
 //  - live_entries / live_bytes: exactly what the table holds (requested
 //    sizes), every mode.
+//  - self_calls / self_bytes: allocations made while the calling thread
+//    was quiet (mallocinfo's own work, see on_free's `quiet`), counted
+//    instead of being recorded: requested bytes, exact in full and counters
+//    mode, weighted from the sample points that fell on them in sample mode.
 #ifndef MALLOCINFO_TRACK_TRACKER_H
 #define MALLOCINFO_TRACK_TRACKER_H
 
@@ -152,6 +163,7 @@ struct alignas(64) ThreadState {
   std::atomic<uint64_t> removes, remove_bytes;
   std::atomic<uint64_t> dropped;
   std::atomic<uint64_t> frees_untracked;
+  std::atomic<uint64_t> self_calls, self_bytes;
   // Table operations in flight on this state (0 or 1 for an owned state;
   // any count on the shared one): reset() waits for 0 before it gives the
   // table's pages back.
@@ -203,8 +215,22 @@ class Tracker {
   void on_alloc(mi_fn fn, void* p, size_t size);
   // p is about to be given back to the next allocator (free, or realloc
   // moving it). Must run BEFORE the real free: once freed, the address can
-  // be handed to another thread and recorded again.
-  void on_free(mi_fn fn, void* p);
+  // be handed to another thread and recorded again. `quiet`: the calling
+  // thread works for mallocinfo (mi_preload_abi.quiet): a block the table
+  // holds is still the node's and counted freed, any other counts nothing.
+  void on_free(mi_fn fn, void* p, bool quiet = false);
+  // An allocation of `size` requested bytes that a quiet thread made: not
+  // recorded, counted in self_calls / self_bytes (full and counters mode).
+  void count_self(size_t size) {
+    const uint32_t m = mode();
+    if (m != MI_MODE_FULL && m != MI_MODE_COUNTERS) return;
+    ThreadState* ts = thread_state();
+    bump_own(ts, ts->self_calls, 1);
+    bump_own(ts, ts->self_bytes, size);
+  }
+  // Sample mode: a quiet thread's allocation of `size` bytes was a sample
+  // point; counted, with its weight, in self_calls / self_bytes.
+  void count_self_sampled(size_t size);
   // realloc/reallocarray: forget p before the real call (counting nothing);
   // if the real call fails, restore() puts the entry back unchanged; if it
   // succeeds, freed() counts p as having left the live set.
@@ -232,14 +258,9 @@ class Tracker {
   // (dlsym at start-up): such a block may be freed outside one, and the
   // byte counters must still balance.
   void count_bytes(bool allocated, size_t usable) {
-    const uint32_t m = mode();
-    if (m != MI_MODE_FULL && m != MI_MODE_COUNTERS) return;
+    if (mode() != MI_MODE_COUNTERS) return;  // full mode counts recorded blocks only
     ThreadState* ts = thread_state();
-    std::atomic<uint64_t>& c = allocated ? ts->bytes_allocated : ts->bytes_freed;
-    if (ts->shared == 0)
-      c.store(c.load(std::memory_order_relaxed) + usable, std::memory_order_relaxed);
-    else
-      c.fetch_add(usable, std::memory_order_relaxed);
+    bump_own(ts, allocated ? ts->bytes_allocated : ts->bytes_freed, usable);
   }
   size_t usable(void* p) const { return usable_ != nullptr && p != nullptr ? usable_(p) : 0; }
 
@@ -311,6 +332,15 @@ class Tracker {
   StackTable& stack_table() { return stacks_; }
 
  private:
+  // The owner is the only writer of its own state: a plain load and store
+  // (no lock prefix) is enough, readers tolerate a slightly stale value.
+  // The shared overflow state has many writers and needs the atomic add.
+  static void bump_own(ThreadState* ts, std::atomic<uint64_t>& c, uint64_t v) {
+    if (ts->shared != 0)
+      c.fetch_add(v, std::memory_order_relaxed);
+    else
+      c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  }
   ThreadState* thread_state() {
     ThreadState* ts = t_state;
     if (ts != nullptr && ts->owner == this) [[likely]]
@@ -345,7 +375,9 @@ class Tracker {
   // how many frames to keep from buf[*skip] (the interposer's own frames
   // skipped, at most stack_depth). Hook-safe: no lock, no malloc.
   size_t unwind_here(ThreadState* ts, uintptr_t* buf, size_t* skip);
-  void record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled);
+  // Records a block; true when the table took it (then, and only then, its
+  // bytes count as allocated: see the byte counters above).
+  bool record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled);
   // Brackets a table operation (see ThreadState::table_busy): false when
   // reset() has closed the table, and then nothing may be touched.
   bool enter_table(ThreadState* ts);
@@ -404,8 +436,10 @@ class Tracker {
   pthread_key_t key_{};
   bool key_ok_ = false;
   uintptr_t self_lo_ = 0, self_hi_ = 0;
-  // Removals done by reset() and set_mode(off), outside any thread state.
-  std::atomic<uint64_t> cleared_{0}, cleared_bytes_{0};
+  // Removals done by reset() and set_mode(off), outside any thread state;
+  // forgotten_bytes_ is what they add to bytes_freed (requested bytes, or
+  // a sampled entry's weight).
+  std::atomic<uint64_t> cleared_{0}, cleared_bytes_{0}, forgotten_bytes_{0};
   // Pending ids of threads on the shared overflow state; kPendingClaimed
   // marks a slot taken before its id is known (not an id: its generation
   // bits exceed any table's).

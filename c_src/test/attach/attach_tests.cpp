@@ -198,9 +198,9 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
 
   const uint64_t allocated_before = status(abi).bytes_allocated;
   void* a = lazy_alloc(12345);
-  // Byte counters count usable bytes, as with LD_PRELOAD (the patched slots
-  // do not give malloc_usable_size; attach finds it).
-  CHECK(status(abi).bytes_allocated - allocated_before == ::malloc_usable_size(a));
+  // Full mode counts the requested bytes of recorded blocks, as with
+  // LD_PRELOAD (track/tracker.h).
+  CHECK(status(abi).bytes_allocated - allocated_before == 12345);
   void* b = now_alloc(23456);
   void* c = now_calloc(3, 11111);
   {
@@ -274,12 +274,18 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
   CHECK(attach_status(abi).attached == 0);
   CHECK(attach_status(abi).slots == 0);
 
-  // After detach nothing new is seen; what was recorded stays readable.
+  // After detach nothing is seen: its frees no longer reach the table, so
+  // what it held is forgotten rather than left to go stale, and the
+  // process says it records nothing.
+  const mi_abi_status after = status(abi);
+  CHECK(after.recording == 0);
+  CHECK(after.mode == MI_MODE_OFF);
+  CHECK(abi->set_mode(MI_MODE_FULL) == -1);
   void* e = now_alloc(56789);
   {
     const auto v = live(abi);
     CHECK(find_entry(v, e) == nullptr);
-    CHECK(find_entry(v, d) != nullptr);
+    CHECK(find_entry(v, d) == nullptr);
   }
   now_free(e);
   late_free(d);  // recorded, freed after detach: forwarded by libc directly

@@ -4,8 +4,9 @@
 // Threads make a random mix of malloc, calloc, realloc (grow, shrink, move,
 // to 0, from NULL), reallocarray, posix_memalign, aligned_alloc and free;
 // then, with the blocks they hold still live, bytes_allocated - bytes_freed
-// must have moved by exactly the usable bytes of those blocks
-// (malloc_usable_size), and by exactly 0 once they are freed. In sample
+// must have moved by exactly the bytes of those blocks (requested in full
+// mode, usable, malloc_usable_size, in counters mode), and by exactly 0
+// once they are freed. In sample
 // mode (MALLOCINFO_TRACE=sample) it checks what sample mode promises
 // instead: allocated - freed equals the estimate of the live sampled
 // blocks, and returns to where it was once they are freed.
@@ -45,7 +46,13 @@ constexpr size_t kMaxHeld = 400;
 
 struct Held {
   void* p[kMaxHeld];
+  size_t req[kMaxHeld];  // requested bytes of p[i] (what full mode counts)
   size_t n = 0;
+  void drop(size_t at) {
+    --n;
+    p[at] = p[n];
+    req[at] = req[n];
+  }
 };
 
 // Sizes that cross glibc's bins, tcache and the mmap threshold.
@@ -69,41 +76,54 @@ void worker(int id, Held* h) {
     if (h->n >= kMaxHeld || (h->n > 0 && v % 3 == 0)) {
       const size_t at = static_cast<size_t>(rnd() % h->n);
       void*& slot = h->p[at];
+      size_t& req = h->req[at];
       switch (v % 6) {
         case 0: {  // realloc(p, 0): glibc frees p, returns NULL
           void* r = realloc(slot, opaque<size_t>(0));
           if (r == nullptr) {
-            slot = h->p[--h->n];
+            h->drop(at);
           } else {
             slot = r;
+            req = 0;
           }
           break;
         }
         case 1:  // grow (often a move)
         case 2: {
-          void* r = realloc(slot, pick_size(rnd()) + 4096);
-          if (r != nullptr) slot = r;
+          const size_t n = pick_size(rnd()) + 4096;
+          void* r = realloc(slot, n);
+          if (r != nullptr) {
+            slot = r;
+            req = n;
+          }
           break;
         }
         case 3: {  // shrink (in place)
-          const size_t u = malloc_usable_size(slot);
-          void* r = realloc(slot, u / 2 + 1);
-          if (r != nullptr) slot = r;
+          const size_t n = malloc_usable_size(slot) / 2 + 1;
+          void* r = realloc(slot, n);
+          if (r != nullptr) {
+            slot = r;
+            req = n;
+          }
           break;
         }
         case 4: {
-          void* r = reallocarray(slot, 3, 1 + rnd() % 700);
-          if (r != nullptr) slot = r;
+          const size_t k = 1 + rnd() % 700;
+          void* r = reallocarray(slot, 3, k);
+          if (r != nullptr) {
+            slot = r;
+            req = 3 * k;
+          }
           break;
         }
         default:
           free(slot);
-          slot = h->p[--h->n];
+          h->drop(at);
           break;
       }
       continue;
     }
-    const size_t size = pick_size(rnd());
+    size_t size = pick_size(rnd());
     void* p = nullptr;
     switch (v % 6) {
       case 0:
@@ -111,6 +131,7 @@ void worker(int id, Held* h) {
         break;
       case 1:
         p = calloc(1 + v % 5, size);
+        size *= 1 + v % 5;
         break;
       case 2:
         p = realloc(opaque<void*>(nullptr), size);
@@ -119,13 +140,17 @@ void worker(int id, Held* h) {
         if (posix_memalign(&p, 64, size) != 0) p = nullptr;
         break;
       case 4:
-        p = aligned_alloc(32, (size + 31) & ~size_t{31});
+        size = (size + 31) & ~size_t{31};
+        p = aligned_alloc(32, size);
         break;
       default:
         p = memalign(4096, size);
         break;
     }
-    if (p != nullptr) h->p[h->n++] = p;
+    if (p != nullptr) {
+      h->p[h->n] = p;
+      h->req[h->n++] = size;
+    }
   }
 }
 
@@ -191,12 +216,14 @@ int main() {
   sync.arrive_and_wait();
   sync.arrive_and_wait();
   const mi_abi_status s1 = status();
-  int64_t live_usable = 0;
+  int64_t live_usable = 0, live_requested = 0;
   size_t nheld = 0;
   for (auto& h : held) {
     nheld += h.n;
-    for (size_t k = 0; k < h.n; ++k)
+    for (size_t k = 0; k < h.n; ++k) {
       live_usable += static_cast<int64_t>(malloc_usable_size(h.p[k]));
+      live_requested += static_cast<int64_t>(h.req[k]);
+    }
   }
   sync.arrive_and_wait();
   sync.arrive_and_wait();
@@ -221,12 +248,15 @@ int main() {
     PROBE_CHECK(s1.live_entries > s0.live_entries);
     PROBE_CHECK(s2.live_entries == s0.live_entries);
   } else {
-    printf(
-        "drift_preload: %s: live %zu blocks, %lld usable bytes; allocated - freed moved by %lld\n",
-        s.mode == MI_MODE_FULL ? "full" : "counters", nheld, static_cast<long long>(live_usable),
-        static_cast<long long>(moved));
+    // Full mode counts the requested bytes of what the table recorded,
+    // counters mode the usable bytes of every call (track/tracker.h).
+    const bool full = s.mode == MI_MODE_FULL;
+    printf("drift_preload: %s: live %zu blocks, %lld %s bytes; allocated - freed moved by %lld\n",
+           full ? "full" : "counters", nheld,
+           static_cast<long long>(full ? live_requested : live_usable),
+           full ? "requested" : "usable", static_cast<long long>(moved));
     PROBE_CHECK(nheld > 0);
-    PROBE_CHECK(moved == live_usable);
+    PROBE_CHECK(moved == (full ? live_requested : live_usable));
     PROBE_CHECK(net(s2) == net(s0));
     PROBE_CHECK(s1.calls[MI_FN_REALLOC] - s0.calls[MI_FN_REALLOC] > 0);
     if (s.mode == MI_MODE_FULL) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -435,6 +436,66 @@ void test_fork() {
 
 }  // namespace
 
+// mallocinfo's own work (the NIF wraps every call in quiet(1)/quiet(0)):
+// whatever a quiet thread allocates, reallocates or maps is counted in
+// self_* and never recorded; its frees of its own blocks count nothing; a
+// block of the node's it frees still leaves the table. Quiet nests; the
+// thread records again once it is left.
+void test_quiet(Snap& snap) {
+  void* node = malloc(opaque<size_t>(4321));  // the node's, freed quietly below
+  const mi_abi_status s0 = status();
+  g_abi->quiet(1);
+  g_abi->quiet(1);  // nests
+  void* a = malloc(opaque<size_t>(1000));
+  void* b = calloc(3, opaque<size_t>(100));
+  void* c = realloc(opaque<void*>(nullptr), 200);
+  c = realloc(c, 20000);
+  char* d = strdup("quiet");
+  void* e = nullptr;
+  PROBE_CHECK(posix_memalign(&e, 64, 640) == 0);
+  void* m = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  g_abi->quiet(0);
+  void* still = malloc(opaque<size_t>(55));  // one level left: still quiet
+  g_abi->quiet(0);
+  void* other = malloc(opaque<size_t>(777));  // recorded: no longer quiet
+  memset(other, 0, 777);
+  const mi_abi_status s1 = status();
+  const auto live_now = snap.take();
+  PROBE_CHECK(absent(live_now, a) && absent(live_now, b) && absent(live_now, c) &&
+              absent(live_now, d) && absent(live_now, e) && absent(live_now, still));
+  PROBE_CHECK(live(live_now, other, 777));
+  PROBE_CHECK(s1.live_entries - s0.live_entries == 1);
+  // malloc, calloc, realloc x2, strdup's malloc, posix_memalign, malloc
+  PROBE_CHECK(s1.self_calls - s0.self_calls == 7);
+  PROBE_CHECK(s1.self_bytes - s0.self_bytes == 1000 + 300 + 200 + 20000 + 6 + 640 + 55);
+  PROBE_CHECK(s1.calls[MI_FN_MALLOC] - s0.calls[MI_FN_MALLOC] == 1);  // `other' only
+  PROBE_CHECK(s1.calls[MI_FN_STRDUP] == s0.calls[MI_FN_STRDUP]);
+  mi_abi_region_status r{};
+  g_abi->region_status(&r, sizeof r);
+  PROBE_CHECK(r.self_mmaps >= 1 && r.self_bytes_mapped >= (1u << 20));
+  std::vector<mi_abi_region> regions(r.capacity);
+  const uint64_t nr = g_abi->regions(regions.data(), regions.size());
+  for (uint64_t i = 0; i < nr && i < regions.size(); ++i)
+    PROBE_CHECK(regions[i].start != reinterpret_cast<uintptr_t>(m));
+  // Frees, still quiet: nothing of its own counts; the node's block does.
+  g_abi->quiet(1);
+  free(a);
+  free(b);
+  free(c);
+  free(d);
+  free(e);
+  free(still);
+  munmap(m, 1 << 20);
+  free(node);
+  g_abi->quiet(0);
+  const mi_abi_status s2 = status();
+  PROBE_CHECK(s2.bytes_freed - s1.bytes_freed == 4321);
+  PROBE_CHECK(s2.frees_untracked == s1.frees_untracked);
+  PROBE_CHECK(s2.calls[MI_FN_FREE] - s1.calls[MI_FN_FREE] == 1);
+  PROBE_CHECK(absent(snap.take(), node));
+  free(other);
+}
+
 int main() {
   g_abi = probe::find_abi();  // struct_size checked there
   if (g_abi == nullptr) {
@@ -451,6 +512,7 @@ int main() {
   }
   Snap snap;
   test_edge_cases(snap);
+  test_quiet(snap);
   test_stress(snap);
   test_reclaim_stress();
   test_fork();

@@ -1,0 +1,25 @@
+#include "quiet.h"
+
+#include <cstddef>
+
+namespace mi::nif {
+
+std::atomic<QuietFn> g_quiet{nullptr};
+
+namespace {
+QuietFn quiet_of(const mi_preload_abi* abi) {
+  if (abi == nullptr || abi->struct_size < offsetof(mi_preload_abi, quiet) + sizeof(abi->quiet))
+    return nullptr;
+  return abi->quiet;
+}
+}  // namespace
+
+void learn_quiet(const mi_preload_abi* abi) {
+  if (QuietFn fn = quiet_of(abi)) g_quiet.store(fn, std::memory_order_release);
+}
+
+QuietScope::QuietScope(const mi_preload_abi* abi) noexcept : fn_(quiet_of(abi)) {
+  if (fn_ != nullptr) fn_(1);
+}
+
+}  // namespace mi::nif
