@@ -343,45 +343,72 @@ inside(Pid, Info, O) ->
         {failed, Why} -> outside(Pid, Info, O) ++ [omitted(state, {sys_failed, Why})]
     end.
 
-%% Runs Fun(State, Reply) inside Pid (an idle sys-compliant process, see
-%% sys_idle/2) through sys:replace_state/3; Fun calls Reply(Result) once.
-%% The wrapper throws once Fun is done, so sys leaves the state as it was
-%% and replies with a small error instead of a copy of the whole state.
-%% Results go to an alias, dropped once we stop listening; a system message
-%% handled after the deadline skips Fun altogether.
+%% Runs Fun(State, Reply) inside Pid (a process that handles system
+%% messages: see sys_idle/2 and the sys option) through
+%% sys:replace_state/3; Fun calls Reply(Result) once. The function sys
+%% runs in the target gives the state back unchanged and never raises: a
+%% loop of its own may call it without a catch (RabbitMQ's gen_server2
+%% does; the throw this once ended with killed a real queue process). The
+%% target then answers sys with the whole state, which must not be copied
+%% back: a short-lived helper makes the call, and the function kills it
+%% and waits for its end before returning, so that the answer goes to a
+%% process that no longer exists and is dropped without a copy. Results go
+%% to an alias, dropped once we stop listening; a system message handled
+%% after the deadline skips Fun.
 in_target(Pid, Fun, Timeout) ->
     Alias = alias(),
     Deadline = erlang:monotonic_time(millisecond) + Timeout,
     Reply = fun(Result) -> Alias ! {Alias, Result} end,
-    Wrapped = fun(State) ->
-                      case erlang:monotonic_time(millisecond) =< Deadline of
-                          true -> Fun(State, Reply);
-                          false -> ok
-                      end,
-                      throw(mallocinfo_done)
-              end,
-    %% sys raises when Wrapped throws (the usual way out: Fun replied, or
-    %% the message came after the deadline), when the process does not
-    %% answer within Timeout, or when it answers with an error of its own
-    %% (a system_replace_state/2 that failed without calling Wrapped).
-    Raised = try sys:replace_state(Pid, Wrapped, Timeout) of
-                 _ -> none
-             catch
-                 exit:{timeout, _} -> timeout;
-                 error:{callback_failed, _, {throw, mallocinfo_done}} -> timeout;
-                 _:Why -> {failed, Why}
-             end,
+    Helper =
+        spawn(fun() ->
+                      Me = self(),
+                      Wrapped =
+                          fun(State) ->
+                                  case erlang:monotonic_time(millisecond) =< Deadline of
+                                      true ->
+                                          try Fun(State, Reply)
+                                          catch Class:Why -> Alias ! {Alias, failed, {Class, Why}}
+                                          end;
+                                      false ->
+                                          Alias ! {Alias, failed, late}
+                                  end,
+                                  Ref = monitor(process, Me),
+                                  exit(Me, kill),
+                                  receive {'DOWN', Ref, process, _, _} -> ok end,
+                                  State
+                          end,
+                      %% Returns or raises only when Wrapped did not run.
+                      try sys:replace_state(Pid, Wrapped, Timeout) of
+                          _ -> Alias ! {Alias, failed, not_called}
+                      catch
+                          exit:{timeout, _} -> Alias ! {Alias, failed, late};
+                          _:Why -> Alias ! {Alias, failed, Why}
+                      end
+              end),
+    HelperRef = monitor(process, Helper),
     Result = receive
+                 {Alias, failed, late} -> timeout;
+                 {Alias, failed, Why} -> {failed, Why};
                  {Alias, R} -> {ok, R}
-             after 0 ->
-                 case Raised of
-                     {failed, _} -> Raised;
-                     _ -> timeout
-                 end
+             after Timeout + 5000 ->
+                 timeout
              end,
+    %% The target ends the helper once it is done (its garbage collection
+    %% after measuring included): wait for that, within the timeout, so
+    %% that the caller finds it back in its loop.
+    receive {'DOWN', HelperRef, process, _, _} -> ok after Timeout -> ok end,
+    demonitor(HelperRef, [flush]),
+    exit(Helper, kill),
     unalias(Alias),
-    receive {Alias, _} -> ok after 0 -> ok end,
+    flush_alias(Alias),
     Result.
+
+flush_alias(Alias) ->
+    receive
+        {Alias, _} -> flush_alias(Alias);
+        {Alias, failed, _} -> flush_alias(Alias)
+    after 0 -> ok
+    end.
 
 measure_inside(State, O, Reply) ->
     {total_heap_size, Before} = process_info(self(), total_heap_size),

@@ -1,8 +1,10 @@
 %% A server that is no gen_server but speaks sys, as RabbitMQ's gen_server2
 %% and ejabberd's p1_server do: started through proc_lib, waiting in a
-%% receive loop of its own, hibernating between messages when asked to,
-%% and, like gen_server2, without system_replace_state/2 (sys then applies
-%% the function to the whole loop data). For mallocinfo_process_SUITE.
+%% receive loop of its own, hibernating between messages when asked to.
+%% Like gen_server2 (RabbitMQ 3.10) it has no system_replace_state/2 and
+%% answers {replace_state, Fun} itself: Fun is called on the whole loop
+%% data with no catch (a Fun that raises kills the server) and the answer
+%% is the new loop data. For mallocinfo_process_SUITE.
 -module(mi_sys_server).
 -export([start/2, call/2, init/3, wake/3, system_continue/3, system_terminate/4,
          system_code_change/4]).
@@ -40,6 +42,10 @@ wake(Parent, State, Opts) ->
 
 loop(Parent, State, Opts) ->
     receive
+        {system, From, {replace_state, Fun}} ->
+            {NState, NOpts} = Misc = Fun({State, Opts}),
+            gen:reply(From, Misc),
+            next(Parent, NState, NOpts);
         {system, From, Request} ->
             sys:handle_system_msg(Request, From, Parent, ?MODULE, [], {State, Opts});
         {call, From, Ref, get} ->
