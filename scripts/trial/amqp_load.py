@@ -5,9 +5,10 @@ consumes, so that the queue process grows (the shape of issue 22's trial).
     /usr/bin/python3 scripts/trial/amqp_load.py [--queue q1] [--messages 40000]
         [--size 400] [--host 127.0.0.1] [--port 5672] [--drain]
 
-Needs python3-pika (Debian: /usr/bin/python3, not a pyenv python). --drain consumes and acknowledges everything
-in the queue instead (to shrink it again). Prints what it did and the
-queue's depth as the broker reports it. Not used by any test.
+Needs python3-pika (Debian's, so /usr/bin/python3). --drain consumes and
+acknowledges everything in the queue instead (to shrink it again). Prints
+what it did and the queue's depth as the broker reports it. Not used by
+any test.
 """
 import argparse
 import sys
