@@ -318,7 +318,8 @@ items(Pid, #{total_heap_size := Heap} = Info, O) ->
     end.
 
 %% Whether Pid is sent a system message for its state (ask), or why not:
-%% {not_asked, CurrentFunction, HeapWords} for a process started through proc_lib
+%% {not_asked, Where, HeapWords} (Where: see where/2) for a process started
+%% through proc_lib
 %% that is not idle in a gen_server or gen_statem loop (hibernated, in
 %% another behaviour's loop such as gen_server2's or p1_server's, or busy),
 %% which sys => true would ask; {no_sys, InitialCall} for any other process,
@@ -330,7 +331,7 @@ state_access(Pid, #{current_function := CF, initial_call := IC, total_heap_size 
         false ->
             case {IC, map_get(sys, O)} of
                 {{proc_lib, init_p, _}, true} -> ask;
-                {{proc_lib, init_p, _}, false} -> {not_asked, CF, H};
+                {{proc_lib, init_p, _}, false} -> {not_asked, where(Pid, CF), H};
                 _ -> {no_sys, IC}
             end
     end.
@@ -694,7 +695,7 @@ gaps(Seen, Omitted, Unseen, O) ->
                      end,
                  Gap(What, not_asked, "~ts, not idle in a gen_server or gen_statem loop, so it "
                      "was not sent a system message for its state~ts~ts",
-                     [where(CF), TooLarge, hibernated_unseen(CF, Unseen, UnseenText)],
+                     [where_text(CF), TooLarge, hibernated_unseen(CF, Unseen, UnseenText)],
                      Bigger#{sys => true});
              {no_sys, IC} ->
                  Gap(What, no_sys, "the process was not started through proc_lib (initial "
@@ -732,13 +733,31 @@ gaps(Seen, Omitted, Unseen, O) ->
 user_options(O) ->
     maps:filter(fun(K, V) -> maps:get(K, ?DEFAULTS) =/= V end, maps:with(maps:keys(?DEFAULTS), O)).
 
-%% Where a process that was not asked is: hibernated, or in a function.
-where({erlang, hibernate, 3}) -> "the process is hibernated";
-where(CF) -> ["the process is in ", mfa_text(CF)].
+%% Where a process that was not asked waits: `hibernated' once hibernation
+%% has collected its heap down to what is live (no old heap, the young one
+%% filled: the unseen words are then all live, and that is worth saying);
+%% else its current function, {erlang, hibernate, 3} included (it says so
+%% before the collection is done).
+where(Pid, {erlang, hibernate, 3} = CF) ->
+    case process_info(Pid, garbage_collection_info) of
+        {garbage_collection_info, GI} ->
+            G = fun(K) -> proplists:get_value(K, GI, 0) end,
+            case G(old_heap_block_size) =:= 0
+                andalso G(heap_block_size) - G(heap_size) =< G(heap_block_size) div 100 of
+                true -> hibernated;
+                false -> CF
+            end;
+        undefined ->
+            CF
+    end;
+where(_, CF) ->
+    CF.
 
-%% Hibernation collects the heap down to what is live: then the unseen
-%% words are not garbage, and that is worth saying.
-hibernated_unseen({erlang, hibernate, 3}, Unseen, UnseenText) when is_integer(Unseen), Unseen > 0 ->
+where_text(hibernated) -> "the process is hibernated";
+where_text({erlang, hibernate, 3}) -> "the process is hibernating";
+where_text(CF) -> ["the process is in ", mfa_text(CF)].
+
+hibernated_unseen(hibernated, Unseen, UnseenText) when is_integer(Unseen), Unseen > 0 ->
     [UnseenText, ", all of them live (hibernation left only live terms on it)"];
 hibernated_unseen(_, _, UnseenText) ->
     UnseenText.

@@ -548,9 +548,18 @@ wait_hibernated(Pid) -> wait_hibernated(Pid, 5000).
 wait_hibernated(Pid, 0) ->
     {not_hibernated, process_info(Pid, current_function)};
 wait_hibernated(Pid, N) ->
-    case process_info(Pid, current_function) of
-        {current_function, {erlang, hibernate, 3}} -> ok;
-        _ -> timer:sleep(1), wait_hibernated(Pid, N - 1)
+    %% erlang:hibernate/3 is the current function before the heap is
+    %% collected: wait for that too (no old heap, the young one filled).
+    case {process_info(Pid, current_function), process_info(Pid, garbage_collection_info)} of
+        {{current_function, {erlang, hibernate, 3}}, {garbage_collection_info, GI}} ->
+            G = fun(K) -> proplists:get_value(K, GI) end,
+            case G(old_heap_block_size) =:= 0
+                andalso G(heap_block_size) - G(heap_size) =< G(heap_block_size) div 100 of
+                true -> ok;
+                false -> timer:sleep(1), wait_hibernated(Pid, N - 1)
+            end;
+        _ ->
+            timer:sleep(1), wait_hibernated(Pid, N - 1)
     end.
 
 %% "N words (X KiB)", as heap/1's sentences and print/1 say an amount.
