@@ -15,9 +15,13 @@
 %%     and only bounded summaries of huge terms are copied out. The target
 %%     runs that function for as long as walking its own terms takes, and
 %%     not at all when its heap is above `max_heap_words'.</li>
-%% <li>Only processes that are idle in a `gen_*' loop get a system message;
-%%     others (plain processes, OTP processes busy in a callback) are read
-%%     with `process_info/2' only, and their state is left out.</li>
+%% <li>Only processes that are idle in a `gen_server' or `gen_statem' loop
+%%     get a system message, unless `sys => true' asks for it; others
+%%     (plain processes, hibernated ones, other loops such as `gen_server2'
+%%     or `p1_server', OTP processes busy in a callback) are read with
+%%     `process_info/2' only, and their state is left out: `heap/2' and
+%%     `print/2' then say so, how much of the heap was not seen, and
+%%     whether `sys => true' would measure it.</li>
 %% <li>Copies are bounded: at most `max_terms' terms, none larger than
 %%     `max_words' (bigger ones are summarised), nothing at all when the
 %%     heap exceeds `max_heap_words' or the queue `max_terms'; `heap/2' and
@@ -34,6 +38,8 @@
 -export([in_process/3, remote/3, report_local/2]).
 %% Pure, exported for tests.
 -export([verdict/1, binaries/1]).
+%% How a name prints, for the report.
+-export([name_text/1]).
 
 -export_type([opts/0, item/0, gap/0]).
 
@@ -43,12 +49,13 @@
 
 -type gap() :: #{what := kind() | messages | terms | sharing | [kind()],
                  reason := heap_too_large | queue_too_long | off_heap_queue | sys_timeout
-                         | max_terms | size_budget | shared_too_much,
+                         | max_terms | size_budget | shared_too_much | not_asked | no_sys
+                         | sys_failed,
                  detail := binary(), option := opts()}.
 
 -type opts() :: #{max_terms => pos_integer(), max_words => pos_integer(),
                   max_heap_words => pos_integer(), size_budget => non_neg_integer(),
-                  timeout => non_neg_integer()}.
+                  timeout => non_neg_integer(), sys => boolean()}.
 -type kind() :: dictionary | state | message | seq_trace_token | omitted.
 -type item() :: #{kind := kind(), term := term(), words := non_neg_integer(),
                   flat_words := non_neg_integer(),
@@ -60,9 +67,18 @@
 %% of terms whose sharing-preserving size is computed inside the target
 %% (erts_debug:size/1 is written in Erlang and costs about 5 us per word:
 %% the default 2,000 words pause the target for at most ~10 ms);
-%% timeout: for the system message to an idle gen_* process.
+%% timeout: for the system message to an idle gen_* process; sys: send
+%% that message to any process started through proc_lib, not only to one
+%% idle in a gen_server or gen_statem loop (a process that does not handle
+%% system messages keeps it in its queue).
 -define(DEFAULTS, #{max_terms => 1000, max_words => 100000, max_heap_words => 1000000,
-                    size_budget => 2000, timeout => 100}).
+                    size_budget => 2000, timeout => 100, sys => false}).
+%% On a VM that cannot read one key of another process's dictionary (before
+%% OTP 26.2), names are read from a copy of the whole dictionary only for
+%% a heap up to this many words (the dictionary is on the heap, so the copy
+%% is at most this big), or up to max_heap_words when heap/2 or print/2 was
+%% given a larger one.
+-define(NAME_HEAP_WORDS, 1000000).
 -define(TRUNCATED, '$mallocinfo_truncated').
 -define(PREVIEW_DEPTH, 8).
 -define(PREVIEW_CHARS, 300).
@@ -117,17 +133,33 @@ heap(Pid) ->
 %% `live_words' and the stack: garbage, or terms no API exposes) - each of
 %% these three `not_measured' when a limit kept every term from being
 %% measured (a heap above `max_heap_words'), never a misleading 0;
-%% `complete' (the state was measured and no limit left anything out),
-%% `not_measured' (what limits left out: a list of `#{what, reason, detail,
-%% option}', `option' being the options that would measure it, empty when
-%% none would; reasons `heap_too_large' (`max_heap_words'),
-%% `queue_too_long' (`max_terms'), `off_heap_queue', `sys_timeout'
-%% (`timeout'), `max_terms', `size_budget' (sharing not computed) and
-%% `shared_too_much' (not walked flat)), `message_queue_len', `binaries'
+%% `complete' (the state was measured and no limit left anything out:
+%% only then is `live_words' all that is live),
+%% `not_measured' (what was left out: a list of `#{what, reason, detail,
+%% option}', `detail' a sentence that also says how many words of the heap
+%% went unseen when the state is missing, `option' the options that would
+%% measure it, the caller's own included, empty when none would; reasons
+%% `heap_too_large' (`max_heap_words'), `queue_too_long' (`max_terms'),
+%% `off_heap_queue', `sys_timeout' (`timeout'), `max_terms', `size_budget'
+%% (sharing not computed), `shared_too_much' (not walked flat), and for the
+%% state: `not_asked' (a process started through proc_lib but not idle in a
+%% `gen_server' or `gen_statem' loop: hibernated, in a loop of its own such
+%% as `gen_server2''s or `p1_server''s, or busy; `sys => true' asks it),
+%% `no_sys' (not started through proc_lib: no option measures it) and
+%% `sys_failed' (the process answered the system message with an error)),
+%% `message_queue_len', `binaries'
 %% (`#{count, bytes, shared_bytes}', see {@link binaries/1}),
 %% `garbage_collection' (the process's settings), `fullsweep_after',
 %% `items' (how many terms were inspected) and `verdict' (a sentence, or
-%% `none').
+%% `none'; never `none' when most of a heap of 10,000 words or more went
+%% unseen).
+%%
+%% `Opts' as {@link inspect/2}, and `sys' (default `false'): `true' sends
+%% the system message that measures the state to any process started
+%% through proc_lib, hibernated or in a loop other than `gen_server''s or
+%% `gen_statem''s (`gen_server2', `p1_server'...). Such loops answer it;
+%% a process that does not handle system messages keeps it in its queue,
+%% which is why it is not the default.
 -spec heap(pid(), opts()) -> {ok, map()} | {error, noproc | remote_error()}.
 heap(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
@@ -147,14 +179,19 @@ heap(Pid, Opts) ->
 %% counts fully in each, so the values do not add up to
 %% `erlang:memory(binary)'), `message_queue_len', `reductions'. One
 %% `process_info/2' call per process and a bounded selection (no sort of
-%% every process). Names are looked up for the winners only: the
-%% registered name, else for a process started through proc_lib
-%% (`gen_server', `gen_statem', `supervisor', `proc_lib:spawn') the
-%% function it was started with (`{Mod, init, 1}' for a `gen_server'),
-%% else the initial call. On OTP 25 a proc_lib process whose heap is above
-%% 1,000,000 words (the default `max_heap_words') and that is not idle in
-%% a `gen_server' or `gen_statem' loop keeps `{proc_lib, init_p, 5}':
-%% reading its start function would copy its whole dictionary.
+%% every process). Names are looked up for the winners only, the same way
+%% as in {@link heap/2}, {@link print/2} and the report: the registered
+%% name; else the process's label (`proc_lib:set_label/1' of OTP 27, read
+%% as `proc_lib:get_label/1' reads it) or its `process_name' dictionary
+%% entry (RabbitMQ's `{rabbit_amqqueue_process, {resource, <<"/">>, queue,
+%% <<"q1">>}}'); else its initial call through
+%% `proc_lib:translate_initial_call/1' (`{Mod, init, 1}' for a
+%% `gen_server'). Only those dictionary keys are read, where the VM can
+%% (OTP 26.2). On OTP 25, which can only copy a whole dictionary, that copy
+%% is made for a heap within 1,000,000 words; a bigger process idle in a
+%% `gen_server' or `gen_statem' loop is asked for the keys (a system
+%% message), and any other bigger one (a hibernated `gen_server2') keeps
+%% its raw initial call, `{proc_lib, init_p, 5}'.
 -spec top(non_neg_integer(), memory | heap_waste | binary | message_queue_len | reductions) ->
           [#{pid := pid(), name := term(), value := non_neg_integer(), by := atom()}].
 top(N, By) when is_integer(N), N >= 0,
@@ -163,8 +200,7 @@ top(N, By) when is_integer(N), N >= 0,
     Best = lists:foldl(fun(P, Acc) -> keep_best(N, value(P, By), P, Acc) end,
                        {0, gb_trees:empty()}, erlang:processes()),
     {_, Tree} = Best,
-    #{max_heap_words := MaxHeap, timeout := Timeout} = ?DEFAULTS,
-    [#{pid => P, name => name(P, MaxHeap, Timeout), value => V, by => By}
+    [#{pid => P, name => name(P, ?DEFAULTS), value => V, by => By}
      || {{V, _}, P} <- lists:reverse(gb_trees:to_list(Tree))];
 top(N, By) ->
     erlang:error(badarg, [N, By]).
@@ -175,9 +211,11 @@ print(Pid) ->
     print(Pid, #{}).
 
 %% @doc A report an engineer reads at a glance: the pid and name, the heap
-%% figures, what was not measured (why, and the call with the option that
-%% would measure it), the verdict, then the biggest terms first, each shown
-%% `~P'-truncated with its size in words and bytes.
+%% figures (`live' words only when the view is complete; otherwise the
+%% words `measured' and those `unseen', in bytes too), what was not
+%% measured (why, and the call with the option that would measure it), the
+%% verdict, then the biggest terms first, each shown `~P'-truncated with
+%% its size in words and bytes.
 -spec print(pid(), opts()) -> ok | {error, noproc}.
 print(Pid, Opts) when is_pid(Pid), is_map(Opts) ->
     O = options(Opts, [Pid, Opts]),
@@ -197,9 +235,10 @@ options(Opts, Args) ->
         _ -> erlang:error(badarg, Args)
     end,
     O = maps:merge(?DEFAULTS, Opts),
-    maps:foreach(fun(K, V) when K =:= timeout orelse K =:= size_budget,
+    maps:foreach(fun(sys, V) when is_boolean(V) -> ok;
+                    (K, V) when K =:= timeout orelse K =:= size_budget,
                                 is_integer(V), V >= 0 -> ok;
-                    (_, V) when is_integer(V), V > 0 -> ok;
+                    (K, V) when K =/= sys, is_integer(V), V > 0 -> ok;
                     (_, _) -> erlang:error(badarg, Args)
                  end, O),
     O.
@@ -224,9 +263,10 @@ run(Pid, What, O) ->
             {error, {erpc, Reason}}
     end.
 
-%% Sends this module's object code to Node (it is pure Erlang).
+%% Sends this module's object code to Node, with the units module it
+%% formats sizes with (both pure Erlang).
 load_remote(Node, Timeout) ->
-    try mallocinfo_remote:load_modules(Node, [?MODULE], Timeout) of
+    try mallocinfo_remote:load_modules(Node, [?MODULE, mallocinfo_units], Timeout) of
         ok -> ok;
         {error, {_, Why}} -> {error, {load_failed, Node, Why}}
     catch error:{erpc, Reason} -> {error, {erpc, Reason}}
@@ -251,7 +291,7 @@ report_local(Pid, O) ->
 
 collect(Pid, O) ->
     case process_info(Pid, [heap_size, total_heap_size, stack_size, message_queue_len,
-                            garbage_collection, binary, current_function]) of
+                            garbage_collection, binary, current_function, initial_call]) of
         undefined ->
             {error, noproc};
         Info0 ->
@@ -263,50 +303,113 @@ collect(Pid, O) ->
             {ok, lists:sublist(Items, maps:get(max_terms, O) + 1), Info}
     end.
 
-%% OTP processes idle in their loop: everything measured inside them,
-%% unless the heap is too big to walk (the state is then not measured, and
-%% says so). Others: process_info/2 copies, bounded by the limits.
+%% OTP processes idle in their loop (or any process started through
+%% proc_lib, with sys => true): everything measured inside them, unless
+%% the heap is too big to walk. Others: process_info/2 copies, bounded by
+%% the limits, and the state is said not to have been measured, and why.
 items(Pid, #{total_heap_size := Heap} = Info, O) ->
-    case sys_idle(Pid, Info) of
-        true when Heap =< map_get(max_heap_words, O) ->
+    case state_access(Pid, Info, O) of
+        ask when Heap =< map_get(max_heap_words, O) ->
             inside(Pid, Info, O);
-        true ->
+        ask ->
             outside(Pid, Info, O) ++ [omitted(state, {heap_too_large, Heap})];
+        Why ->
+            outside(Pid, Info, O) ++ [omitted(state, Why)]
+    end.
+
+%% Whether Pid is sent a system message for its state (ask), or why not:
+%% {not_asked, Where, HeapWords} (Where: see where/2) for a process started
+%% through proc_lib
+%% that is not idle in a gen_server or gen_statem loop (hibernated, in
+%% another behaviour's loop such as gen_server2's or p1_server's, or busy),
+%% which sys => true would ask; {no_sys, InitialCall} for any other process,
+%% which has no OTP state and whose loop's variables nothing reads.
+state_access(Pid, #{current_function := CF, initial_call := IC, total_heap_size := H} = Info,
+             O) ->
+    case sys_idle(Pid, Info) of
+        true -> ask;
         false ->
-            outside(Pid, Info, O)
+            case {IC, map_get(sys, O)} of
+                {{proc_lib, init_p, _}, true} -> ask;
+                {{proc_lib, init_p, _}, false} -> {not_asked, where(Pid, CF), H};
+                _ -> {no_sys, IC}
+            end
     end.
 
 inside(Pid, Info, O) ->
     case in_target(Pid, fun(State, Reply) -> measure_inside(State, O, Reply) end,
                    maps:get(timeout, O)) of
         {ok, Items} -> Items;
-        timeout -> outside(Pid, Info, O) ++ [omitted(state, sys_timeout)]
+        timeout -> outside(Pid, Info, O) ++ [omitted(state, sys_timeout)];
+        {failed, Why} -> outside(Pid, Info, O) ++ [omitted(state, {sys_failed, Why})]
     end.
 
-%% Runs Fun(State, Reply) inside Pid (an idle sys-compliant process, see
-%% sys_idle/2) through sys:replace_state/3; Fun calls Reply(Result) once.
-%% The wrapper throws once Fun is done, so sys leaves the state as it was
-%% and replies with a small error instead of a copy of the whole state.
-%% Results go to an alias, dropped once we stop listening; a system message
-%% handled after the deadline skips Fun altogether.
+%% Runs Fun(State, Reply) inside Pid (a process that handles system
+%% messages: see sys_idle/2 and the sys option) through
+%% sys:replace_state/3; Fun calls Reply(Result) once. The function sys
+%% runs in the target gives the state back unchanged and never raises: a
+%% loop of its own may call it without a catch (RabbitMQ's gen_server2
+%% does; the throw this once ended with killed a real queue process). The
+%% target then answers sys with the whole state, which must not be copied
+%% back: a short-lived helper makes the call, and the function kills it
+%% and waits for its end before returning, so that the answer goes to a
+%% process that no longer exists and is dropped without a copy. Results go
+%% to an alias, dropped once we stop listening; a system message handled
+%% after the deadline skips Fun.
 in_target(Pid, Fun, Timeout) ->
     Alias = alias(),
     Deadline = erlang:monotonic_time(millisecond) + Timeout,
     Reply = fun(Result) -> Alias ! {Alias, Result} end,
-    Wrapped = fun(State) ->
-                      case erlang:monotonic_time(millisecond) =< Deadline of
-                          true -> Fun(State, Reply);
-                          false -> ok
-                      end,
-                      throw(mallocinfo_done)
-              end,
-    try sys:replace_state(Pid, Wrapped, Timeout)
-    catch _:_ -> ok
-    end,
-    Result = receive {Alias, R} -> {ok, R} after 0 -> timeout end,
+    Helper =
+        spawn(fun() ->
+                      Me = self(),
+                      Wrapped =
+                          fun(State) ->
+                                  case erlang:monotonic_time(millisecond) =< Deadline of
+                                      true ->
+                                          try Fun(State, Reply)
+                                          catch Class:Why -> Alias ! {Alias, failed, {Class, Why}}
+                                          end;
+                                      false ->
+                                          Alias ! {Alias, failed, late}
+                                  end,
+                                  Ref = monitor(process, Me),
+                                  exit(Me, kill),
+                                  receive {'DOWN', Ref, process, _, _} -> ok end,
+                                  State
+                          end,
+                      %% Returns or raises only when Wrapped did not run.
+                      try sys:replace_state(Pid, Wrapped, Timeout) of
+                          _ -> Alias ! {Alias, failed, not_called}
+                      catch
+                          exit:{timeout, _} -> Alias ! {Alias, failed, late};
+                          _:Why -> Alias ! {Alias, failed, Why}
+                      end
+              end),
+    HelperRef = monitor(process, Helper),
+    Result = receive
+                 {Alias, failed, late} -> timeout;
+                 {Alias, failed, Why} -> {failed, Why};
+                 {Alias, R} -> {ok, R}
+             after Timeout + 5000 ->
+                 timeout
+             end,
+    %% The target ends the helper once it is done (its garbage collection
+    %% after measuring included): wait for that, within the timeout, so
+    %% that the caller finds it back in its loop.
+    receive {'DOWN', HelperRef, process, _, _} -> ok after Timeout -> ok end,
+    demonitor(HelperRef, [flush]),
+    exit(Helper, kill),
     unalias(Alias),
-    receive {Alias, _} -> ok after 0 -> ok end,
+    flush_alias(Alias),
     Result.
+
+flush_alias(Alias) ->
+    receive
+        {Alias, _} -> flush_alias(Alias);
+        {Alias, failed, _} -> flush_alias(Alias)
+    after 0 -> ok
+    end.
 
 measure_inside(State, O, Reply) ->
     {total_heap_size, Before} = process_info(self(), total_heap_size),
@@ -466,9 +569,7 @@ preview(Term) ->
 %% several states) gets no system message.
 sys_idle(Pid, #{current_function := CF}) ->
     lists:member(CF, [{gen_server, loop, 7}, {gen_statem, loop_receive, 3}])
-        andalso process_info(Pid, initial_call) =:= {initial_call, {proc_lib, init_p, 5}};
-sys_idle(_, _) ->
-    false.
+        andalso process_info(Pid, initial_call) =:= {initial_call, {proc_lib, init_p, 5}}.
 
 %%% ---------------------------------------------------------------------------
 %%% heap/1
@@ -479,9 +580,11 @@ heap_map(Pid, Items, Info, O) ->
     Seen = [I || #{kind := K} = I <- Items, K =/= omitted],
     Omitted = [I || #{kind := omitted} = I <- Items],
     %% Nothing was walked at all (a heap above max_heap_words, a queue too
-    %% long to copy): a sum of zero would read as an empty heap.
+    %% long to copy): a sum of zero would read as an empty heap. A state
+    %% left out alone (a plain process with an empty dictionary) leaves 0
+    %% words measured and the rest of the heap unseen.
     {Live, Flat, Unseen} =
-        case Seen =:= [] andalso Omitted =/= [] of
+        case Seen =:= [] andalso [I || #{term := {W, _}} = I <- Omitted, W =/= state] =/= [] of
             true ->
                 {not_measured, not_measured, not_measured};
             false ->
@@ -492,11 +595,11 @@ heap_map(Pid, Items, Info, O) ->
     %% anything out. Only then can the rest of the heap be called garbage.
     Complete = lists:any(fun(#{kind := K}) -> K =:= state end, Seen)
         andalso Omitted =:= [] andalso not lists:any(fun blown_up/1, Seen),
-    M = #{name => name(Pid, maps:get(max_heap_words, O), maps:get(timeout, O)),
+    M = #{name => name(Pid, O),
           heap_size => HeapSize, total_heap_size => Total, stack_size => Stack,
           live_words => Live, flat_words => Flat, unseen_words => Unseen,
           complete => Complete,
-          not_measured => gaps(Seen, Omitted, O),
+          not_measured => gaps(Seen, Omitted, Unseen, O),
           message_queue_len => QLen,
           binaries => binaries(Bins),
           garbage_collection => GC,
@@ -540,15 +643,27 @@ binaries(Entries) when is_list(Entries) ->
 binaries(Entries) ->
     erlang:error(badarg, [Entries]).
 
-%% What a limit kept from being measured: which kind of term, why (an atom
-%% and a sentence) and the options that would measure it (empty when none
-%% would).
-gaps(Seen, Omitted, O) ->
+%% What was not measured: which kind of term, why (an atom and a
+%% sentence, which says how many words of the heap went unseen when the
+%% state is what is missing) and the options that would measure it, the
+%% caller's own included (empty when none would).
+gaps(Seen, Omitted, Unseen, O) ->
+    User = user_options(O),
     Gap = fun(What, Reason, Format, Args, Option) ->
+                  Opt = case map_size(Option) of
+                            0 -> Option;
+                            _ -> maps:merge(User, Option)
+                        end,
                   #{what => What, reason => Reason,
-                    detail => iolist_to_binary(io_lib:format(Format, Args)), option => Option}
+                    detail => iolist_to_binary(io_lib:format(Format, Args)), option => Opt}
           end,
     Max = fun(K) -> maps:get(K, O) end,
+    %% How much of the heap the missing state leaves unseen, when anything
+    %% at all was measured (otherwise the heap-size gap says it).
+    UnseenText = case Unseen of
+                     not_measured -> "";
+                     _ -> io_lib:format("; ~ts of the heap are unseen", [words(Unseen)])
+                 end,
     Limits =
         [case Why of
              {heap_too_large, H} ->
@@ -564,7 +679,28 @@ gaps(Seen, Omitted, O) ->
                      "cannot be checked before copying", [Q], #{});
              sys_timeout ->
                  Gap(What, sys_timeout, "the process did not answer a system message within "
-                     "timeout (~b ms)", [Max(timeout)], #{timeout => max(1000, 10 * Max(timeout))});
+                     "timeout (~b ms)~ts", [Max(timeout), UnseenText],
+                     #{timeout => max(1000, 10 * Max(timeout))});
+             {sys_failed, Reason} ->
+                 Gap(What, sys_failed, "the process answered the system message with an "
+                     "error, ~0tP~ts", [Reason, 6, UnseenText], #{});
+             {not_asked, CF, H} ->
+                 %% A heap above max_heap_words needs both options.
+                 {TooLarge, Bigger} =
+                     case H > Max(max_heap_words) of
+                         true -> {io_lib:format(", and its heap (~b words) is above "
+                                                "max_heap_words (~b)", [H, Max(max_heap_words)]),
+                                  #{max_heap_words => round_up(H)}};
+                         false -> {"", #{}}
+                     end,
+                 Gap(What, not_asked, "~ts, not idle in a gen_server or gen_statem loop, so it "
+                     "was not sent a system message for its state~ts~ts",
+                     [where_text(CF), TooLarge, hibernated_unseen(CF, Unseen, UnseenText)],
+                     Bigger#{sys => true});
+             {no_sys, IC} ->
+                 Gap(What, no_sys, "the process was not started through proc_lib (initial "
+                     "call ~ts): it has no OTP state to ask for, and nothing reads the "
+                     "variables of its loop from outside~ts", [mfa_text(IC), UnseenText], #{});
              {max_terms, N} ->
                  Gap(What, max_terms, "there are more than max_terms (~b) terms", [N],
                      #{max_terms => 10 * N})
@@ -591,6 +727,48 @@ gaps(Seen, Omitted, O) ->
               end,
     Limits ++ Shared ++ Sharing.
 
+%% The options the caller set to something other than the default: kept in
+%% the options a gap suggests, so that the call it names measures what the
+%% caller's did and more.
+user_options(O) ->
+    maps:filter(fun(K, V) -> maps:get(K, ?DEFAULTS) =/= V end, maps:with(maps:keys(?DEFAULTS), O)).
+
+%% Where a process that was not asked waits: `hibernated' once hibernation
+%% has collected its heap down to what is live (no old heap, the young one
+%% filled: the unseen words are then all live, and that is worth saying);
+%% else its current function, {erlang, hibernate, 3} included (it says so
+%% before the collection is done).
+where(Pid, {erlang, hibernate, 3} = CF) ->
+    case process_info(Pid, garbage_collection_info) of
+        {garbage_collection_info, GI} ->
+            G = fun(K) -> proplists:get_value(K, GI, 0) end,
+            case G(old_heap_block_size) =:= 0
+                andalso G(heap_block_size) - G(heap_size) =< G(heap_block_size) div 100 of
+                true -> hibernated;
+                false -> CF
+            end;
+        undefined ->
+            CF
+    end;
+where(_, CF) ->
+    CF.
+
+where_text(hibernated) -> "the process is hibernated";
+where_text({erlang, hibernate, 3}) -> "the process is hibernating";
+where_text(CF) -> ["the process is in ", mfa_text(CF)].
+
+hibernated_unseen(hibernated, Unseen, UnseenText) when is_integer(Unseen), Unseen > 0 ->
+    [UnseenText, ", all of them live (hibernation left only live terms on it)"];
+hibernated_unseen(_, _, UnseenText) ->
+    UnseenText.
+
+words(N) ->
+    io_lib:format("~b words (~ts)", [N, mallocinfo_units:bytes(N * erlang:system_info(wordsize))]).
+
+mfa_text({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
+    io_lib:format("~ts:~ts/~b", [M, F, A]);
+mfa_text(Other) -> io_lib:format("~0tP", [Other, 6]).
+
 count(1, Noun) -> ["1 ", Noun];
 count(N, Noun) -> [integer_to_list(N), " ", Noun, "s"].
 
@@ -607,8 +785,10 @@ pow10(E) -> 10 * pow10(E - 1).
 
 %% @doc The one-line verdict of {@link heap/2}, from its figures: a sentence
 %% about a heap that is mostly garbage, mostly refc binary references, or a
-%% long message queue; when nothing was measured, what was not and the
-%% option that would measure it; otherwise `none'.
+%% long message queue; when nothing was measured, or when the view is not
+%% complete and more than half of a heap of at least 10,000 words went
+%% unseen, what was not measured, why, and the option that would measure
+%% it; otherwise `none'.
 -spec verdict(map()) -> binary() | none.
 verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
           message_queue_len := QLen, complete := Complete,
@@ -616,6 +796,8 @@ verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
     WordBytes = erlang:system_info(wordsize),
     HeapBytes = Total * WordBytes,
     Garbage = Complete andalso Total >= 10000 andalso Live =/= not_measured
+        andalso max(0, Total - Live - Stack) * 2 > Total,
+    MostlyUnseen = not Complete andalso Total >= 10000 andalso Live =/= not_measured
         andalso max(0, Total - Live - Stack) * 2 > Total,
     if
         QLen >= 10000 ->
@@ -634,10 +816,19 @@ verdict(#{total_heap_size := Total, live_words := Live, stack_size := Stack,
               "erlang:garbage_collect/1 would return most of it",
               [Unseen * 100 div Total, mallocinfo_units:bytes(HeapBytes)]));
         Live =:= not_measured ->
-            Option = fun(Opt) -> io_lib:format("the option ~0p", [Opt]) end,
-            Gaps = group_gaps(maps:get(not_measured, M, [])),
-            iolist_to_binary(["not measured: "
-                              | lists:join("; ", [gap_text(G, Option) || G <- Gaps])]);
+            iolist_to_binary(["not measured: " | gaps_text(M)]);
+        MostlyUnseen ->
+            %% Most of the heap is neither garbage we could name nor terms
+            %% we saw: say so rather than "none" (a state that was not asked
+            %% for, a plain process's loop).
+            Unseen = Total - Live - Stack,
+            iolist_to_binary(
+              [io_lib:format("not measured: ~b% of the ~s heap is unseen",
+                             [Unseen * 100 div Total, mallocinfo_units:bytes(HeapBytes)])
+               | case gaps_text(M) of
+                     [] -> [];
+                     Text -> [": " | Text]
+                 end]);
         true ->
             none
     end;
@@ -653,6 +844,10 @@ group_gaps(Gaps) ->
     [{lists:usort(lists:flatten(Ws)), R, D, Opt}
      || {{R, D, Opt}, Ws} <- lists:sort(maps:to_list(Grouped))].
 
+gaps_text(M) ->
+    Option = fun(Opt) -> io_lib:format("the option ~0p", [Opt]) end,
+    lists:join("; ", [gap_text(G, Option) || G <- group_gaps(maps:get(not_measured, M, []))]).
+
 %% "What: why, Call(Option) would measure it" (or that nothing would).
 gap_text({Whats, Reason, Detail, Opt}, Call) ->
     Remedy = case map_size(Opt) of
@@ -664,6 +859,8 @@ gap_text({Whats, Reason, Detail, Opt}, Call) ->
 remedy(max_terms) -> "would show more";
 remedy(size_budget) -> "would measure it (the process pauses about 5 us per word)";
 remedy(sys_timeout) -> "may measure it, if the process answers in time";
+remedy(not_asked) -> "would ask for it, if the process handles system messages (OTP "
+                     "behaviours and sys-based loops such as gen_server2 or p1_server do)";
 remedy(_) -> "would measure it".
 
 kinds_text([One]) -> atom_to_list(One);
@@ -714,58 +911,117 @@ keep_best(_N, V, P, {Size, Tree} = Acc) ->
         false -> Acc
     end.
 
-%% What a person would call the process: its registered name; else, for a
-%% process started through proc_lib (gen_server, gen_statem, supervisor,
-%% proc_lib:spawn...), whose initial call is always proc_lib:init_p, the
-%% function it was started with, as proc_lib:translate_initial_call/1
-%% gives it (a gen_server's is {Mod, init, 1}); else its initial call;
+%% What a person would call the process, the same in top/2, heap/2, print/2
+%% and (through top/2) the report and its verdicts, and the same whatever
+%% the process's size where the VM allows it (see below):
+%% 1. its registered name;
+%% 2. its label: what proc_lib:set_label/1 (OTP 27) keeps under
+%%    '$process_label', which proc_lib:get_label/1 reads, else a
+%%    process_name entry of its dictionary, as RabbitMQ sets it
+%%    ({rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}});
+%% 3. its initial call, through proc_lib:translate_initial_call/1: for a
+%%    process started through proc_lib (whose raw initial call is always
+%%    proc_lib:init_p) the function it was started with, {Mod, init, 1} for
+%%    a gen_server;
 %% undefined for a process that has exited.
-name(P, MaxHeap, Timeout) ->
-    case process_info(P, [registered_name, initial_call, total_heap_size, current_function]) of
-        [{registered_name, Name} | _] when is_atom(Name) ->
-            Name;
-        [_, {initial_call, {proc_lib, init_p, _} = IC}, {total_heap_size, H},
-         {current_function, CF}] ->
-            started_with(P, IC, H, CF, MaxHeap, Timeout);
-        [_, {initial_call, IC} | _] ->
-            IC;
+%%
+%% Only the dictionary keys needed are read, with process_info(P,
+%% {dictionary, Key}) (OTP 26.2). An older VM (OTP 25) reads another
+%% process's dictionary only by copying all of it: that copy is made for a
+%% heap within ?NAME_HEAP_WORDS words, or max_heap_words when that is
+%% larger (the dictionary is on the heap, so the copy is bounded too); a
+%% bigger process idle in a gen_server or gen_statem loop (or, with sys =>
+%% true, any process started through proc_lib) reads the keys itself (a
+%% system message, as for heap/2); any other bigger process gets its raw
+%% initial call ({proc_lib, init_p, 5} for a hibernated gen_server2): on
+%% OTP 25 only, that name depends on size.
+name(P, O) ->
+    case process_info(P, [registered_name, initial_call]) of
+        undefined ->
+            undefined;
+        [{registered_name, Registered} | _] when is_atom(Registered) ->
+            Registered;
+        [_, {initial_call, IC}] ->
+            try dictionary_keys(P) of
+                Dict -> named(Dict, IC)
+            catch
+                error:badarg -> name_by_copy(P, IC, O)
+            end
+    end.
+
+-define(NAME_KEYS, ['$process_label', process_name, '$initial_call']).
+
+%% The entries of ?NAME_KEYS that P's dictionary has, one key at a time;
+%% badarg from a VM older than OTP 26.2. (Dialyzer reads OTP 25's contract
+%% of process_info/2, which does not list that item yet, and concludes that
+%% the function never returns.)
+-dialyzer({nowarn_function, dictionary_keys/1}).
+dictionary_keys(P) ->
+    [{K, V} || K <- ?NAME_KEYS,
+               {_, V} <- [process_info(P, {dictionary, K})], V =/= undefined].
+
+%% OTP 25: the whole dictionary when the heap bounds it, else what the
+%% process says of itself when it is idle in a gen loop, else nothing.
+name_by_copy(P, IC, #{max_heap_words := MaxHeap, timeout := Timeout, sys := Sys}) ->
+    Bound = max(?NAME_HEAP_WORDS, MaxHeap),
+    case process_info(P, [total_heap_size, current_function]) of
+        [{total_heap_size, H}, _] when H =< Bound ->
+            case process_info(P, dictionary) of
+                {dictionary, Dict} -> named(Dict, IC);
+                undefined -> undefined
+            end;
+        [_, {current_function, CF}] ->
+            Ask = sys_idle(P, #{current_function => CF})
+                orelse Sys andalso element(1, IC) =:= proc_lib,
+            Asked = case Ask of
+                        true ->
+                            in_target(P, fun(_State, Reply) ->
+                                                 Reply([{K, V} || K <- ?NAME_KEYS,
+                                                                  V <- [get(K)],
+                                                                  V =/= undefined])
+                                         end, Timeout);
+                        false ->
+                            timeout
+                    end,
+            case Asked of
+                {ok, Dict} -> named(Dict, IC);
+                _ -> IC
+            end;
         undefined ->
             undefined
     end.
 
-%% proc_lib keeps the start function as '$initial_call' in the process
-%% dictionary, and OTP 25 can read another process's dictionary only by
-%% copying all of it (proc_lib:translate_initial_call/1 does): done only
-%% for a heap within max_heap_words, which bounds that copy as it bounds
-%% every other. A bigger process idle in a gen_server or gen_statem loop
-%% reads the one key itself (a system message, as for heap/2); any other
-%% keeps its raw initial call. A VM that reads one key of another
-%% process's dictionary (process_info/2 with {dictionary, Key}, OTP 26.2)
-%% needs none of this. (Dialyzer reads OTP 25's contract of process_info/2,
-%% which does not list that item yet.)
--dialyzer({no_fail_call, started_with/6}).
-started_with(P, IC, Heap, CF, MaxHeap, Timeout) ->
-    try process_info(P, {dictionary, '$initial_call'}) of
-        {{dictionary, '$initial_call'}, V} -> mfa_or(V, IC);
-        undefined -> IC
-    catch
-        error:badarg when Heap =< MaxHeap ->
-            mfa_or(proc_lib:translate_initial_call(P), IC);
-        error:badarg ->
-            case sys_idle(P, #{current_function => CF}) of
-                true ->
-                    case in_target(P, fun(_State, Reply) -> Reply(get('$initial_call')) end,
-                                   Timeout) of
-                        {ok, V} -> mfa_or(V, IC);
-                        timeout -> IC
+%% Steps 2 and 3 of name/2, from dictionary entries (all of them, or only
+%% those of ?NAME_KEYS).
+named(Dict, IC) ->
+    case [V || K <- ['$process_label', process_name], {Key, V} <- Dict, Key =:= K,
+               V =/= undefined] of
+        [Label | _] ->
+            Label;
+        [] ->
+            case IC of
+                {proc_lib, init_p, _} ->
+                    %% It takes a process_info/2 list with the dictionary,
+                    %% and gives {proc_lib, init_p, 5} when '$initial_call'
+                    %% is missing.
+                    case proc_lib:translate_initial_call(
+                           [{dictionary, [E || {'$initial_call', _} = E <- Dict]}]) of
+                        {proc_lib, init_p, 5} -> IC;
+                        MFA -> MFA
                     end;
-                false ->
+                _ ->
                     IC
             end
     end.
 
-mfa_or({M, F, A} = MFA, _) when is_atom(M), is_atom(F), is_integer(A) -> MFA;
-mfa_or(_, IC) -> IC.
+%% @private How top/2, heap/2, print/2 and the report print a name: after
+%% the pid, in parentheses; nothing for undefined.
+-spec name_text(term()) -> iolist().
+name_text(undefined) -> "";
+name_text(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
+name_text({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
+    io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
+name_text(Label) -> io_lib:format(" (~0tP)", [Label, 10]).
 
 %%% ---------------------------------------------------------------------------
 %%% print/1
@@ -774,12 +1030,20 @@ format(Pid, H, Items) ->
     W = erlang:system_info(wordsize),
     #{name := Name, total_heap_size := Total, live_words := Live, flat_words := Flat,
       stack_size := Stack, message_queue_len := QLen, not_measured := Gaps,
+      complete := Complete, unseen_words := Unseen,
       binaries := #{count := BC, bytes := BB, shared_bytes := BS}, verdict := V} = H,
-    LiveText = case Live of
-                   not_measured ->
+    %% "live" only when everything live was seen; otherwise what was
+    %% measured and what was not, so that a dictionary of 97 words never
+    %% reads as the live data of a 2,185,112-word heap.
+    LiveText = case {Live, Complete} of
+                   {not_measured, _} ->
                        "live words not measured";
-                   _ ->
-                       io_lib:format("live ~b words (~b if shared parts were copied)", [Live, Flat])
+                   {_, true} ->
+                       io_lib:format("live ~b words (~b if shared parts were copied)",
+                                     [Live, Flat]);
+                   {_, false} ->
+                       io_lib:format("measured ~b words (~b if shared parts were copied), "
+                                     "unseen ~ts", [Live, Flat, words(Unseen)])
                end,
     Header = io_lib:format(
                "~p~ts: heap ~s (~b words), ~ts, stack ~b words~n"
@@ -792,6 +1056,9 @@ format(Pid, H, Items) ->
     Verdict = case {Live, V} of
                   {not_measured, <<"not measured", _/binary>>} ->
                       "cannot tell, nothing was measured (see above)";
+                  {_, <<"not measured", _/binary>>} ->
+                      io_lib:format("cannot tell, ~b% of the heap was not measured (see above)",
+                                    [Unseen * 100 div max(1, Total)]);
                   {_, none} ->
                       "none";
                   _ ->
@@ -807,7 +1074,3 @@ format(Pid, H, Items) ->
                 _ -> ["  words        bytes  kind            term\n" | Lines]
             end,
     [Header, NotMeasured, io_lib:format("  verdict: ~ts~n", [Verdict]) | Table].
-
-name_text(undefined) -> "";
-name_text(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
-name_text({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]).

@@ -287,12 +287,11 @@ runtime_object(Object) ->
               [<<"libc.so">>, <<"libc-">>, <<"libstdc++.so">>, <<"libgcc_s.so">>,
                <<"ld-linux">>, <<"libmallocinfo_preload.so">>]).
 
-%% @doc A process's registered name or initial call, for a sentence.
+%% @doc A process's name as `mallocinfo_process' gives it (registered name,
+%% label or initial call), for a sentence: printed as `top/2' and `print/1'
+%% print it.
 -spec proc_name(term()) -> iolist().
-proc_name(undefined) -> "";
-proc_name(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
-proc_name({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
-proc_name(Other) -> io_lib:format(" (~tp)", [Other]).
+proc_name(Name) -> mallocinfo_process:name_text(Name).
 
 %%% The resident set's parts --------------------------------------------------
 

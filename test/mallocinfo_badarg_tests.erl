@@ -63,7 +63,9 @@ any_term() ->
     [{mallocinfo_lib, path_binary, 2, 2, "the arguments to put in the badarg it raises"},
      {mallocinfo_lib, path_name, 2, 2, "the arguments to put in the badarg it raises"},
      {mallocinfo_process, in_process, 3, 1, "the inspected process's OTP state: any term"},
-     {mallocinfo_process, in_process, 3, 3, "the reply alias: unused but passed through"}].
+     {mallocinfo_process, in_process, 3, 3, "the reply alias: unused but passed through"},
+     {mallocinfo_process, name_text, 1, 1, "a process name (registered, label or initial "
+                                          "call): any term prints"}].
 
 %%% The cases -------------------------------------------------------------------
 
@@ -91,7 +93,8 @@ cases(S) ->
                               #{timeout => 0}, #{timeout => -5}, #{timeout => 1 bsl 31},
                               #{timeout => 1.5}, #{info_xml => yes}],
     ProcOpts = not_opts() ++ [#{max_terms => 0}, #{max_words => -1}, #{size_budget => -1},
-                              #{timeout => 1.5}, #{max_heap_words => junk}],
+                              #{timeout => 1.5}, #{max_heap_words => junk}, #{sys => 1},
+                              #{sys => yes}],
     TraceOpts = [junk, [a | b], {a, b}, -1, <<"junk">>, [junk], [{demangle, yes}],
                  #{junk => 1}, #{demangle => 1}],
     OldsOpts = TraceOpts ++ [#{min_size => -1}, #{min_age_ms => 1.5}, [{min_size, junk}],
@@ -231,6 +234,7 @@ cases(S) ->
      {mallocinfo_process, print, [{self(), not_pid()}]},
      {mallocinfo_process, print, [{self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, in_process, [{state, []}, {#{}, ProcOpts}, {ref, []}]},
+     {mallocinfo_process, name_text, [{undefined, []}]},
      {mallocinfo_process, remote, [{report_local, [junk, inspect, heap, "report_local", 1]},
                                 {self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, report_local, [{self(), not_pid()}, {#{}, ProcOpts}]},

@@ -10,14 +10,19 @@
          exponential_sharing/1, no_stray_messages/1, binary_held_twice/1,
          unreachable_node/1, top_million/1, top_binary_one_binary_many_refs/1,
          top_binary_sub_binaries/1, top_binary_distinct/1, names/1, report_names/1,
-         heap_above_limit/1, queue_above_limit/1]).
+         heap_above_limit/1, queue_above_limit/1, hibernated_state_not_measured/1,
+         sys_loop_state_not_measured/1, plain_loop_state_not_measured/1,
+         sys_not_answered/1, name_labels/1, name_whatever_the_size/1,
+         report_label_names/1]).
 
 all() ->
     [gen_server_state_and_dictionary, plain_process_messages, dead_pid, blocked_in_long_call,
      shared_subterms, refc_binaries, self_pid, limits, bad_arguments, top_ranks, print_report,
      remote_pid, exponential_sharing, no_stray_messages, binary_held_twice, unreachable_node,
      top_million, top_binary_one_binary_many_refs, top_binary_sub_binaries, top_binary_distinct,
-     names, report_names, heap_above_limit, queue_above_limit].
+     names, report_names, heap_above_limit, queue_above_limit, hibernated_state_not_measured,
+     sys_loop_state_not_measured, plain_loop_state_not_measured, sys_not_answered, name_labels,
+     name_whatever_the_size, report_label_names].
 
 %% The system message that reads an idle gen_server's state waits 100 ms by
 %% default; a loaded CI machine can take longer to schedule the server, and
@@ -164,7 +169,8 @@ limits(_Config) ->
     Q = spawn(fun() -> receive stop -> ok end end),
     [Q ! {msg, N} || N <- lists:seq(1, 200)],
     {ok, QItems} = mallocinfo_process:inspect(Q, ?SYS(#{max_terms => 100})),
-    ?assertMatch([#{term := {messages, {queue_too_long, 200}}}], kinds(QItems, omitted)),
+    ?assertMatch([#{term := {messages, {queue_too_long, 200}}},
+                  #{term := {state, {no_sys, {erlang, apply, 2}}}}], kinds(QItems, omitted)),
     %% A heap above max_heap_words is not walked: nothing is copied.
     {ok, Big} = mallocinfo_process:inspect(Pid, ?SYS(#{max_heap_words => 100})),
     ?assertMatch([#{term := {dictionary, {heap_too_large, _}}} | _], kinds(Big, omitted)),
@@ -509,7 +515,8 @@ heap_above_limit(_Config) ->
                   end),
     receive {put, Plain} -> ok end,
     {ok, #{live_words := not_measured,
-           not_measured := [#{what := dictionary, reason := heap_too_large}]}} =
+           not_measured := [#{what := dictionary, reason := heap_too_large},
+                            #{what := state, reason := no_sys, option := #{}}]}} =
         mallocinfo_process:heap(Plain, Opts),
     Plain ! stop,
     exit(Pid, kill).
@@ -519,13 +526,291 @@ heap_above_limit(_Config) ->
 queue_above_limit(_Config) ->
     Q = spawn(fun() -> receive stop -> ok end end),
     [Q ! {msg, N} || N <- lists:seq(1, 200)],
+    %% A plain process: its state is never measured, and says so.
     {ok, #{live_words := not_measured,
            not_measured := [#{what := messages, reason := queue_too_long,
                               detail := <<"the queue (200 messages) is longer than "
                                           "max_terms (100)">>,
-                              option := #{max_terms := 200} = Option}]}} =
+                              option := #{max_terms := 200} = Option},
+                            #{what := state, reason := no_sys}]}} =
         mallocinfo_process:heap(Q, ?SYS(#{max_terms => 100})),
     {ok, Items} = mallocinfo_process:inspect(Q, Option),
     ?assertEqual(200, length(kinds(Items, message))),
-    ?assertMatch({ok, #{live_words := 600, not_measured := []}}, mallocinfo_process:heap(Q, Option)),
+    ?assertMatch({ok, #{live_words := 600, not_measured := [#{what := state, reason := no_sys}]}},
+                 mallocinfo_process:heap(Q, Option)),
     Q ! stop.
+
+%%% ---------------------------------------------------------------------------
+%%% What was not measured, on the shapes two real servers showed
+
+wait_hibernated(Pid) -> wait_hibernated(Pid, 5000).
+
+wait_hibernated(Pid, 0) ->
+    {not_hibernated, process_info(Pid, current_function)};
+wait_hibernated(Pid, N) ->
+    %% erlang:hibernate/3 is the current function before the heap is
+    %% collected: wait for that too (no old heap, the young one filled).
+    case {process_info(Pid, current_function), process_info(Pid, garbage_collection_info)} of
+        {{current_function, {erlang, hibernate, 3}}, {garbage_collection_info, GI}} ->
+            G = fun(K) -> proplists:get_value(K, GI) end,
+            case G(old_heap_block_size) =:= 0
+                andalso G(heap_block_size) - G(heap_size) =< G(heap_block_size) div 100 of
+                true -> ok;
+                false -> timer:sleep(1), wait_hibernated(Pid, N - 1)
+            end;
+        _ ->
+            timer:sleep(1), wait_hibernated(Pid, N - 1)
+    end.
+
+%% "N words (X KiB)", as heap/1's sentences and print/1 say an amount.
+words_text(N) ->
+    lists:flatten(io_lib:format("~b words (~ts)",
+                                [N, mallocinfo_units:bytes(N * erlang:system_info(wordsize))])).
+
+has(Text, Part) ->
+    string:find(Text, lists:flatten(Part)) =/= nomatch.
+
+%% RabbitMQ's queue process: a gen_server2 (a loop of its own that
+%% handles system messages, without system_replace_state/2), hibernated
+%% with a large state. heap/1 used to count its small dictionary as the
+%% live data ("live 97 words" for a 2,185,112-word heap), with no word of
+%% the state and "verdict: none". Now: what was not measured (the state),
+%% how much (the unseen words, and bytes), why (hibernated, not idle in a
+%% gen_server or gen_statem loop, so not asked), and the call that
+%% measures it; and that call does.
+hibernated_state_not_measured(_Config) ->
+    N = 100000,
+    {ok, Pid} = mi_sys_server:start({seq, N}, #{hibernate => true, dict => [{k, v}]}),
+    ok = wait_hibernated(Pid),
+    {ok, H} = mallocinfo_process:heap(Pid),
+    ct:pal("~p", [H]),
+    #{total_heap_size := Total, stack_size := Stack, live_words := Live,
+      unseen_words := Unseen, complete := false, verdict := Verdict,
+      not_measured := [#{what := state, reason := not_asked, detail := Detail,
+                         option := Option}]} = H,
+    ?assertEqual(#{sys => true}, Option),
+    ?assert(Live < 100),
+    ?assertEqual(Total - Live - Stack, Unseen),
+    ?assert(Unseen >= 2 * N),
+    ?assert(has(Detail, "the process is hibernated, not idle in a gen_server or gen_statem "
+                        "loop, so it was not sent a system message for its state")),
+    ?assert(has(Detail, [words_text(Unseen), " of the heap are unseen, all of them live"])),
+    ?assert(has(Verdict, io_lib:format("not measured: ~b% of the ", [Unseen * 100 div Total]))),
+    ?assert(has(Verdict, "the option #{sys => true} would ask for it")),
+    Out = print_out(Pid, #{}),
+    ct:pal("~ts", [Out]),
+    ?assertEqual(nomatch, re:run(Out, "live [0-9]")),
+    ?assert(has(Out, ["measured ", integer_to_list(Live), " words"])),
+    ?assert(has(Out, ["unseen ", words_text(Unseen)])),
+    ?assert(has(Out, io_lib:format("mallocinfo_process:print(~p, #{sys => true}) would ask for it",
+                                   [Pid]))),
+    ?assertNot(has(Out, "verdict: none")),
+    ?assert(has(Out, "verdict: cannot tell, ")),
+    %% The call named measures it: sys gives a loop without
+    %% system_replace_state/2 its whole loop data, the state in it.
+    {ok, Items} = mallocinfo_process:inspect(Pid, ?SYS(Option)),
+    [#{words := StateWords}] = kinds(Items, state),
+    ?assert(StateWords >= 2 * N),
+    %% (Once it hibernates again: woken, its heap has room to spare.)
+    ok = wait_hibernated(Pid),
+    {ok, #{complete := true, live_words := Live2}} = mallocinfo_process:heap(Pid, ?SYS(Option)),
+    ?assert(Live2 >= 2 * N),
+    %% The server is none the worse, and hibernates again.
+    ok = wait_hibernated(Pid),
+    ?assertEqual(lists:seq(1, N), mi_sys_server:call(Pid, get)),
+    %% With a heap above max_heap_words too (the default on the real
+    %% server): both options, and the caller's own kept in the call.
+    ok = wait_hibernated(Pid),
+    {ok, #{not_measured := Gaps, total_heap_size := Total3}} =
+        mallocinfo_process:heap(Pid, #{max_heap_words => 1000, timeout => 60000}),
+    [#{reason := heap_too_large, option := DictOption},
+     #{reason := not_asked, option := #{sys := true, max_heap_words := Bigger,
+                                        timeout := 60000} = Both}] = Gaps,
+    ?assertEqual(maps:remove(sys, Both), DictOption),
+    ?assert(Bigger >= Total3),
+    {ok, #{complete := true}} = mallocinfo_process:heap(Pid, Both),
+    %% A hibernated gen_server: the same, and sys => true measures it.
+    Gen = started(mi_test_server:start({seq, N}, [])),
+    ok = gen_server:call(Gen, hibernate),
+    ok = wait_hibernated(Gen),
+    {ok, #{not_measured := [#{what := state, reason := not_asked, option := #{sys := true}}]}} =
+        mallocinfo_process:heap(Gen),
+    {ok, #{complete := true}} = mallocinfo_process:heap(Gen, ?SYS(#{sys => true})),
+    ?assertEqual(lists:seq(1, N), gen_server:call(Gen, get)),
+    exit(Gen, kill),
+    exit(Pid, kill).
+
+%% ejabberd's connection processes: p1_server, a loop of its own that
+%% handles system messages, idle in it. heap/1 used to say "live 63 words"
+%% for a 591,271-word heap, and "verdict: none".
+sys_loop_state_not_measured(_Config) ->
+    N = 100000,
+    {ok, Pid} = mi_sys_server:start({seq, N}, #{}),
+    ok = wait_waiting(Pid, 5000),
+    {ok, H} = mallocinfo_process:heap(Pid),
+    ct:pal("~p", [H]),
+    #{total_heap_size := Total, unseen_words := Unseen, verdict := Verdict,
+      not_measured := [#{what := state, reason := not_asked, detail := Detail,
+                         option := #{sys := true} = Option}]} = H,
+    ?assert(Unseen * 2 > Total),
+    ?assert(has(Detail, "the process is in mi_sys_server:loop/3, not idle in a gen_server or "
+                        "gen_statem loop")),
+    ?assert(has(Detail, [words_text(Unseen), " of the heap are unseen"])),
+    ?assertMatch(<<"not measured: ", _/binary>>, Verdict),
+    Out = print_out(Pid, #{}),
+    ?assertEqual(nomatch, re:run(Out, "live [0-9]")),
+    ?assertNot(has(Out, "verdict: none")),
+    {ok, #{complete := true, live_words := Live}} = mallocinfo_process:heap(Pid, ?SYS(Option)),
+    ?assert(Live >= 2 * N),
+    ?assertEqual(lists:seq(1, N), mi_sys_server:call(Pid, get)),
+    exit(Pid, kill).
+
+%% A gen_server-like loop that is not OTP at all (spawned, no proc_lib):
+%% nothing can ask for its state, and it says so, with the unseen words;
+%% sys => true sends it nothing.
+plain_loop_state_not_measured(_Config) ->
+    N = 100000,
+    Test = self(),
+    Pid = spawn(fun() ->
+                        State = lists:seq(1, N),
+                        put(k, v),
+                        Test ! {ready, self()},
+                        plain_loop(State)
+                end),
+    receive {ready, Pid} -> ok end,
+    ok = wait_waiting(Pid, 5000),
+    {ok, H} = mallocinfo_process:heap(Pid),
+    ct:pal("~p", [H]),
+    #{live_words := Live, unseen_words := Unseen, complete := false, verdict := Verdict,
+      not_measured := [#{what := state, reason := no_sys, detail := Detail, option := #{}}]} = H,
+    ?assert(Live < 100),
+    ?assert(Unseen >= 2 * N),
+    ?assert(has(Detail, "the process was not started through proc_lib (initial call "
+                        "erlang:apply/2)")),
+    ?assert(has(Detail, [words_text(Unseen), " of the heap are unseen"])),
+    ?assertMatch(<<"not measured: ", _/binary>>, Verdict),
+    ?assert(has(Verdict, "no option measures it")),
+    Out = print_out(Pid, #{}),
+    ct:pal("~ts", [Out]),
+    ?assertEqual(nomatch, re:run(Out, "live [0-9]")),
+    ?assert(has(Out, ["unseen ", words_text(Unseen)])),
+    ?assert(has(Out, "no option measures it")),
+    ?assertNot(has(Out, "verdict: none")),
+    {ok, #{not_measured := [#{reason := no_sys}]}} =
+        mallocinfo_process:heap(Pid, #{sys => true}),
+    ?assertEqual({message_queue_len, 0}, process_info(Pid, message_queue_len)),
+    Ref = make_ref(),
+    Pid ! {call, self(), Ref, get},
+    receive {Ref, State} -> ?assertEqual(lists:seq(1, N), State) end,
+    Pid ! stop.
+
+plain_loop(State) ->
+    receive
+        {call, From, Ref, get} -> From ! {Ref, State}, plain_loop(State);
+        stop -> ok
+    end.
+
+%% sys => true on a process started through proc_lib that does not handle
+%% system messages: no answer within timeout, said so; the message stays
+%% in its queue (the reason sys => true is not the default).
+sys_not_answered(_Config) ->
+    Test = self(),
+    Pid = proc_lib:spawn(fun() -> Test ! {ready, self()}, receive stop -> ok end end),
+    receive {ready, Pid} -> ok end,
+    {ok, #{not_measured := [#{what := state, reason := not_asked}]}} = mallocinfo_process:heap(Pid),
+    {ok, #{not_measured := [#{what := state, reason := sys_timeout,
+                              option := #{sys := true, timeout := 1000}}]}} =
+        mallocinfo_process:heap(Pid, #{sys => true, timeout => 10}),
+    ?assertMatch({messages, [{system, _, {replace_state, _}}]}, process_info(Pid, messages)),
+    Pid ! stop.
+
+%%% ---------------------------------------------------------------------------
+%%% Names
+
+%% The label comes before the initial call: RabbitMQ's process_name entry,
+%% or the '$process_label' that proc_lib:set_label/1 (OTP 27) sets, which
+%% wins over process_name; a registered name wins over both. The same in
+%% top/2, heap/1 and print/1, whatever loop the process waits in.
+name_labels(_Config) ->
+    Label = {rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}},
+    Gen = started(mi_test_server:start({s, 1}, [{process_name, Label}])),
+    {ok, Hib} = mi_sys_server:start({seq, 1000}, #{hibernate => true,
+                                                   dict => [{process_name, Label}]}),
+    ok = wait_hibernated(Hib),
+    Both = started(mi_test_server:start({s, 2}, [{process_name, other},
+                                                 {'$process_label', {worker, 7}}])),
+    {ok, Reg} = mi_test_server:start(mi_labelled_server, {s, 3}, [{process_name, Label}]),
+    Test = self(),
+    Plain = spawn(fun() -> put(process_name, {plain, 1}), Test ! {ready, self()},
+                           receive stop -> ok end
+                  end),
+    receive {ready, Plain} -> ok end,
+    Expected = [{Gen, Label}, {Hib, Label}, {Both, {worker, 7}}, {Reg, mi_labelled_server},
+                {Plain, {plain, 1}}],
+    All = mallocinfo_process:top(erlang:system_info(process_count) + 100, memory),
+    Names = maps:from_list([{P, N} || #{pid := P, name := N} <- All]),
+    [?assertEqual({P, Name}, {P, maps:get(P, Names)}) || {P, Name} <- Expected],
+    [?assertMatch({P, {ok, #{name := Name}}}, {P, mallocinfo_process:heap(P)})
+     || {P, Name} <- Expected],
+    ?assert(has(print_out(Gen, #{}), [pid_to_list(Gen), " ({rabbit_amqqueue_process,{resource,"
+                                      "<<\"/\">>,queue,<<\"q1\">>}}): heap "])),
+    ?assert(has(print_out(Both, #{}), [pid_to_list(Both), " ({worker,7}): heap "])),
+    %% The key read is the one proc_lib:get_label/1 reads, where the release
+    %% has it.
+    case erlang:function_exported(proc_lib, get_label, 1) of
+        true -> ?assertEqual({worker, 7}, proc_lib:get_label(Both));
+        false -> ok
+    end,
+    Plain ! stop,
+    [exit(P, kill) || {P, _} <- Expected].
+
+%% The same process keeps its name as it grows. Where the VM reads one key
+%% of another process's dictionary (OTP 26.2), always; on OTP 25 the
+%% dictionary is copied only for a heap within 1,000,000 words (or
+%% max_heap_words, when heap/2 is given a larger one), and a bigger
+%% hibernated process keeps its raw initial call in top/2, as the
+%% documentation says; heap/2 with max_heap_words above its heap, or with
+%% sys => true, names it.
+name_whatever_the_size(_Config) ->
+    Label = {rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}},
+    Keyed = try process_info(self(), {dictionary, x}) of
+                _ -> true
+            catch error:badarg -> false
+            end,
+    Name = fun(P) ->
+                   All = mallocinfo_process:top(erlang:system_info(process_count) + 100, memory),
+                   hd([N || #{pid := Q, name := N} <- All, Q =:= P])
+           end,
+    {ok, Small} = mi_sys_server:start({seq, 1000}, #{hibernate => true,
+                                                     dict => [{process_name, Label}]}),
+    {ok, Big} = mi_sys_server:start({seq, 600000}, #{hibernate => true,
+                                                     dict => [{process_name, Label}]}),
+    [ok = wait_hibernated(P) || P <- [Small, Big]],
+    {total_heap_size, BigHeap} = process_info(Big, total_heap_size),
+    ?assert(BigHeap > 1000000),
+    ?assertEqual(Label, Name(Small)),
+    case Keyed of
+        true -> ?assertEqual(Label, Name(Big));
+        false -> ?assertEqual({proc_lib, init_p, 5}, Name(Big))
+    end,
+    {ok, #{name := ByCopy}} = mallocinfo_process:heap(Big, #{max_heap_words => 2 * BigHeap}),
+    ?assertEqual(Label, ByCopy),
+    {ok, #{name := ByAsking}} = mallocinfo_process:heap(Big, ?SYS(#{sys => true})),
+    ?assertEqual(Label, ByAsking),
+    [exit(P, kill) || P <- [Small, Big]].
+
+%% The report's largest processes and its process verdict name the process
+%% by its label, read from inside the big idle gen_server.
+report_label_names(_Config) ->
+    Label = {rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}},
+    Pid = started(mi_test_server:start({seq, 2000000}, [{process_name, Label}])),
+    R = mallocinfo_report:collect(),
+    #{erts := #{processes := [#{pid := Largest, name := Name} | _]}, verdicts := Verdicts} = R,
+    ?assertEqual({Pid, Label}, {Largest, Name}),
+    %% The text is wrapped at spaces: a long name may be split.
+    Text = re:replace(mallocinfo_report:format(R), "\\s+", " ", [global, unicode, {return, list}]),
+    Named = pid_to_list(Pid) ++ " ({rabbit_amqqueue_process,{resource,<<\"/\">>,queue,"
+        "<<\"q1\">>}})",
+    ?assert(has(Text, "largest processes: " ++ Named)),
+    ?assertMatch([_], [V || V <- Verdicts, has(V, "process " ++ Named ++ " holds ")]),
+    exit(Pid, kill).

@@ -16,9 +16,33 @@ garbage_test() ->
 
 incomplete_view_is_not_garbage_test() ->
     %% The state was not seen (a plain process, or a limit): its data would
-    %% count as "unseen"; no garbage verdict then.
-    ?assertEqual(none, mallocinfo_process:verdict((base())#{live_words => 10000,
-                                                          complete => false})).
+    %% count as "unseen"; no garbage verdict then, and no "none" either:
+    %% most of the heap was not measured, and the verdict says what.
+    Gap = #{what => state, reason => not_asked, option => #{sys => true},
+            detail => <<"the process is hibernated, not idle in a gen_server or gen_statem loop, "
+                        "so it was not sent a system message for its state">>},
+    M = (base())#{live_words => 10000, complete => false, not_measured => [Gap]},
+    ?assertEqual(<<"not measured: 89% of the 781.3 KiB heap is unseen: state: the process is "
+                   "hibernated, not idle in a gen_server or gen_statem loop, so it was not sent "
+                   "a system message for its state; the option #{sys => true} would ask for it, "
+                   "if the process handles system messages (OTP behaviours and sys-based loops "
+                   "such as gen_server2 or p1_server do)">>, mallocinfo_process:verdict(M)),
+    %% Figures alone (no gaps listed) still say it.
+    ?assertEqual(<<"not measured: 89% of the 781.3 KiB heap is unseen">>,
+                 mallocinfo_process:verdict((base())#{live_words => 10000, complete => false})),
+    %% Half or less unseen: nothing to say.
+    ?assertEqual(none, mallocinfo_process:verdict(M#{live_words => 60000})).
+
+%% How names print, in print/1, the report and its verdicts alike.
+name_text_test() ->
+    T = fun(N) -> lists:flatten(mallocinfo_process:name_text(N)) end,
+    ?assertEqual("", T(undefined)),
+    ?assertEqual(" (code_server)", T(code_server)),
+    ?assertEqual(" (rabbit_prequeue:init/1)", T({rabbit_prequeue, init, 1})),
+    ?assertEqual(" ({rabbit_amqqueue_process,{resource,<<\"/\">>,queue,<<\"q1\">>}})",
+                 T({rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}})),
+    ?assertEqual(T({a, b, 1}), lists:flatten(mallocinfo_verdicts:proc_name({a, b, 1}))),
+    ?assertEqual(" ({a,b,c})", T({a, b, c})).
 
 small_heap_is_not_garbage_test() ->
     %% A tiny heap that is mostly unseen is not worth a sentence.

@@ -43,7 +43,10 @@ handle_call({block, Test}, _From, State) ->
     receive release -> ok end,
     {reply, ok, State};
 handle_call(get, _From, State) ->
-    {reply, State, State}.
+    {reply, State, State};
+%% Hibernates after replying: waits in erlang:hibernate/3, not in the loop.
+handle_call(hibernate, _From, State) ->
+    {reply, ok, State, hibernate}.
 
 handle_cast(_Msg, State) ->
     {noreply, State}.
