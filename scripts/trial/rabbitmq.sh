@@ -23,6 +23,15 @@ case "$1" in
         args=$LOOPBACK
         [ -n "$2" ] && args="$args -env LD_PRELOAD $2"
         RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=$args rabbitmq-server -detached
+        # -detached returns before the node is registered with epmd, and
+        # await_startup gives up at once on a node it cannot find (exit
+        # 69): wait for the registration first, 60 s at most.
+        i=0
+        until epmd -names 2>/dev/null | grep -q "^name ${RABBITMQ_NODENAME%@*} "; do
+            i=$((i + 1))
+            [ "$i" -le 60 ] || { echo "rabbit node not registered after 60 s" >&2; exit 1; }
+            sleep 1
+        done
         rabbitmqctl -n "$RABBITMQ_NODENAME" await_startup
         ;;
     shell)
