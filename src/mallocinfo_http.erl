@@ -671,6 +671,15 @@ dump(jemalloc) -> mallocinfo_jemalloc:profile_dump();
 dump(tcmalloc) -> mallocinfo_tcmalloc:profile_dump();
 dump(tracker) -> mallocinfo_trace:heap_profile().
 
+%% Why a tracker that is there records nothing: detached, or preloaded in
+%% an executable MALLOCINFO_TRACE_EXE does not match.
+not_recording_text(#{preloaded := false, attached := false, attached_at := At})
+  when is_integer(At) ->
+    ["the tracker was detached (attached at ", mallocinfo_units:utc(At),
+     "), so it records nothing; mallocinfo_trace:attach() records again"];
+not_recording_text(_) ->
+    "the tracker is preloaded but does not record in this executable (MALLOCINFO_TRACE_EXE)".
+
 %% A request the node cannot serve in its present state: 409 and what to do.
 refusal(jemalloc, profiling_disabled) ->
     text(409, ["heap profiling is disabled in this node's jemalloc\n", ?MALLOC_CONF_HINT, "\n"]);
@@ -678,8 +687,7 @@ refusal(tracker, not_preloaded) ->
     text(409, ["no heap profile: glibc keeps no allocation stacks and the tracker is not "
                "preloaded\n", tracker_hint(), "\n"]);
 refusal(tracker, not_recording) ->
-    text(409, "no heap profile: the tracker is preloaded but does not record in this "
-              "executable (MALLOCINFO_TRACE_EXE)\n");
+    text(409, ["no heap profile: ", not_recording_text(mallocinfo_trace:status()), "\n"]);
 refusal(tcmalloc, not_running) ->
     text(409, "tcmalloc's heap profiler is not running; GET /heap_profile?active=true "
               "starts it\n");
@@ -741,9 +749,8 @@ status_text(tracker) ->
         #{preloaded := false, attached_at := undefined} ->
             ["allocator: ", Allocator, "\ntracker: not preloaded\n\n"
              "No heap profile: the allocator keeps no allocation stacks.\n", tracker_hint(), "\n"];
-        #{recording := false} ->
-            ["allocator: ", Allocator, "\ntracker: preloaded, not recording in this executable "
-             "(MALLOCINFO_TRACE_EXE)\n"];
+        #{recording := false} = S ->
+            ["allocator: ", Allocator, "\ntracker: ", not_recording_text(S), "\n"];
         #{mode := Mode, live_entries := Live, live_bytes := Bytes, dropped := Dropped} = S ->
             ["allocator: ", Allocator, "\ntracker: ", tracker_origin(S), ", recording\n",
              "tracker.mode: ", atom_to_list(Mode), "\n",

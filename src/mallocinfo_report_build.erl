@@ -328,6 +328,10 @@ native(#{trace_status := #{preloaded := false} = S}) when not is_map_key(attache
      <<"mallocinfo_trace:attach() loads the tracker into this node now, without a restart "
        "(doc/attach.md); or start the node with "
        "LD_PRELOAD=<mallocinfo>/priv/libmallocinfo_preload.so (mallocinfo_trace:preload_env/0)">>};
+native(#{trace_status := #{recording := false, preloaded := false, attached := false,
+                             attached_at := At}}) when is_integer(At) ->
+    {unavailable, detached,
+     <<"the tracker was detached and records nothing; mallocinfo_trace:attach() records again">>};
 native(#{trace_status := #{recording := false}}) ->
     {unavailable, not_recording,
      <<"the interposer is loaded but this executable does not match MALLOCINFO_TRACE_EXE">>};

@@ -389,8 +389,12 @@ tracker_tables_text(B, Reserved, N, R) ->
                 "back, a larger MALLOCINFO_SAMPLE_BYTES samples fewer blocks, and "
                 "MALLOCINFO_TRACE=counters keeps no table at all", [Head, Live]);
         _ ->
-            fmt("~ts in full mode, ~ts per live block for ~b blocks: MALLOCINFO_TRACE=sample "
+            PerBlock = case Live of
+                           0 -> "with no live block recorded";
+                           _ -> fmt("~ts per live block for ~b blocks", [bytes(B div Live), Live])
+                       end,
+            fmt("~ts in full mode, ~ts: MALLOCINFO_TRACE=sample "
                 "(or mallocinfo_trace:set_mode(sample)) keeps an unbiased sample in a few MiB, "
                 "mallocinfo_trace:reset() gives the live table's pages back, and a smaller "
-                "MALLOCINFO_TABLE_SIZE caps the table", [Head, bytes(B div max(1, Live)), Live])
+                "MALLOCINFO_TABLE_SIZE caps the table", [Head, PerBlock])
     end.

@@ -191,6 +191,16 @@ tracker_tables_test() ->
                                "back, and a smaller MALLOCINFO_TABLE_SIZE caps the table">>},
                  ?V:rule(tracker_tables, R)).
 
+%% No live block: no "per live block for 0 blocks" (an attached RabbitMQ
+%% whose queues live in ERTS got "64.8 MiB per live block for 0 blocks").
+tracker_tables_no_block_test() ->
+    Q = quiet(),
+    R = Q#{attributed := [{tracker_tables, 64 * ?MiB}],
+           native := (maps:get(native, Q))#{live_entries := 0}},
+    {_, Text} = ?V:rule(tracker_tables, R),
+    ?assertEqual(nomatch, binary:match(Text, <<"per live block">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"in full mode, with no live block recorded:">>)).
+
 %% A node already in sample mode is never told to switch to sample.
 tracker_tables_sample_mode_test() ->
     Q = quiet(),

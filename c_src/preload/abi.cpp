@@ -21,6 +21,12 @@ void abi_status(mi_abi_status* out, size_t out_size) {
   if (recording()) {
     g_tracker.status(&s);
     s.recording = 1;
+  } else if (ensure_init() && g_recording) {
+    // Detached: nothing records (the mode is off), but what was counted
+    // while attached (calls, bytes, mallocinfo's own) stays readable.
+    g_tracker.status(&s);
+    s.recording = 0;
+    s.mode = MI_MODE_OFF;
   } else {
     s.mode = MI_MODE_OFF;
   }

@@ -88,6 +88,33 @@ TEST_CASE("live table insert, remove, iterate", "[track][table]") {
   t.destroy();
 }
 
+TEST_CASE("live table: walking a sparse table leaves its unwritten pages unread",
+          "[track][table][memory]") {
+  // A snapshot, olds() and clear() of a 32 MiB table holding 10 entries
+  // used to read every slot, which made the whole table resident (on an
+  // attached RabbitMQ the tracker's tables became the report's top verdict:
+  // 72 MiB resident for 1.6 MiB live, all of it mallocinfo's own reading).
+  LiveTable t;
+  REQUIRE(t.init(1 << 20));
+  for (uint64_t i = 1; i <= 10; ++i)
+    REQUIRE(t.insert(i * 0x100000000ull, i, 0, static_cast<uint32_t>(i)));
+  const size_t before = t.resident_bytes();
+  // What a walk may touch besides: the group counters (4 bytes per group of
+  // 64 slots).
+  const size_t groups = (t.capacity() / 64) * 4 + 4096;
+  CHECK(live_of(t).size() == 10);
+  CHECK(t.resident_bytes() <= before + groups);
+  size_t stacks = 0;
+  t.for_each_stack(0, t.capacity(), [&](uint32_t) { ++stacks; });
+  CHECK(stacks == 10);
+  CHECK(t.resident_bytes() <= before + groups);
+  uint64_t bytes = 0;
+  CHECK(t.clear(&bytes) == 10);
+  CHECK(bytes == 55);
+  CHECK(t.resident_bytes() <= before + groups);
+  t.destroy();
+}
+
 TEST_CASE("live table: a full window drops and says so", "[track][table]") {
   LiveTable t;
   REQUIRE(t.init(64));

@@ -131,6 +131,10 @@ uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
   uint64_t n = 0;
   uint64_t b = 0;
   for (size_t i = 0; i <= mask_; ++i) {
+    if ((i & kGroupMask) == 0 && group_unused(i)) {  // as for_each: leave unwritten pages unread
+      i += kGroupMask;
+      continue;
+    }
     Slot& s = slots_[i];
     uint64_t k = s.key.load(std::memory_order_acquire);
     if (k <= kBusy) continue;

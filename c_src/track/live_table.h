@@ -102,9 +102,13 @@ class LiveTable {
   static constexpr uint64_t kTomb = 1;
   static constexpr uint64_t kBusy = 2;
   static constexpr unsigned kGroupShift = 6;
+  static constexpr size_t kGroupMask = (size_t{1} << kGroupShift) - 1;
   static_assert(kWindow <= (size_t{1} << kGroupShift), "for_each_stack skips by two groups");
 
   size_t home(uint64_t address) const;
+  // True when no entry can sit in the slots of slot i's group (i is a
+  // group's first slot): its group and the one before count no entries.
+  bool group_unused(size_t i) const;
   bool read_slot(const Slot& s, LiveEntry* out) const;
   void release_slot(Slot& s, size_t home_index, LiveEntry* out);
 
@@ -125,11 +129,29 @@ inline size_t LiveTable::home(uint64_t address) const {
   return (base + ((address >> 4) & 0xFF)) & mask_;
 }
 
+inline bool LiveTable::group_unused(size_t i) const {
+  // A slot holds an entry whose home is at most kWindow - 1 slots before
+  // it: in its own group or the one before. Both groups empty, no entry can
+  // be in this group's slots. An insert counts its group before it
+  // publishes the key (see insert), so nothing visible is lost.
+  const size_t g = i >> kGroupShift;
+  return groups_[g].load(std::memory_order_relaxed) == 0 &&
+         groups_[(g - 1) & (mask_ >> kGroupShift)].load(std::memory_order_relaxed) == 0;
+}
+
 template <class F>
 uint64_t LiveTable::for_each(F&& f) const {
   uint64_t n = 0;
   LiveEntry e;
   for (size_t i = 0; i <= mask_; ++i) {
+    // Whole groups that cannot hold an entry are skipped unread: a walk
+    // over a sparse (or just released) table must not map the pages it
+    // never wrote back in (the read faults would cost the table's full
+    // size in RSS where the kernel does not map the zero page).
+    if ((i & kGroupMask) == 0 && group_unused(i)) {
+      i += kGroupMask;
+      continue;
+    }
     if (slots_[i].key.load(std::memory_order_relaxed) <= kBusy) continue;
     if (read_slot(slots_[i], &e)) {
       f(static_cast<const LiveEntry&>(e));
@@ -142,17 +164,10 @@ uint64_t LiveTable::for_each(F&& f) const {
 template <class F>
 void LiveTable::for_each_stack(size_t lo, size_t hi, F&& f) const {
   for (size_t i = lo; i < hi && i <= mask_; ++i) {
-    // A slot holds an entry whose home is at most kWindow - 1 slots before
-    // it: in its own group or the one before. Both groups empty, no entry
-    // can be in this group's slots; skip them unread, so a sweep over a
-    // sparse (or just released) table reads only the pages that hold
-    // entries and does not map the rest back in. An insert counts its group
-    // before it publishes the key (see insert), so nothing visible is lost.
-    const size_t g = i >> kGroupShift;
-    if ((i & ((size_t{1} << kGroupShift) - 1)) == 0 &&
-        groups_[g].load(std::memory_order_relaxed) == 0 &&
-        groups_[(g - 1) & (mask_ >> kGroupShift)].load(std::memory_order_relaxed) == 0) {
-      i += (size_t{1} << kGroupShift) - 1;
+    // As for_each: a sweep over a sparse table reads only the pages that
+    // hold entries.
+    if ((i & kGroupMask) == 0 && group_unused(i)) {
+      i += kGroupMask;
       continue;
     }
     // Acquire on the key: the stack field written before it was published
