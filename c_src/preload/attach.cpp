@@ -82,9 +82,25 @@ std::atomic<bool> g_attached{false};
 // lock instead (registered once, at the first attach). Its slots are each
 // either patched or original, both valid; a walk cut short by the fork
 // only leaves some slots unpatched.
+//
+// The loader's list lock is the same hazard, and not ours to reset: any
+// parent thread may have held it at fork() (an attach or detach walk,
+// another dlopen hook, the symbolizer's rescan, an unwinder), and glibc
+// resets only its main loader lock in the child. A child cannot tell
+// whether it is held (no try-lock), and walking the objects another way
+// (the link map of the handle dlopen returned, then each new object's
+// program headers through dladdr) would still read loader lists the lock
+// guards. So a forked child never walks again: its dlopen hook is the
+// real dlopen and nothing more. What the child loads later stays
+// unpatched; its calls go straight to the allocator, which is safe (the
+// hooks add no header to a block), and nothing reads a child's tracker:
+// the NIF and the schedulers that would ask did not fork with it.
+std::atomic<bool> g_forked_child{false};
+
 void child_after_fork() {
   pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
   std::memcpy(&g_attach_lock, &fresh, sizeof fresh);
+  g_forked_child.store(true, std::memory_order_relaxed);
 }
 std::atomic<bool> g_atfork_registered{false};
 
@@ -284,7 +300,9 @@ void* hook_dlopen(const char* file, int flags) {
   // No lock of ours across the real dlopen: the loader takes its own, and
   // constructors it runs may allocate or dlopen in turn.
   void* h = reinterpret_cast<Fn>(g_target[kDlopen])(file, flags);
-  if (h != nullptr && g_attached.load(std::memory_order_acquire)) {
+  // Not in a forked child: see child_after_fork().
+  if (h != nullptr && g_attached.load(std::memory_order_acquire) &&
+      !g_forked_child.load(std::memory_order_relaxed)) {
     const int saved = errno;
     ::pthread_mutex_lock(&g_attach_lock);
     if (g_attached.load(std::memory_order_relaxed)) {
