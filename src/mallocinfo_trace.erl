@@ -78,8 +78,9 @@
 %% when the interposer was not preloaded; `attached => true' between
 %% {@link attach/0} and {@link detach/0}, `attached_at' the time of the last
 %% attach (`erlang:system_time(millisecond)' units, `undefined' if never)
-%% and `attach' its figures (`objects', `slots' patched, `slots_foreign'
-%% left alone, `data_pointers', `attach_us'); `recording => false' when the
+%% and `attach' its figures (`objects', `slots' and `data_pointers' holding
+%% a hook now, as counted at the last attach, detach or `dlopen';
+%% `slots_foreign' left alone, `attach_us'); `recording => false' when the
 %% interposer is preloaded but this executable did not match
 %% `MALLOCINFO_TRACE_EXE'.
 %% Other keys (with the interposer): `table_capacity', `table_bytes',
