@@ -434,8 +434,11 @@ mappings(N) ->
 %% resized by `mremap') while the tracker recorded, grouped by the call
 %% stack that mapped them, largest first: what a NIF or library mapped
 %% itself (its own arenas, caches, ring buffers), and ERTS's carriers.
-%% `bytes' is what is mapped, `resident' what of it is in memory now
-%% (`mincore(2)'), `flags' the union of the group's kinds (`anonymous',
+%% `bytes' is what is mapped, `resident' what of it is in memory now (the
+%% kernel's Rss of each mapping in `/proc/self/smaps'; `mincore(2)' only
+%% on the part of a mapping a region shares with other memory, at most
+%% 16 GiB of such pages per call, past which a mapping's Rss is shared out
+%% by length: a huge `PROT_NONE' reservation costs nothing), `flags' the union of the group's kinds (`anonymous',
 %% `private_file', `shared' (counted, flagged), `no_access' (mapped
 %% `PROT_NONE': a reservation), `remapped' (moved or resized since)).
 %% glibc's own mappings (malloc's large blocks and arenas) are not here:
