@@ -438,9 +438,10 @@ mappings(N) ->
 %% kernel's Rss of each mapping in `/proc/self/smaps'; `mincore(2)' only
 %% on the part of a mapping a region shares with other memory, at most
 %% 16 GiB of such pages per call, past which a mapping's Rss is shared out
-%% by length: a huge `PROT_NONE' reservation costs nothing), `flags' the union of the group's kinds (`anonymous',
-%% `private_file', `shared' (counted, flagged), `no_access' (mapped
-%% `PROT_NONE': a reservation), `remapped' (moved or resized since)).
+%% by length: a huge `PROT_NONE' reservation costs nothing), `flags' the
+%% union of the group's kinds (`anonymous', `private_file', `shared'
+%% (counted, flagged), `no_access' (mapped `PROT_NONE': a reservation),
+%% `remapped' (moved or resized since)).
 %% glibc's own mappings (malloc's large blocks and arenas) are not here:
 %% they are malloc's, seen by {@link sites/2}. `Opts': `demangle', and `by':
 %% `stack' (the default: one row per call stack), `function' (one row per
@@ -449,7 +450,9 @@ mappings(N) ->
 %% `function' and `frame' instead of `stack') or `object' (one row per
 %% object of that frame: `label', `object'). Regions are recorded in
 %% `sample' and `full' modes (all of them: they are few); `counters' mode
-%% only counts calls (`mappings' in {@link status/0}). `{error, enotsup}'
+%% counts calls (`mappings' in {@link status/0}) and records no new
+%% region, but what is unmapped or moved meanwhile still leaves or moves
+%% in the table. `{error, enotsup}'
 %% from an interposer older than this function.
 -spec mappings(non_neg_integer(), opts() | #{by => stack | function | object}) ->
           [mapping()] | {error, not_preloaded | not_recording | enotsup}.
