@@ -323,8 +323,20 @@ snapshots(IntervalMs, Left, Acc) ->
         S -> snapshots(IntervalMs, Left - 1, [S | Acc])
     end.
 
-is_snapshot(#{mallocinfo_snapshot := 1, sites := S, monotonic_ms := _}) -> is_map(S);
-is_snapshot(_) -> false.
+%% What diff/2, growth_of/1 and sites/2 read of a snapshot, all checked: a
+%% forged one is a badarg, not a crash halfway through.
+is_snapshot(#{mallocinfo_snapshot := 1, sites := S, monotonic_ms := T})
+  when is_map(S), is_integer(T) ->
+    maps:fold(fun(K, V, Ok) -> Ok andalso is_site(K, V) end, true, S);
+is_snapshot(_) ->
+    false.
+
+is_site(Frames, {C, B, E}) ->
+    is_binary(Frames) andalso byte_size(Frames) rem 8 =:= 0
+        andalso is_integer(C) andalso C >= 0 andalso is_integer(B) andalso B >= 0
+        andalso is_boolean(E);
+is_site(_, _) ->
+    false.
 
 %% Rows with packed frames get `stack', `culprit' and `label'; their stacks
 %% symbolized in one batch.
