@@ -49,7 +49,9 @@
 %% @doc The summary of a heap dump, computed exactly as `mallocinfo_heap'
 %% documents it: per arena (`arenas', in dump order) and in total. Runtime
 %% conditions: `{error, Posix}' when the file cannot be read (`enoent',
-%% `eacces', `eisdir', ...), `{error, {bad_dump, Why}}' when it is not a
+%% `eacces', `eisdir', ...; `eftype' when it is a FIFO, a device or a
+%% socket: only a regular file is read, symbolic links followed),
+%% `{error, {bad_dump, Why}}' when it is not a
 %% complete, self-consistent version 1 dump. A path that is not a file name
 %% raises `badarg'.
 -spec read_summary(file:name_all()) ->

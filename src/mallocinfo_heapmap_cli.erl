@@ -39,11 +39,15 @@ run(Dump, Out) ->
         {error, {bad_dump, Why}} ->
             complain("~ts: not a usable heap dump: ~ts", [Dump, why(Why)]);
         {error, Posix} ->
-            %% Say which path failed: the dump if it cannot be read.
-            case file:open(Dump, [read, raw]) of
+            %% Say which path failed: the dump if it cannot be read (asked
+            %% the way render does, which never blocks on a FIFO).
+            case mallocinfo_heapmap_read:open(Dump) of
                 {ok, Fd} ->
-                    file:close(Fd),
+                    ok = file:close(Fd),
                     out_error(Out, Posix);
+                {error, eftype} ->
+                    complain("~ts: not a regular file (a FIFO, device or socket): not read",
+                             [Dump]);
                 {error, _} ->
                     complain("~ts: ~ts", [Dump, file:format_error(Posix)])
             end

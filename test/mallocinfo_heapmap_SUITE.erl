@@ -7,13 +7,14 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, init_per_suite/1, end_per_suite/1]).
--export([real_dump/1, cli_renders/1, cli_bad_dump/1, cli_missing_dump/1, cli_outdir_is_file/1,
-         cli_usage/1, cli_in_tarball/1, chromium_page_loads/1, chromium_harness_catches_errors/1,
-         chromium_shows_our_pixels/1]).
+-export([real_dump/1, cli_renders/1, cli_bad_dump/1, cli_missing_dump/1, cli_fifo_dump/1,
+         cli_outdir_is_file/1, cli_usage/1, cli_in_tarball/1, chromium_page_loads/1,
+         chromium_harness_catches_errors/1, chromium_shows_our_pixels/1]).
 
 all() ->
-    [real_dump, cli_renders, cli_bad_dump, cli_missing_dump, cli_outdir_is_file, cli_usage,
-     cli_in_tarball, chromium_page_loads, chromium_harness_catches_errors, chromium_shows_our_pixels].
+    [real_dump, cli_renders, cli_bad_dump, cli_missing_dump, cli_fifo_dump, cli_outdir_is_file,
+     cli_usage, cli_in_tarball, chromium_page_loads, chromium_harness_catches_errors,
+     chromium_shows_our_pixels].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -147,6 +148,22 @@ cli_missing_dump(Config) ->
     {1, <<>>, Err} = run(Config, [?config(cli, Config), Missing, "/tmp/mi_unused"]),
     ?assertEqual([iolist_to_binary(["mallocinfo-heapmap: ", Missing, ": no such file or directory"])],
                  lines(Err)).
+
+%% A FIFO given as the dump is refused at once (open(2) would wait for a
+%% writer for good): exit 1, one line, nothing written. `timeout' ends a
+%% command that blocks anyway (exit 124).
+cli_fifo_dump(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Fifo = filename:join(Priv, "dump.fifo"),
+    "" = os:cmd("mkfifo " ++ quote(Fifo) ++ " 2>&1"),
+    Out = filename:join(Priv, "fifo_out"),
+    {1, <<>>, Err} = run(Config, ["timeout", "60", ?config(cli, Config), Fifo, Out]),
+    ?assertEqual([iolist_to_binary(["mallocinfo-heapmap: ", Fifo,
+                                    ": not a regular file (a FIFO, device or socket): "
+                                    "not read"])],
+                 lines(Err)),
+    ?assertNot(filelib:is_file(Out)),
+    ok = file:delete(Fifo).
 
 cli_outdir_is_file(Config) ->
     {1, <<>>, Err} = run(Config, [?config(cli, Config), ?config(dump, Config), ?config(dump, Config)]),
