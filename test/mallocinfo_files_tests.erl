@@ -122,6 +122,28 @@ heap_dump_test_() ->
                          fun(P) -> ?assertMatch({ok, _}, mallocinfo_heapmap:read_summary(P)) end)
      end}.
 
+%% Issue 28: any legal name, up to NAME_MAX (255) bytes, is written: the
+%% temporary beside it has a name that fits too. One more byte is the
+%% system's enametoolong.
+long_names_test_() ->
+    {timeout, 60,
+     fun() ->
+             with_targets(
+               fun(Dir, _) ->
+                       Before = entries(Dir),
+                       Name = fun(C, N) -> filename:join(Dir, lists:duplicate(N, C)) end,
+                       [begin
+                            ?assertEqual({N, ok}, {N, mallocinfo:info(Name($i, N))}),
+                            ?assertMatch({N, {ok, _}}, {N, mallocinfo_heap:dump(Name($d, N))}),
+                            ?assertMatch({ok, _}, mallocinfo_heapmap:read_summary(Name($d, N))),
+                            ok = file:delete(Name($i, N)),
+                            ok = file:delete(Name($d, N))
+                        end || N <- [245, 250, 255]],
+                       ?assertEqual({error, enametoolong}, mallocinfo:info(Name($i, 256))),
+                       ?assertEqual(Before, entries(Dir))
+               end)
+     end}.
+
 %% render/2 writes index.html and the PNGs into OutDir: any of those names
 %% taken by something that is not a regular file refuses the whole render,
 %% before anything is drawn.
