@@ -202,8 +202,10 @@ format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker :
   when is_integer(Pid), Pid >= 0, is_integer(T), T >= 0, is_integer(PS), PS > 0,
        is_boolean(Tr), is_binary(G) orelse is_list(G) ->
     is_binary(G) orelse io_lib:char_list(G) orelse erlang:error(badarg, [H]),
-    io_lib:format("heap of pid ~b dumped ~s, glibc ~s, page ~s~s~n",
-                  [Pid, mallocinfo_units:utc(T), G, mallocinfo_units:bytes(PS),
+    %% The glibc version is the dump's text: any bytes, shown escaped.
+    io_lib:format("heap of pid ~b dumped ~s, glibc ~ts, page ~s~s~n",
+                  [Pid, mallocinfo_units:utc(T), mallocinfo_text:name(G),
+                   mallocinfo_units:bytes(PS),
                    case Tr of true -> ", with tracker data"; false -> "" end]);
 format_header(H) ->
     erlang:error(badarg, [H]).

@@ -456,11 +456,9 @@ mmaps(<<>>, N, Bytes, _) ->
 
 site(<<Id:32/little, Reserved:32/little, Bytes:64/little, Blocks:64/little, Label/binary>>) ->
     (Id >= 1 andalso Id =< ?SITE_OTHER andalso Reserved =:= 0) orelse bad({bad_site, Id}),
-    Text = case unicode:characters_to_binary(Label) of
-               B when is_binary(B) -> B;
-               _ -> unicode:characters_to_binary(Label, latin1)
-           end,
-    {Id, {Bytes, Blocks, Text}}.
+    %% Symbols are bytes: kept as they are; the page shows them escaped
+    %% where they are not UTF-8 (mallocinfo_text).
+    {Id, {Bytes, Blocks, Label}}.
 
 %% Every site id on a chunk names a SITE record, except "other".
 check_sites(#scan{used = Used, sites = Sites}) ->

@@ -808,6 +808,11 @@ format(Pid, H, Items) ->
             end,
     [Header, NotMeasured, io_lib:format("  verdict: ~ts~n", [Verdict]) | Table].
 
+%% A name is the process's or its module's: mallocinfo_text:name/1 escapes
+%% what could act on a terminal.
 name_text(undefined) -> "";
-name_text(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
-name_text({M, F, A}) -> io_lib:format(" (~ts:~ts/~b)", [M, F, A]).
+name_text(Name) when is_atom(Name) -> [" (", mallocinfo_text:name(Name), ")"];
+name_text({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
+    [" (", mallocinfo_text:name(M), ":", mallocinfo_text:name(F), "/", integer_to_list(A), ")"];
+name_text(Other) ->
+    io_lib:format(" (~0tp)", [Other]).

@@ -305,6 +305,9 @@ cases(S) ->
      {mallocinfo_units, count, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, age, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, utc, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
+     %% mallocinfo_text
+     {mallocinfo_text, name, [{<<"x">>, [1, -1, 1.5, {a}, #{}, self(), [a], [-1], [1.5],
+                                         [<<1:1>>], [a | b], "x" ++ y]}]},
      %% module_info/1, which the compiler adds to every module
      {'*', module_info, [{exports, [junk, "exports", 1, [a | b], {exports}]}]}],
     %% mallocinfo_proc, the deprecated name of mallocinfo_process: the same
