@@ -47,13 +47,15 @@ eunit: demo
 ct: demo tarball
 	@$(REBAR) ct
 
-# Liveness under load for a minute (issue 15; `make test` runs both for less):
+# Liveness under load for a minute (issue 15; `make test` runs each for less):
 # threads allocating inside dl_iterate_phdr callbacks and from new call sites
-# under the interposer, then a preloaded node answering every query during an
-# allocation storm, with a watchdog.
+# under the interposer, 5000 forked children of an attached process calling
+# dlopen, then a preloaded node answering every query during an allocation
+# storm, with a watchdog.
 soak: build
 	@$(MAKE) -s -C c_src stress-bin
 	@LD_PRELOAD=$(PRELOAD) MALLOCINFO_TRACE_EXE=stress_loader_lock c_src/build/stress_loader_lock 60
+	@c_src/build/stress_fork_dlopen 5000
 	@MALLOCINFO_STRESS_SECONDS=60 $(REBAR) ct --suite=test/mallocinfo_stress_SUITE
 
 # Tracker overhead side by side with glibc and heaptrack, then the heap map's

@@ -16,7 +16,8 @@
 %% NIF, which only its dump and summary calls need.
 -define(MODULES, [mallocinfo_heapmap_cli, mallocinfo_heapmap, mallocinfo_heapmap_read,
                   mallocinfo_heapmap_draw, mallocinfo_heapmap_html, mallocinfo_heap,
-                  mallocinfo_file, mallocinfo_lib, mallocinfo_png, mallocinfo_units]).
+                  mallocinfo_file, mallocinfo_lib, mallocinfo_png, mallocinfo_text,
+                  mallocinfo_units]).
 
 main([]) ->
     Ebin = ebin(),

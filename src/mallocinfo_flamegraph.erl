@@ -155,17 +155,19 @@ function path(frames) {
   return out;
 }
 
+// Children by name in a Map: in a plain object a function named
+// constructor, __proto__ or toString would find an inherited member.
 function build() {
-  root = { name: 'all', bytes: 0, kids: {}, list: null };
+  root = { name: 'all', bytes: 0, kids: new Map(), list: null };
   for (var i = 0; i < sites.length; i++) {
     var p = path(sites[i].frames);
     var node = root;
     node.bytes += sites[i].bytes;
     for (var j = 0; j < p.length; j++) {
-      var k = node.kids[p[j]];
+      var k = node.kids.get(p[j]);
       if (!k) {
-        k = { name: p[j], bytes: 0, kids: {}, list: null };
-        node.kids[p[j]] = k;
+        k = { name: p[j], bytes: 0, kids: new Map(), list: null };
+        node.kids.set(p[j], k);
       }
       k.bytes += sites[i].bytes;
       node = k;
@@ -176,7 +178,7 @@ function build() {
 
 function kids(node) {
   if (!node.list) {
-    node.list = Object.keys(node.kids).map(function (n) { return node.kids[n]; });
+    node.list = Array.from(node.kids.values());
     node.list.sort(function (a, b) { return b.bytes - a.bytes || (a.name < b.name ? -1 : 1); });
   }
   return node.list;

@@ -49,7 +49,9 @@
 %% @doc The summary of a heap dump, computed exactly as `mallocinfo_heap'
 %% documents it: per arena (`arenas', in dump order) and in total. Runtime
 %% conditions: `{error, Posix}' when the file cannot be read (`enoent',
-%% `eacces', `eisdir', ...), `{error, {bad_dump, Why}}' when it is not a
+%% `eacces', `eisdir', ...; `eftype' when it is a FIFO, a device or a
+%% socket: only a regular file is read, symbolic links followed),
+%% `{error, {bad_dump, Why}}' when it is not a
 %% complete, self-consistent version 1 dump. A path that is not a file name
 %% raises `badarg'.
 -spec read_summary(file:name_all()) ->
@@ -200,8 +202,10 @@ format_header(#{pid := Pid, time_ms := T, glibc := G, page_size := PS, tracker :
   when is_integer(Pid), Pid >= 0, is_integer(T), T >= 0, is_integer(PS), PS > 0,
        is_boolean(Tr), is_binary(G) orelse is_list(G) ->
     is_binary(G) orelse io_lib:char_list(G) orelse erlang:error(badarg, [H]),
-    io_lib:format("heap of pid ~b dumped ~s, glibc ~s, page ~s~s~n",
-                  [Pid, mallocinfo_units:utc(T), G, mallocinfo_units:bytes(PS),
+    %% The glibc version is the dump's text: any bytes, shown escaped.
+    io_lib:format("heap of pid ~b dumped ~s, glibc ~ts, page ~s~s~n",
+                  [Pid, mallocinfo_units:utc(T), mallocinfo_text:name(G),
+                   mallocinfo_units:bytes(PS),
                    case Tr of true -> ", with tracker data"; false -> "" end]);
 format_header(H) ->
     erlang:error(badarg, [H]).

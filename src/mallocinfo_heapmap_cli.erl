@@ -34,18 +34,22 @@ run(Dump, Out) ->
             io:put_chars(mallocinfo_heapmap:format_header(Header)),
             io:put_chars(mallocinfo_heapmap:format_summary(Summary)),
             io:format("wrote ~b files:~n", [length(Files)]),
-            [io:format("  ~ts~n", [F]) || F <- Files],
+            [io:format("  ~ts~n", [name(F)]) || F <- Files],
             0;
         {error, {bad_dump, Why}} ->
-            complain("~ts: not a usable heap dump: ~ts", [Dump, why(Why)]);
+            complain("~ts: not a usable heap dump: ~ts", [name(Dump), why(Why)]);
         {error, Posix} ->
-            %% Say which path failed: the dump if it cannot be read.
-            case file:open(Dump, [read, raw]) of
+            %% Say which path failed: the dump if it cannot be read (asked
+            %% the way render does, which never blocks on a FIFO).
+            case mallocinfo_heapmap_read:open(Dump) of
                 {ok, Fd} ->
-                    file:close(Fd),
+                    ok = file:close(Fd),
                     out_error(Out, Posix);
+                {error, eftype} ->
+                    complain("~ts: not a regular file (a FIFO, device or socket): not read",
+                             [name(Dump)]);
                 {error, _} ->
-                    complain("~ts: ~ts", [Dump, file:format_error(Posix)])
+                    complain("~ts: ~ts", [name(Dump), file:format_error(Posix)])
             end
     end.
 
@@ -53,12 +57,17 @@ run(Dump, Out) ->
 %% something it does not replace.
 out_error(Out, Refused) when Refused =:= eexist; Refused =:= eisdir ->
     complain("~ts: index.html or a PNG there is ~ts, not a regular file: nothing was replaced",
-             [Out, case Refused of
+             [name(Out), case Refused of
                        eisdir -> "a directory";
                        eexist -> "a symbolic link, device, FIFO or socket"
                    end]);
 out_error(Out, Posix) ->
-    complain("~ts: ~ts", [Out, file:format_error(Posix)]).
+    complain("~ts: ~ts", [name(Out), file:format_error(Posix)]).
+
+%% Paths are the user's, or made from them: printed escaped
+%% (mallocinfo_text), as the dump's own text is by format_header/1.
+name(Path) ->
+    mallocinfo_text:name(Path).
 
 complain(Format, Args) ->
     io:format(standard_error, ?NAME ": " ++ Format ++ "~n", Args),

@@ -56,7 +56,7 @@ css() ->
 
 header_html(#{time_ms := Time, glibc := Glibc, page_size := PS, heap_max := HeapMax,
               tracker := Tracker}, Segs, T) ->
-    io_lib:format("<p class=\"meta\">Dumped ~s &middot; glibc ~s &middot; page ~s &middot; "
+    io_lib:format("<p class=\"meta\">Dumped ~s &middot; glibc ~ts &middot; page ~s &middot; "
                   "non-main heap size ~s &middot; ~b arenas, ~b segments, ~b chunks"
                   "~s &middot; tracker data: ~s</p>\n",
                   [mallocinfo_units:utc(Time), esc(Glibc), mallocinfo_units:bytes(PS),
@@ -215,10 +215,12 @@ script() ->
 
 hex({R, G, B}) -> io_lib:format("#~2.16.0b~2.16.0b~2.16.0b", [R, G, B]).
 
+%% Text from the dump (labels, the glibc version) is bytes: made printable
+%% (invalid UTF-8 and controls escaped, mallocinfo_text), then HTML-escaped.
 esc(Text) ->
     lists:map(fun($<) -> "&lt;";
                  ($>) -> "&gt;";
                  ($&) -> "&amp;";
                  ($") -> "&quot;";
                  (C) -> C
-              end, unicode:characters_to_list(Text)).
+              end, mallocinfo_text:name(Text)).

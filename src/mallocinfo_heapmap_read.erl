@@ -16,6 +16,7 @@
 %% A bad file gives `{error, {bad_dump, Why}}'.
 -module(mallocinfo_heapmap_read).
 
+-include_lib("kernel/include/file.hrl").
 -include("mallocinfo_heapdump.hrl").
 
 -export([read/1, open/1, fold_chunks/4, fold_mmaps/4, count_bits/3]).
@@ -105,10 +106,22 @@ read(Path) ->
             E
     end.
 
-%% Opens a dump for reading, as read/1 does.
+%% Opens a dump for reading, as read/1 does. Only a regular file (symbolic
+%% links followed) is opened: a directory is `eisdir', a FIFO, device or
+%% socket `eftype', refused before open(2), which would block on a FIFO
+%% until something writes to it (for good on a FIFO nobody writes).
 -spec open(file:filename_all()) -> {ok, file:io_device()} | {error, file:posix()}.
 open(Path) ->
-    file:open(Path, [read, raw, binary, {read_ahead, 1 bsl 20}]).
+    case file:read_file_info(Path, [raw]) of
+        {ok, #file_info{type = regular}} ->
+            file:open(Path, [read, raw, binary, {read_ahead, 1 bsl 20}]);
+        {ok, #file_info{type = directory}} ->
+            {error, eisdir};
+        {ok, #file_info{}} ->
+            {error, eftype};
+        {error, _} = E ->
+            E
+    end.
 
 %% The second pass over one segment of a dump read/1 accepted: folds
 %% `Fun(Payload, Acc)' over its CHUNKS records' payloads (whole chunk
@@ -443,11 +456,9 @@ mmaps(<<>>, N, Bytes, _) ->
 
 site(<<Id:32/little, Reserved:32/little, Bytes:64/little, Blocks:64/little, Label/binary>>) ->
     (Id >= 1 andalso Id =< ?SITE_OTHER andalso Reserved =:= 0) orelse bad({bad_site, Id}),
-    Text = case unicode:characters_to_binary(Label) of
-               B when is_binary(B) -> B;
-               _ -> unicode:characters_to_binary(Label, latin1)
-           end,
-    {Id, {Bytes, Blocks, Text}}.
+    %% Symbols are bytes: kept as they are; the page shows them escaped
+    %% where they are not UTF-8 (mallocinfo_text).
+    {Id, {Bytes, Blocks, Label}}.
 
 %% Every site id on a chunk names a SITE record, except "other".
 check_sites(#scan{used = Used, sites = Sites}) ->

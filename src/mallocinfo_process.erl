@@ -1018,10 +1018,12 @@ named(Dict, IC) ->
 %% the pid, in parentheses; nothing for undefined.
 -spec name_text(term()) -> iolist().
 name_text(undefined) -> "";
-name_text(Name) when is_atom(Name) -> io_lib:format(" (~ts)", [Name]);
+name_text(Name) when is_atom(Name) -> [" (", mallocinfo_text:name(Name), ")"];
 name_text({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
-    io_lib:format(" (~ts:~ts/~b)", [M, F, A]);
-name_text(Label) -> io_lib:format(" (~0tP)", [Label, 10]).
+    [" (", mallocinfo_text:name(M), ":", mallocinfo_text:name(F), "/", integer_to_list(A), ")"];
+%% A label is any term (a RabbitMQ queue's name is the client's bytes):
+%% escaped as a whole, so nothing in it can act on a terminal.
+name_text(Label) -> [" (", mallocinfo_text:name(io_lib:format("~0tP", [Label, 10])), ")"].
 
 %%% ---------------------------------------------------------------------------
 %%% print/1

@@ -54,12 +54,12 @@ node_results(_) -> false.
 
 cluster(Results) ->
     Head = io_lib:format(?ROW, ["node", "RSS", "ERTS", "libc free", "native", "unacct", "status"]),
-    Failures = [para(io_lib:format("~ts: ~0tp", [N, Why]))
+    Failures = [para(io_lib:format("~ts: ~0tp", [name(N), Why]))
                 || {N, {error, Why}} <- Results, Why =/= unreachable, Why =/= timeout]
-               ++ [para(io_lib:format("~ts: attach: ~0tp", [N, Why]))
+               ++ [para(io_lib:format("~ts: attach: ~0tp", [name(N), Why]))
                    || {N, {ok, #{attach := {error, Why}}}} <- Results,
                       Why =/= already_attached, Why =/= preloaded],
-    Verdicts = [[io_lib:format("~ts:~n", [N]),
+    Verdicts = [[io_lib:format("~ts:~n", [name(N)]),
                  [io_lib:format("  - ~ts~n", [wrap(V, 76, "    ")])
                   || V <- maps:get(verdicts, R, [])]]
                 || {N, {ok, R}} <- Results],
@@ -76,7 +76,7 @@ header(R) ->
                V when is_binary(V) -> V;
                _ -> "?"
            end,
-    [rule_line(io_lib:format("mallocinfo report: ~ts", [maps:get(node, R, '?')])),
+    [rule_line(io_lib:format("mallocinfo report: ~ts", [name(maps:get(node, R, '?'))])),
      para(io_lib:format("os pid ~tp, OTP ~ts, glibc ~ts, malloc: ~ts, ~ts",
                         [maps:get(os_pid, R, '?'), maps:get(otp_release, R, "?"), Libc,
                          maps:get(allocator, R, glibc), maps:get(time, R, "")]))].
@@ -102,14 +102,14 @@ section_resident(#{resident := Res} = R) ->
                     end
             end,
     TopFiles = lists:sublist(maps:get(files_top, Res, []), 2),
-    Files = lists:join(", ", [io_lib:format("~ts ~ts", [filename:basename(P), bytes(B)])
+    Files = lists:join(", ", [io_lib:format("~ts ~ts", [name(filename:basename(P)), bytes(B)])
                               || #{path := P, rss := B} <- TopFiles]),
     Twice = maps:get(jit_counted_twice, Res, 0),
     Notes = #{arenas => Count(arenas, "heaps"),
               erts_carriers => "up to what ERTS mapped",
               erts_mapped => "regions beam.smp mapped",
               mapped_sites => case maps:get(mapped_sites, R, []) of
-                                  [{Top, _, _, _} | _] -> Top;
+                                  [{Top, _, _, _} | _] -> name(Top);
                                   [] -> ""
                               end,
               anon_unclaimed => "no layer claims it",
@@ -138,7 +138,7 @@ section_resident(#{resident := Res} = R) ->
 %% regions, attributed by address), largest resident first.
 mapped_sites_lines(#{mapped_sites := [_ | _] = Sites}) ->
     ["anonymous memory mapped by call sites (resident, mapped):\n",
-     [io_lib:format("  ~-44ts ~10ts ~10ts~n", [truncate(Label, 44), bytes(B), bytes(M)])
+     [io_lib:format("  ~-44ts ~10ts ~10ts~n", [truncate(name(Label), 44), bytes(B), bytes(M)])
       || {Label, _, B, M} <- lists:sublist(Sites, 5)]];
 mapped_sites_lines(_) ->
     [].
@@ -310,7 +310,7 @@ section_native(#{native := N}) ->
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
 
 object_text(undefined) -> "(no stack)";
-object_text(O) -> truncate(filename:basename(O), 57).
+object_text(O) -> truncate(name(filename:basename(O)), 57).
 
 growth_lines(#{interval_ms := Ms0, samples := N, growers := G, live_delta := D} = Growth) ->
     Ms = maps:get(span_ms, Growth, Ms0),
@@ -399,13 +399,14 @@ attached_line(_) ->
     [].
 
 %% "symbol (object)" in at most Width columns: the symbol gives way first.
+%% Both are bytes: name/1 makes them printable.
 frame_text(undefined, _) ->
     "?";
 frame_text(#{object := O} = F, Width) ->
-    Obj = truncate(filename:basename(O), Width div 2),
+    Obj = truncate(name(filename:basename(O)), Width div 2),
     Sym = case maps:get(symbol, F, undefined) of
               undefined -> io_lib:format("+0x~.16b", [maps:get(offset, F, 0)]);
-              S -> S
+              S -> name(S)
           end,
     [truncate(Sym, Width - 3 - string:length(Obj)), " (", Obj, ")"].
 
@@ -542,7 +543,7 @@ cluster_row(Node, {ok, R}) ->
                  {error, preloaded} -> Loaded ++ ", preloaded";
                  {error, _} -> Loaded ++ ", attach failed"
              end,
-    io_lib:format(?ROW, [truncate(atom_to_list(Node), 20), short_bytes(rss(R)), short_bytes(Erts),
+    io_lib:format(?ROW, [truncate(name(Node), 20), short_bytes(rss(R)), short_bytes(Erts),
                          short_bytes(Free), short_bytes(Native), Unacct, Status]);
 cluster_row(Node, {error, Why}) ->
     Status = case Why of
@@ -550,7 +551,7 @@ cluster_row(Node, {error, Why}) ->
                  timeout -> "timeout";
                  _ -> "failed"
              end,
-    io_lib:format(?ROW, [truncate(atom_to_list(Node), 20), "-", "-", "-", "-", "-", Status]).
+    io_lib:format(?ROW, [truncate(name(Node), 20), "-", "-", "-", "-", "-", Status]).
 
 short_bytes(undefined) -> "-";
 short_bytes(B) -> bytes(B).
@@ -562,3 +563,4 @@ age(Ms) -> mallocinfo_units:age(Ms).
 culprit(Stack) -> mallocinfo_verdicts:culprit(Stack).
 rss(R) -> mallocinfo_verdicts:rss(R).
 proc_name(Name) -> mallocinfo_verdicts:proc_name(Name).
+name(Name) -> mallocinfo_text:name(Name).

@@ -78,8 +78,9 @@
 %% when the interposer was not preloaded; `attached => true' between
 %% {@link attach/0} and {@link detach/0}, `attached_at' the time of the last
 %% attach (`erlang:system_time(millisecond)' units, `undefined' if never)
-%% and `attach' its figures (`objects', `slots' patched, `slots_foreign'
-%% left alone, `data_pointers', `attach_us'); `recording => false' (and
+%% and `attach' its figures (`objects', `slots' and `data_pointers' holding
+%% a hook now, as counted at the last attach, detach or `dlopen';
+%% `slots_foreign' left alone, `attach_us'); `recording => false' (and
 %% `mode => off') when the interposer is preloaded but this executable did
 %% not match `MALLOCINFO_TRACE_EXE', and after {@link detach/0}.
 %% Other keys (with the interposer): `table_capacity', `table_bytes',
@@ -367,8 +368,20 @@ snapshots(IntervalMs, Left, Acc) ->
         S -> snapshots(IntervalMs, Left - 1, [S | Acc])
     end.
 
-is_snapshot(#{mallocinfo_snapshot := 1, sites := S, monotonic_ms := _}) -> is_map(S);
-is_snapshot(_) -> false.
+%% What diff/2, growth_of/1 and sites/2 read of a snapshot, all checked: a
+%% forged one is a badarg, not a crash halfway through.
+is_snapshot(#{mallocinfo_snapshot := 1, sites := S, monotonic_ms := T})
+  when is_map(S), is_integer(T) ->
+    maps:fold(fun(K, V, Ok) -> Ok andalso is_site(K, V) end, true, S);
+is_snapshot(_) ->
+    false.
+
+is_site(Frames, {C, B, E}) ->
+    is_binary(Frames) andalso byte_size(Frames) rem 8 =:= 0
+        andalso is_integer(C) andalso C >= 0 andalso is_integer(B) andalso B >= 0
+        andalso is_boolean(E);
+is_site(_, _) ->
+    false.
 
 %% Rows with packed frames get `stack', `culprit' and `label'; their stacks
 %% symbolized in one batch.
@@ -478,10 +491,14 @@ mappings(N) ->
 %% resized by `mremap') while the tracker recorded, grouped by the call
 %% stack that mapped them, largest first: what a NIF or library mapped
 %% itself (its own arenas, caches, ring buffers), and ERTS's carriers.
-%% `bytes' is what is mapped, `resident' what of it is in memory now
-%% (`mincore(2)'), `flags' the union of the group's kinds (`anonymous',
-%% `private_file', `shared' (counted, flagged), `no_access' (mapped
-%% `PROT_NONE': a reservation), `remapped' (moved or resized since)).
+%% `bytes' is what is mapped, `resident' what of it is in memory now (the
+%% kernel's Rss of each mapping in `/proc/self/smaps'; `mincore(2)' only
+%% on the part of a mapping a region shares with other memory, at most
+%% 16 GiB of such pages per call, past which a mapping's Rss is shared out
+%% by length: a huge `PROT_NONE' reservation costs nothing), `flags' the
+%% union of the group's kinds (`anonymous', `private_file', `shared'
+%% (counted, flagged), `no_access' (mapped `PROT_NONE': a reservation),
+%% `remapped' (moved or resized since)).
 %% glibc's own mappings (malloc's large blocks and arenas) are not here:
 %% they are malloc's, seen by {@link sites/2}. `Opts': `demangle', and `by':
 %% `stack' (the default: one row per call stack), `function' (one row per
@@ -490,7 +507,9 @@ mappings(N) ->
 %% `function' and `frame' instead of `stack') or `object' (one row per
 %% object of that frame: `label', `object'). Regions are recorded in
 %% `sample' and `full' modes (all of them: they are few); `counters' mode
-%% only counts calls (`mappings' in {@link status/0}). `{error, enotsup}'
+%% counts calls (`mappings' in {@link status/0}) and records no new
+%% region, but what is unmapped or moved meanwhile still leaves or moves
+%% in the table. `{error, enotsup}'
 %% from an interposer older than this function.
 -spec mappings(non_neg_integer(), opts() | #{by => stack | function | object}) ->
           [mapping()] | {error, not_preloaded | not_recording | enotsup}.

@@ -242,19 +242,21 @@ rule(_, _) ->
 
 %%% Who holds it --------------------------------------------------------------
 
-%% The holder and the function of a sentence, from a culprit frame.
+%% The holder and the function of a sentence, from a culprit frame. Names
+%% are bytes (mallocinfo_text:name/1 makes them printable).
 who(undefined) ->
     {"native code", "an unknown function"};
 who(#{object := Object} = F) ->
     Base = filename:basename(Object),
+    Name = mallocinfo_text:name(Base),
     Who = case {binary:match(Base, <<"beam">>), binary:match(Base, <<".so">>)} of
-              {{0, _}, _} -> "the VM itself (" ++ binary_to_list(Base) ++ ")";
-              {_, nomatch} -> "native code in " ++ binary_to_list(Base);
-              _ -> "the NIF " ++ binary_to_list(Base)
+              {{0, _}, _} -> "the VM itself (" ++ Name ++ ")";
+              {_, nomatch} -> "native code in " ++ Name;
+              _ -> "the NIF " ++ Name
           end,
     From = case F of
                #{symbol := S} when is_binary(S) -> short_symbol(S);
-               #{offset := Off} -> io_lib:format("~ts+0x~.16b", [Base, Off]);
+               #{offset := Off} -> io_lib:format("~ts+0x~.16b", [Name, Off]);
                _ -> "an unnamed function"
            end,
     {Who, From}.
@@ -262,7 +264,7 @@ who(#{object := Object} = F) ->
 %% A demangled C++ name can run to hundreds of characters: the sentence
 %% keeps its first 60.
 short_symbol(S) ->
-    L = unicode:characters_to_list(S),
+    L = mallocinfo_text:name(S),
     case string:length(L) > 60 of
         true -> string:slice(L, 0, 57) ++ "...";
         false -> L

@@ -106,9 +106,24 @@ cases(S) ->
     %% tracked: an empty one).
     Snap = mallocinfo_growth:snapshot(full, {0, []}, #{node => node(), os_pid => "1",
                                                        time_ms => 0, monotonic_ms => 0}),
+    %% Forged: the shape of a snapshot, with what diff/2, growth_of/1 and
+    %% sites/2 compute with made wrong (issue 28: badmatch and badarith).
+    Site = <<16#400000:64/native>>,
+    Forged = [Snap#{sites => #{<<1, 2, 3>> => {1, 8, false}}},
+              Snap#{sites => #{frames => {1, 8, false}}},
+              Snap#{sites => #{Site => {1, 8}}},
+              Snap#{sites => #{Site => [1, 8, false]}},
+              Snap#{sites => #{Site => {-1, 8, false}}},
+              Snap#{sites => #{Site => {1, x, false}}},
+              Snap#{sites => #{Site => {1, 8.0, false}}},
+              Snap#{sites => #{Site => {1, 8, maybe}}},
+              Snap#{monotonic_ms => later},
+              Snap#{monotonic_ms => 1.5}],
     NotSnap = junk() ++ [maps:remove(sites, Snap), Snap#{sites => junk},
-                         Snap#{mallocinfo_snapshot => 2}],
-    Snaps = [junk, [a | b], [Snap], [], [Snap | b], [Snap, junk], {Snap, Snap}, Snap],
+                         Snap#{mallocinfo_snapshot => 2}] ++ Forged,
+    Snaps = [junk, [a | b], [Snap], [], [Snap | b], [Snap, junk], {Snap, Snap}, Snap]
+        ++ [[Snap, F] || F <- Forged] ++ [[F, Snap] || F <- Forged],
+    SnapOpts = [#{by => B, snapshot => F} || B <- [function, object], F <- Forged],
     GrowthOpts = not_opts() ++ [#{limit => -1}, #{limit => junk}, #{demangle => 1},
                                 #{min_age_ms => 1}],
     ReportOpts = [#{junk => 1}, #{interval => 0}, #{interval => 1.5}, #{interval => 1 bsl 32},
@@ -282,7 +297,7 @@ cases(S) ->
      {mallocinfo_trace, folded, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, profile_data, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, sites, [{1, Count}]},
-     {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}] ++ ByOpts}]},
+     {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}] ++ ByOpts ++ SnapOpts}]},
      {mallocinfo_trace, diff, [{Snap, NotSnap}, {Snap, NotSnap}]},
      {mallocinfo_trace, diff, [{Snap, NotSnap}, {Snap, NotSnap}, {#{}, GrowthOpts}]},
      {mallocinfo_trace, growth, [{1, Count ++ [0, 1 bsl 32]}, {2, Count ++ [0, 1]}]},
@@ -305,6 +320,9 @@ cases(S) ->
      {mallocinfo_units, count, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, age, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
      {mallocinfo_units, utc, [{0, [junk, -1, 1.5, "1", <<"1">>, [a | b], {1}, #{}]}]},
+     %% mallocinfo_text
+     {mallocinfo_text, name, [{<<"x">>, [1, -1, 1.5, {a}, #{}, self(), [a], [-1], [1.5],
+                                         [<<1:1>>], [a | b], "x" ++ y]}]},
      %% module_info/1, which the compiler adds to every module
      {'*', module_info, [{exports, [junk, "exports", 1, [a | b], {exports}]}]}],
     %% mallocinfo_proc, the deprecated name of mallocinfo_process: the same

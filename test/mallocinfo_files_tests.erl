@@ -122,6 +122,28 @@ heap_dump_test_() ->
                          fun(P) -> ?assertMatch({ok, _}, mallocinfo_heapmap:read_summary(P)) end)
      end}.
 
+%% Issue 28: any legal name, up to NAME_MAX (255) bytes, is written: the
+%% temporary beside it has a name that fits too. One more byte is the
+%% system's enametoolong.
+long_names_test_() ->
+    {timeout, 60,
+     fun() ->
+             with_targets(
+               fun(Dir, _) ->
+                       Before = entries(Dir),
+                       Name = fun(C, N) -> filename:join(Dir, lists:duplicate(N, C)) end,
+                       [begin
+                            ?assertEqual({N, ok}, {N, mallocinfo:info(Name($i, N))}),
+                            ?assertMatch({N, {ok, _}}, {N, mallocinfo_heap:dump(Name($d, N))}),
+                            ?assertMatch({ok, _}, mallocinfo_heapmap:read_summary(Name($d, N))),
+                            ok = file:delete(Name($i, N)),
+                            ok = file:delete(Name($d, N))
+                        end || N <- [245, 250, 255]],
+                       ?assertEqual({error, enametoolong}, mallocinfo:info(Name($i, 256))),
+                       ?assertEqual(Before, entries(Dir))
+               end)
+     end}.
+
 %% render/2 writes index.html and the PNGs into OutDir: any of those names
 %% taken by something that is not a regular file refuses the whole render,
 %% before anything is drawn.
@@ -154,6 +176,53 @@ heapmap_render() ->
               {ok, Files} = mallocinfo_heapmap:render(Dump, Out),
               ?assertNotEqual(Old#file_info.inode, (info(Index))#file_info.inode)
       end).
+
+%%% The readers ----------------------------------------------------------------
+
+%% Issue 28: the dump readers (read_summary/1, render/2's input, the
+%% escript's) open only a regular file: a FIFO nobody writes to would
+%% block open(2) for good. Links are followed (reading through one is
+%% harmless); a directory is eisdir, a device, a FIFO or a socket eftype,
+%% nothing is written. Each call runs in a process of its own: one still
+%% blocked after 10 s has the FIFO opened for writing, which frees it,
+%% and fails the test.
+readers_refuse_what_is_not_a_regular_file_test_() ->
+    {timeout, 120, fun readers_refuse/0}.
+
+readers_refuse() ->
+    with_targets(
+      fun(Dir, Targets) ->
+              Out = filename:join(Dir, "out"),
+              Fifo = filename:join(Dir, "fifo"),
+              Want = fun(directory) -> {error, eisdir};
+                        (symlink) -> {error, {bad_dump, bad_magic}};  % a text file
+                        (dangling_symlink) -> {error, enoent};
+                        (_) -> {error, eftype}
+                     end,
+              Before = entries(Dir),
+              Readers = [{read_summary, fun(P) -> mallocinfo_heapmap:read_summary(P) end},
+                         {heapmap_render, fun(P) -> mallocinfo_heapmap:render(P, Out) end},
+                         {heap_render, fun(P) -> mallocinfo_heap:render(P, Out) end}],
+              ?assertEqual([{Kind, R, Want(Kind)} || {Kind, _, _} <- Targets, {R, _} <- Readers],
+                           [{Kind, R, unblocked(fun() -> Read(Path) end, Fifo)}
+                            || {Kind, Path, _} <- Targets, {R, Read} <- Readers]),
+              ?assertEqual(Before, entries(Dir))
+      end).
+
+unblocked(Fun, Fifo) ->
+    Self = self(),
+    {Pid, Ref} = spawn_monitor(fun() -> Self ! {self(), Fun()} end),
+    receive
+        {Pid, Result} ->
+            receive {'DOWN', Ref, _, _, _} -> ok end,
+            Result
+    after 10000 ->
+            %% Blocked in open(2) on the FIFO: a writer frees it.
+            {ok, W} = file:open(Fifo, [write, raw]),
+            ok = file:close(W),
+            receive {'DOWN', Ref, _, _, _} -> ok end,
+            blocked
+    end.
 
 %%% mallocinfo_file: the Erlang side's one writer --------------------------------
 

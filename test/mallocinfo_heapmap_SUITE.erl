@@ -7,13 +7,14 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, init_per_suite/1, end_per_suite/1]).
--export([real_dump/1, cli_renders/1, cli_bad_dump/1, cli_missing_dump/1, cli_outdir_is_file/1,
-         cli_usage/1, cli_in_tarball/1, chromium_page_loads/1, chromium_harness_catches_errors/1,
-         chromium_shows_our_pixels/1]).
+-export([real_dump/1, cli_renders/1, cli_bad_dump/1, cli_missing_dump/1, cli_fifo_dump/1,
+         cli_escapes_names/1, cli_outdir_is_file/1, cli_usage/1, cli_in_tarball/1, chromium_page_loads/1,
+         chromium_harness_catches_errors/1, chromium_shows_our_pixels/1]).
 
 all() ->
-    [real_dump, cli_renders, cli_bad_dump, cli_missing_dump, cli_outdir_is_file, cli_usage,
-     cli_in_tarball, chromium_page_loads, chromium_harness_catches_errors, chromium_shows_our_pixels].
+    [real_dump, cli_renders, cli_bad_dump, cli_missing_dump, cli_fifo_dump, cli_escapes_names,
+     cli_outdir_is_file, cli_usage, cli_in_tarball, chromium_page_loads, chromium_harness_catches_errors,
+     chromium_shows_our_pixels].
 
 init_per_suite(Config) ->
     Priv = ?config(priv_dir, Config),
@@ -147,6 +148,43 @@ cli_missing_dump(Config) ->
     {1, <<>>, Err} = run(Config, [?config(cli, Config), Missing, "/tmp/mi_unused"]),
     ?assertEqual([iolist_to_binary(["mallocinfo-heapmap: ", Missing, ": no such file or directory"])],
                  lines(Err)).
+
+%% A FIFO given as the dump is refused at once (open(2) would wait for a
+%% writer for good): exit 1, one line, nothing written. `timeout' ends a
+%% command that blocks anyway (exit 124).
+cli_fifo_dump(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Fifo = filename:join(Priv, "dump.fifo"),
+    "" = os:cmd("mkfifo " ++ quote(Fifo) ++ " 2>&1"),
+    Out = filename:join(Priv, "fifo_out"),
+    {1, <<>>, Err} = run(Config, ["timeout", "60", ?config(cli, Config), Fifo, Out]),
+    ?assertEqual([iolist_to_binary(["mallocinfo-heapmap: ", Fifo,
+                                    ": not a regular file (a FIFO, device or socket): "
+                                    "not read"])],
+                 lines(Err)),
+    ?assertNot(filelib:is_file(Out)),
+    ok = file:delete(Fifo).
+
+%% Issue 28: paths the command prints (the dump's, the files written, a
+%% failing one) reach the terminal escaped: a name holding a terminal
+%% payload (colour, window title, BEL, clear screen) prints as text.
+cli_escapes_names(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Odd = "\e[31mred\e]0;title\^G\e[2J",
+    Dump = filename:join(Priv, "dump" ++ Odd ++ ".heapdump"),
+    {ok, _} = file:copy(?config(dump, Config), Dump),
+    Out = filename:join(Priv, "out" ++ Odd),
+    {0, Stdout, <<>>} = run(Config, [?config(cli, Config), Dump, Out]),
+    Missing = filename:join(Priv, "none" ++ Odd),
+    {1, <<>>, Stderr} = run(Config, [?config(cli, Config), Missing, Out]),
+    Shown = <<"\\x1B[31mred\\x1B]0;title\\x07\\x1B[2J">>,
+    [begin
+         ?assertEqual({What, []}, {What, [C || <<C>> <= Text, C < 32, C =/= $\n]}),
+         ?assertMatch({What, {_, _}}, {What, binary:match(Text, Shown)})
+     end || {What, Text} <- [{stdout, Stdout}, {stderr, Stderr}]],
+    ?assertMatch({_, _}, binary:match(Stdout, <<"out", Shown/binary, "/index.html">>)),
+    ok = file:del_dir_r(Out),
+    ok = file:delete(Dump).
 
 cli_outdir_is_file(Config) ->
     {1, <<>>, Err} = run(Config, [?config(cli, Config), ?config(dump, Config), ?config(dump, Config)]),

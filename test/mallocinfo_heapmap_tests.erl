@@ -319,6 +319,29 @@ known_colours_test() ->
               ?assertMatch(#{width := 256, height := 4}, Heap)
       end).
 
+%% Issue 28: a dump's site labels are bytes from the symbolizer: invalid
+%% UTF-8 and a terminal payload render, escaped, in the page (the reader
+%% refuses a glibc version that is not printable ASCII; format_header/1,
+%% which the escript prints, escapes one given to it all the same).
+odd_text_test() ->
+    with_tmpdir(
+      fun(Dir) ->
+              Bad = <<"bad", 8#377, 8#376, "utf8">>,
+              Ansi = <<"ansi\e[31mRED\e]0;pwned-title", 7, "\e[2Jend">>,
+              Spec = (tracked())#{sites => [{1, 136672, 3, Bad}, {2, 512, 1, Ansi}]},
+              {_, Files} = render(dump_file(Dir, "odd.heapdump", ?W:dump(Spec))),
+              {ok, Html} = file:read_file(hd(Files)),
+              ?assert(is_binary(unicode:characters_to_binary(Html))),
+              ?assertEqual([], [C || <<C/utf8>> <= Html, C < 32, C =/= $\n]),
+              [?assertNotEqual({T, nomatch}, {T, binary:match(Html, T)})
+               || T <- [<<"bad\\xFF\\xFEutf8">>,
+                        <<"ansi\\x1B[31mRED\\x1B]0;pwned-title\\x07">>]],
+              Header = #{pid => 1, time_ms => 0, glibc => <<"2.36", 16#9B, "\e]0;t", 7>>,
+                         page_size => 4096, heap_max => 1, tracker => false},
+              Line = unicode:characters_to_binary(mallocinfo_heapmap:format_header(Header)),
+              ?assertMatch({_, _}, binary:match(Line, <<"glibc 2.36\\x9B\\x1B]0;t\\x07, page">>))
+      end).
+
 tracked_colours_test() ->
     with_tmpdir(
       fun(Dir) ->

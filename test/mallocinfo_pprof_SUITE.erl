@@ -15,7 +15,8 @@
          end_per_testcase/2]).
 -export([go_reads_file/1, go_reads_http/1, delta_seconds/1, folded_sums/1, sample_mode/1,
          small_leak_on_top/1,
-         flamegraph_chromium/1, flamegraph_harness_sees_errors/1, not_preloaded/1,
+         flamegraph_chromium/1, flamegraph_harness_sees_errors/1, flamegraph_prototype_names/1,
+         not_preloaded/1,
          bad_params/1, many_sites/1, jemalloc_alone/1, jemalloc_behind_tracker/1]).
 -export([wait_for_window/0, measure/3]).
 
@@ -24,7 +25,8 @@
 
 all() ->
     [not_preloaded, bad_params, go_reads_file, go_reads_http, delta_seconds, folded_sums,
-     sample_mode, small_leak_on_top, flamegraph_chromium, flamegraph_harness_sees_errors, many_sites,
+     sample_mode, small_leak_on_top, flamegraph_chromium, flamegraph_harness_sees_errors,
+     flamegraph_prototype_names, many_sites,
      jemalloc_alone, jemalloc_behind_tracker].
 
 init_per_suite(Config) ->
@@ -46,6 +48,8 @@ init_per_testcase(small_leak_on_top, Config) ->
     %% the largest live blocks are the leak's, or mallocinfo's own if they
     %% were ever recorded.
     start_peer(Config, #{mode => off});
+init_per_testcase(flamegraph_prototype_names, Config) ->
+    Config;
 init_per_testcase(sample_mode, Config) ->
     start_peer(Config, #{mode => sample, sample_bytes => 4096});
 init_per_testcase(jemalloc_alone, Config) ->
@@ -58,6 +62,8 @@ init_per_testcase(_, Config) ->
 
 end_per_testcase(not_preloaded, Config) ->
     mallocinfo_http:stop(?config(port, Config));
+end_per_testcase(flamegraph_prototype_names, _Config) ->
+    ok;
 end_per_testcase(_, Config) ->
     peer:stop(?config(peer, Config)).
 
@@ -355,6 +361,35 @@ flamegraph_harness_sees_errors(Config) ->
     ?assertEqual(<<"1">>, maps:get(<<"data-errors">>, Attrs)),
     ?assertNot(maps:is_key(<<"data-ok">>, Attrs)),
     ?assertMatch({_, _}, binary:match(Dom, <<"undefinedFunction">>)).
+
+%% Issue 28: functions and objects named like the members every plain
+%% JavaScript object inherits (constructor, __proto__, toString,
+%% hasOwnProperty, valueOf) are boxes like any other in every view: the
+%% page, made from canned collapsed stacks and opened from a file, draws
+%% with no script error and the right widest box.
+flamegraph_prototype_names(Config) ->
+    Names = ["constructor", "__proto__", "toString", "hasOwnProperty", "valueOf"],
+    %% Root first, leaf last: "caller (object);allocator (object) bytes".
+    Folded = [[N, " (", N, ".so);", N, " (libx.so) ", integer_to_list(1000 * I), "\n"]
+              || {I, N} <- lists:zip(lists:seq(1, length(Names)), Names)],
+    File = filename:join(scratch(Config, "prototype"), "flamegraph.html"),
+    ok = file:write_file(File, mallocinfo_flamegraph:page(Folded, "prototype names")),
+    [begin
+         Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+                                 "'file://" ++ File ++ "?view=" ++ View ++ "'"]),
+         Attrs = body_attrs(Dom),
+         ct:log("view ~s: ~p", [View, Attrs]),
+         ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-errors">> := <<"0">>}, Attrs),
+         ?assertEqual(list_to_binary(View), maps:get(<<"data-view">>, Attrs)),
+         ?assertEqual(<<"15000">>, maps:get(<<"data-total">>, Attrs)),
+         ?assertEqual(Widest, maps:get(<<"data-widest">>, Attrs)),
+         %% One box per name (and, by object and by stack, per object).
+         [?assertMatch({_, _}, binary:match(Dom, <<">", (list_to_binary(N))/binary, "<">>))
+          || N <- Boxes]
+     end || {View, Widest, Boxes} <-
+                [{"function", <<"valueOf">>, Names},
+                 {"object", <<"libx.so">>, [N ++ ".so" || N <- Names]},
+                 {"stack", <<"valueOf (valueOf.so)">>, [N ++ " (" ++ N ++ ".so)" || N <- Names]}]].
 
 %% 30,000 distinct sites: the profile has them all, and how long it takes
 %% is logged (a figure for README; no assertion on time).

@@ -118,3 +118,51 @@ old_name_test() ->
     ?assertError(badarg, mallocinfo_proc:print(junk)),
     Attrs = mallocinfo_proc:module_info(attributes),
     ?assertMatch([[{'_', '_', _}]], proplists:get_all_values(deprecated, Attrs)).
+
+%% Issue 28: print/1 shows a registered name it did not write escaped: a
+%% name holding a terminal payload (colour, window title, screen clear)
+%% and bytes past ASCII reaches the terminal as text, never as control
+%% characters.
+print_escapes_names_test() ->
+    Name = list_to_atom("ansi\e[31mRED\e]0;pwned-title\^G\e[2Jend\x{9B}"),
+    Self = self(),
+    P = spawn(fun() -> register(Name, self()), Self ! {ready, self()}, receive stop -> ok end end),
+    receive {ready, P} -> ok end,
+    try
+        Out = unicode:characters_to_binary(printed(fun() -> mallocinfo_process:print(P) end)),
+        ?assertMatch({_, _}, binary:match(Out, <<" (ansi\\x1B[31mRED\\x1B]0;pwned-title\\x07"
+                                                 "\\x1B[2Jend\\u009B): heap ">>)),
+        ?assertEqual([], [C || <<C/utf8>> <= Out, C =/= $\n, C < 32 orelse C =:= 127
+                                                  orelse (C >= 16#80 andalso C =< 16#9F)])
+    after
+        P ! stop
+    end.
+
+%% What Fun writes to its group leader (the io protocol's put_chars).
+printed(Fun) ->
+    Self = self(),
+    Leader = spawn_link(fun() -> collect(Self, []) end),
+    Old = group_leader(),
+    group_leader(Leader, self()),
+    try
+        ok = Fun()
+    after
+        group_leader(Old, self())
+    end,
+    Leader ! {done, self()},
+    receive {printed, Leader, Chars} -> Chars end.
+
+collect(Owner, Acc) ->
+    receive
+        {io_request, From, ReplyAs, {put_chars, unicode, Chars}} ->
+            From ! {io_reply, ReplyAs, ok},
+            collect(Owner, [Chars | Acc]);
+        {io_request, From, ReplyAs, {put_chars, unicode, M, F, A}} ->
+            From ! {io_reply, ReplyAs, ok},
+            collect(Owner, [apply(M, F, A) | Acc]);
+        {io_request, From, ReplyAs, _} ->
+            From ! {io_reply, ReplyAs, {error, enotsup}},
+            collect(Owner, Acc);
+        {done, Owner} ->
+            Owner ! {printed, self(), lists:reverse(Acc)}
+    end.

@@ -9,16 +9,17 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([demo_report/1, direct_mmap_is_unaccounted/1, mapped_by_nif_is_attributed/1,
-         without_interposer/1, cluster/1]).
+         odd_names/1, without_interposer/1, cluster/1]).
 
 -define(MiB, (1024 * 1024)).
 
 all() ->
-    [demo_report, direct_mmap_is_unaccounted, mapped_by_nif_is_attributed, without_interposer,
-     cluster].
+    [demo_report, direct_mmap_is_unaccounted, mapped_by_nif_is_attributed, odd_names,
+     without_interposer, cluster].
 
 init_per_suite(Config) ->
     ok = mi_ct:build_nif(Config, "mi_mmap_nif"),
+    ok = mi_ct:build_nif(Config, "mi_names_nif"),
     Config.
 
 end_per_suite(_Config) ->
@@ -148,7 +149,8 @@ direct_mmap_is_unaccounted(Config) ->
 %% MiB; the report gives that mapping to it (less than 1% of it left
 %% unaccounted), gives ERTS its carriers by address (no estimate, no
 %% slack), and its resident parts add up to the mapped RSS exactly. The
-%% report parses smaps once (call_count tracing on the peer).
+%% report parses smaps once (call_count tracing on the peer). A 32 TiB
+%% reservation beside it has nothing resident.
 mapped_by_nif_is_attributed(Config) ->
     {ok, Peer, _} = peer:start_link(#{connection => standard_io,
                                       env => mallocinfo_trace:preload_env(),
@@ -170,6 +172,18 @@ mapped_by_nif_is_attributed(Config) ->
             [Rg || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = Rg
                        <- element(2, Call(mallocinfo_nif, trace_regions, [false]))],
         ?assert(maps:get(resident, Row) >= Bytes - ?MiB),
+        %% Issue 28: a 32 TiB reservation is a region with nothing resident
+        %% (the kernel's figure: no page of it is looked at), and the other
+        %% regions' figures are what they were.
+        Reserve = 32 bsl 40,
+        {ok, RAddress} = Call(mi_mmap_nif, reserve, [Reserve]),
+        Regions = element(2, Call(mallocinfo_nif, trace_regions, [false])),
+        [#{start := RAddress, length := Reserve, resident := 0, flags := [anonymous, no_access]}] =
+            [Rg || #{stack := [#{symbol := <<"mi_reserve_region">>} | _]} = Rg <- Regions],
+        [#{resident := Res}] =
+            [Rg || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = Rg <- Regions],
+        ?assert(Res >= Bytes - ?MiB),
+        ok = Call(mi_mmap_nif, unreserve, []),
         %% The same region by function and by object, with exact bytes.
         [FnRow] = [M || #{function := <<"mi_map_private_region">>} = M
                             <- Call(mallocinfo_trace, mappings, [5, #{by => function}])],
@@ -213,6 +227,80 @@ mapped_by_nif_is_attributed(Config) ->
         %% Unmapped: gone from the mappings.
         ?assertEqual([], [M || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = M
                                    <- Call(mallocinfo_trace, mappings, [50])])
+    after
+        peer:stop(Peer)
+    end.
+
+%% Issue 28: symbols and object paths are bytes. A real library whose
+%% allocating functions are named with invalid UTF-8 and with terminal
+%% escapes (GNU __asm__ labels, test/mallocinfo_report_SUITE_data/
+%% mi_names_nif.c), loaded from a file whose name is neither text nor
+%% safe (the peer runs with +fnl, so a list of bytes is a file name of
+%% bytes), holds 2 x 64 MiB and maps 64 MiB. The report, its cluster
+%% form, the heap map and every profile are made; the texts are valid
+%% UTF-8 without a control character and name both functions escaped,
+%% while sites/1 gives the symbols as the bytes they are.
+odd_names(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Dir = <<(list_to_binary(Priv))/binary, "/lib", 255, "\e]0;dir", 7>>,
+    Base = <<"mi_names", 255, 254, "\e[31m">>,
+    ok = file:make_dir(Dir),
+    {ok, _} = file:copy(filename:join(Priv, "mi_names_nif.so"), <<Dir/binary, "/", Base/binary, ".so">>),
+    {ok, Peer, _} = peer:start_link(#{connection => standard_io,
+                                      env => mallocinfo_trace:preload_env(),
+                                      args => ["+fnl", "-pa", ebin(), "-pa", Priv]}),
+    try
+        Call = fun(M, F, A) -> peer:call(Peer, M, F, A, 120000) end,
+        ok = Call(mi_names_nif, load, [binary_to_list(<<Dir/binary, "/", Base/binary>>)]),
+        ok = Call(mi_names_nif, hold, [64, ?MiB]),
+        Bad = <<"bad", 255, 254, "utf8">>,
+        Ansi = <<"ansi\e[31mRED\e]0;pwned-title", 7, "\e[2Jend">>,
+        %% The symbolizer gives the names as they are, object included.
+        Sites = Call(mallocinfo_trace, sites, [10]),
+        Symbols = [S || #{stack := Stack} <- Sites, #{symbol := S} <- Stack],
+        ?assert(lists:member(Bad, Symbols) andalso lists:member(Ansi, Symbols)),
+        Objects = [O || #{stack := Stack} <- Sites, #{symbol := S, object := O} <- Stack,
+                        S =:= Bad],
+        ?assertEqual(<<Base/binary, ".so">>, filename:basename(hd(Objects))),
+        R = Call(mallocinfo_report, collect, []),
+        Verdicts = maps:get(verdicts, R),
+        ct:pal("verdicts: ~p", [Verdicts]),
+        Report = Call(mallocinfo_report, format, [R]),
+        Cluster = Call(mallocinfo_report, format_cluster, [[{node(), {ok, R}}]]),
+        Out = <<(list_to_binary(Priv))/binary, "/heapmap">>,
+        Dump = <<(list_to_binary(Priv))/binary, "/odd.heapdump">>,
+        {ok, _} = Call(mallocinfo_heap, dump, [Dump]),
+        {ok, [Index | _]} = Call(mallocinfo_heapmap, render, [Dump, Out]),
+        {ok, Page} = file:read_file(Index),
+        %% (The report's columns cut long names: the start of the second.)
+        ct:pal("~ts", [Report]),
+        Escaped = [<<"bad\\xFF\\xFEutf8">>, <<"ansi\\x1B[31mRED">>],
+        [begin
+             Bin = unicode:characters_to_binary(T),
+             ?assert(is_binary(Bin)),
+             ct:pal("~ts: ~b bytes", [What, byte_size(Bin)]),
+             ?assertEqual({What, []},
+                          {What, [C || <<C/utf8>> <= Bin, C =/= $\n, C < 32 orelse C =:= 127
+                                                          orelse (C >= 16#80 andalso C =< 16#9F)]}),
+             %% Paragraphs wrap: compare with whitespace squeezed.
+             Flat = re:replace(Bin, "\\s+", "", [global, {return, binary}, unicode]),
+             [?assertEqual({What, E, true}, {What, E, has(Flat, E)}) || E <- Expected]
+         end || {What, T, Expected} <- [{report, Report, Escaped},
+                                        {cluster, Cluster, [hd(Escaped)]},  % verdicts only
+                                        {heap_map, Page, Escaped}]],
+        %% The verdict names the culprit, escaped, and its object.
+        ?assert(lists:any(fun(V) -> has(V, <<"bad\\xFF\\xFEutf8">>) end, Verdicts)),
+        ?assert(has(re:replace(unicode:characters_to_binary(Report), "\\s+", "",
+                               [global, {return, binary}, unicode]),
+                    <<"mi_names\\xFF\\xFE\\x1B[31m.so">>)),
+        %% The mapping is a site of its own, named escaped in the text.
+        ?assert(has(unicode:characters_to_binary(Report), <<"map\\x1B[5m\\x9Bblink">>)),
+        %% The profiles and roll-ups are made (their formats carry bytes).
+        [?assertMatch({ok, _}, Call(mallocinfo_trace, F, [])) || F <- [pprof, folded, heap_profile]],
+        [_ | _] = Call(mallocinfo_trace, sites, [10, #{by => function}]),
+        [_ | _] = Call(mallocinfo_trace, mappings, [5]),
+        {ok, Folded} = Call(mallocinfo_trace, folded, []),
+        _ = iolist_to_binary(Call(mallocinfo_flamegraph, page, [Folded, <<"odd">>]))
     after
         peer:stop(Peer)
     end.

@@ -527,3 +527,79 @@ native_attached_text_test() ->
                                                 mode => off}}),
     {unavailable, not_preloaded, How} = maps:get(native, Never),
     ?assertNotEqual(nomatch, binary:match(How, <<"mallocinfo_trace:attach()">>)).
+
+%%% Names that are not text (issue 28) --------------------------------------------
+
+%% Symbols and paths are bytes: the issue's invalid UTF-8 symbol and its
+%% terminal payload in every place a name reaches the report (the
+%% functions, objects, oldest blocks, growth and previous-report rows, the
+%% mapped sites, the files, the processes, the node), in the function form
+%% (with growth, so two rules name the culprit) and the stack form. Every
+%% verdict is a sentence, the text and the cluster form are made, 80
+%% columns, valid UTF-8, with no control character but newlines, and show
+%% the names escaped.
+odd_names_test() ->
+    Bad = <<"bad", 8#377, 8#376, "utf8">>,
+    Ansi = <<"ansi\e[31mRED\e]0;pwned-title", 7, "\e[2Jend">>,
+    %% A path with an invalid byte, a CSI as its code point, and a lone
+    %% 0x9B byte (not UTF-8).
+    Obj = <<"/opt/", 255, "\e[2J/\x{9B}[libodd"/utf8, 16#9B, "1m.so">>,
+    F1 = frame(Obj, Bad),
+    F2 = frame(Obj, Ansi),
+    Stack = [F1, F2],
+    Q = quiet(),
+    Native = #{mode => full, live_bytes => 600 * ?MiB, live_entries => 3000,
+               table_bytes => 64 * ?MiB, stack_bytes => 16 * ?MiB,
+               functions => [#{bytes => 300 * ?MiB, count => 1000, stacks => 1, frame => F1,
+                               object => Obj, function => Bad, label => native},
+                             #{bytes => 200 * ?MiB, count => 1000, stacks => 1, frame => F2,
+                               object => Obj, function => Ansi, label => native}],
+               objects => [#{bytes => 500 * ?MiB, count => 2000, stacks => 2, object => Obj,
+                             label => native}],
+               olds => [#{size => 4096, age_ms => 90000, stack => Stack}],
+               growth => #{leak => true, interval_ms => 60000, samples => 3,
+                           live_delta => 100 * ?MiB,
+                           growers => [#{growth_bytes => 100 * ?MiB, rate => 2 * ?MiB,
+                                         bytes => 300 * ?MiB, count => 1000, culprit => F1}]},
+               previous => #{age_ms => 60000, native_delta => 10 * ?MiB,
+                             grew => [#{bytes_delta => 10 * ?MiB, object => Obj,
+                                        function => Ansi}]}},
+    Proc = list_to_atom("srv\e[2J"),
+    Erts = (maps:get(erts, Q))#{processes => [#{pid => list_to_pid("<0.90.0>"), name => Proc,
+                                                value => 200 * ?MiB, by => memory},
+                                              #{pid => list_to_pid("<0.91.0>"),
+                                                name => {list_to_atom("m\e]0;x"), f, 1},
+                                                value => 100 * ?MiB, by => memory}]},
+    Resident = (maps:get(resident, Q))#{files_top => [#{path => Obj, rss => 50 * ?MiB}]},
+    R0 = Q#{node => list_to_atom("n\e[2J@host"), native := Native, erts := Erts,
+            resident := Resident, mapped_sites => [{<<Ansi/binary, " (libodd.so)">>, 1,
+                                                    8 * ?MiB, 8 * ?MiB}]},
+    Vs = ?V:verdicts(R0),
+    ?assert(lists:all(fun is_binary/1, Vs)),
+    ?assert(length(Vs) >= 2),
+    R = R0#{verdicts => Vs},
+    StackForm = (with_site(site(300 * ?MiB, 100, 120000, Stack)))#{node => 'q@host'},
+    S = StackForm#{verdicts => ?V:verdicts(StackForm)},
+    BadText = <<"bad\\xFF\\xFEutf8">>,
+    AnsiText = <<"ansi\\x1B[31mRED">>,
+    Texts = [{?TEXT:format(R), [BadText, AnsiText]},
+             {?TEXT:format(S), [BadText]},  % the culprit: the first frame
+             {?TEXT:format_cluster([{maps:get(node, R), {ok, R}},
+                                    {list_to_atom("down\e[2J@host"), {error, {bad, Ansi}}}]),
+              [BadText, <<"down\\x1B[2J@host">>]}],
+    [begin
+         Bin = unicode:characters_to_binary(T),
+         ?assert(is_binary(Bin)),
+         assert_80_columns(T),
+         ?assertEqual([], [C || <<C/utf8>> <= Bin, C =/= $\n, C < 32 orelse C =:= 127
+                                                   orelse (C >= 16#80 andalso C =< 16#9F)]),
+         %% Paragraphs wrap: compare with whitespace squeezed.
+         Flat = re:replace(Bin, "\\s+", "", [global, {return, binary}, unicode]),
+         [?assertNotEqual({T0, nomatch}, {T0, binary:match(Flat, T0)}) || T0 <- Wanted]
+     end || {T, Wanted} <- Texts],
+    Full = unicode:characters_to_binary(element(1, hd(Texts))),
+    Squeezed = re:replace(Full, "\\s+", "", [global, {return, binary}, unicode]),
+    [?assertNotEqual({Want, nomatch}, {Want, binary:match(Squeezed, Want)})
+     || Want <- [<<"n\\x1B[2J@host">>, <<"srv\\x1B[2J">>, <<"m\\x1B]0;x:f/1">>,
+                 <<"\\u009B[libodd">>,
+                 <<"libodd\\x9B1m.so">>]].

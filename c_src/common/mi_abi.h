@@ -141,11 +141,14 @@ typedef struct mi_attach_status {
   uint32_t ever;                /* 1 once attach succeeded in this process */
   uint64_t attached_at_unix_ns; /* CLOCK_REALTIME of the last attach */
   uint64_t attached_at_ns;      /* the same instant on now_ns()'s clock */
-  uint64_t objects;             /* objects with at least one patched slot */
-  uint64_t slots;               /* slots holding a hook right now */
-  uint64_t slots_foreign;       /* slots bound elsewhere: left alone */
-  uint64_t data_pointers;       /* R_X86_64_64 words patched */
-  uint64_t attach_ns;           /* duration of the last attach() */
+  /* objects, slots, data_pointers: what holds a hook now, as counted by the
+   * last walk of every loaded object (attach, detach, each dlopen while
+   * attached); an object unloaded since drops out at the next walk. */
+  uint64_t objects;       /* objects with at least one patched slot */
+  uint64_t slots;         /* slots holding a hook right now */
+  uint64_t slots_foreign; /* slots bound elsewhere: left alone */
+  uint64_t data_pointers; /* R_X86_64_64 words holding a hook */
+  uint64_t attach_ns;     /* duration of the last attach() */
 } mi_attach_status;
 
 /* Receives snapshot entries in batches; ctx is the caller's. */

@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <string_view>
 
 namespace mi::file {
 
@@ -31,8 +34,15 @@ int AtomicFile::open(const std::string& path) {
   if (const int err = check_target(path.c_str())) return err;
   // The temporary lives in the same directory as `path`, so rename(2) is
   // atomic. mkostemp opens with O_CREAT|O_EXCL, which fails on any existing
-  // name, dangling links included: it never writes through a link.
-  std::string tmp = path + ".tmp.XXXXXX";
+  // name, dangling links included: it never writes through a link. Its
+  // name is the target's with the suffix, the target's part cut so the
+  // whole stays within NAME_MAX: any legal name gets a legal temporary.
+  constexpr std::string_view kSuffix = ".tmp.XXXXXX";
+  const size_t slash = path.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t keep = std::min(path.size() - base, size_t{NAME_MAX} - kSuffix.size());
+  std::string tmp = path.substr(0, base + keep);
+  tmp += kSuffix;
   const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) return errno;
   fd_ = fd;

@@ -34,8 +34,9 @@ namespace mi::file {
 int check_target(const char* path, bool* exists = nullptr);
 
 // A file being written for `path`: open() checks the target and creates the
-// temporary (`<path>.tmp.XXXXXX`, O_CREAT|O_EXCL so it is never an existing
-// file or a link, mode 0644); the caller writes through fd(); commit() makes
+// temporary (`<path>.tmp.XXXXXX`, the last component of `path` cut so the
+// temporary's name is at most NAME_MAX bytes; O_CREAT|O_EXCL so it is never
+// an existing file or a link, mode 0644); the caller writes through fd(); commit() makes
 // it durable and renames it into place. Until commit() succeeds the
 // destructor closes and removes the temporary, so every way out of the
 // caller (errors, exceptions) leaves nothing behind.

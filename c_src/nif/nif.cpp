@@ -65,9 +65,10 @@ ErlNifFunc nif_funcs[] = {
     // Growth snapshots: the same walk and grouping as trace_profile (the
     // whole live table), no symbolization.
     {"trace_snapshot", 2, guarded<n::trace_snapshot>, kCpu},
-    // Copies the region table, runs mincore(2) over every region (one
-    // system call per 64 Ki pages: gigabyte reservations take many) and
-    // symbolizes their stacks (ELF reads on a cold cache).
+    // Copies the region table, reads /proc/self/smaps (the kernel walks
+    // the page tables that exist), runs mincore(2) on mappings regions
+    // share (a bounded number of pages) and symbolizes their stacks (ELF
+    // reads on a cold cache).
     {"trace_regions", 1, guarded<n::trace_regions>, kIo},
     // attach/detach dlopen the interposer (loader lock, file reads), walk
     // every loaded object's relocations and mprotect RELRO pages: dirty,

@@ -17,6 +17,7 @@
 
 #include "../common/mi_abi.h"
 #include "../common/mi_limits.h"
+#include "../glibc/resident.h"
 #include "../sites/oldest.h"
 #include "../sites/stack_merge.h"
 #include "../symbolize/symbolize.h"
@@ -803,21 +804,24 @@ bool has_regions(const mi_preload_abi* abi) {
          abi->regions != nullptr;
 }
 
-// Resident bytes of [start, start + length) by mincore(2), in bounded
-// chunks. A chunk the kernel refuses (unmapped meanwhile: ENOMEM) counts
-// as not resident.
-uint64_t resident_bytes(uint64_t start, uint64_t length, std::vector<unsigned char>& vec) {
+// Resident bytes of every region, in order: the kernel's Rss per mapping
+// (/proc/self/smaps), mincore(2) only on the part of a mapping a region
+// shares, within a budget (glibc/resident.h), so a huge reservation costs
+// no more than a small one. Without smaps (no /proc), mincore on every
+// region as a last resort.
+std::vector<uint64_t> resident_bytes(const std::vector<mi_abi_region>& regions) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  constexpr uint64_t kChunkPages = 64 * 1024;
-  uint64_t resident = 0;
-  for (uint64_t off = 0; off < length; off += kChunkPages * page) {
-    const uint64_t len = std::min<uint64_t>(length - off, kChunkPages * page);
-    const uint64_t pages = (len + page - 1) / page;
-    vec.resize(pages);
-    if (::mincore(reinterpret_cast<void*>(start + off), len, vec.data()) != 0) continue;
-    for (uint64_t i = 0; i < pages; ++i) resident += (vec[i] & 1) != 0 ? page : 0;
-  }
-  return resident;
+  std::vector<mi::mem::Range> ranges;
+  ranges.reserve(regions.size());
+  for (const mi_abi_region& r : regions) ranges.push_back(mi::mem::Range{r.start, r.length});
+  std::vector<mi::mem::Vma> vmas;
+  if (mi::mem::read_self_smaps(vmas))
+    return mi::mem::resident_of(ranges, vmas, page, mi::mem::probe_mincore, nullptr);
+  std::vector<uint64_t> out;
+  out.reserve(ranges.size());
+  for (const mi::mem::Range& r : ranges)
+    out.push_back(mi::mem::probe_mincore(r.start, r.length, nullptr));
+  return out;
 }
 
 ERL_NIF_TERM region_flags(ErlNifEnv* env, uint32_t f) {
@@ -848,10 +852,10 @@ ERL_NIF_TERM trace_regions(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
                        r.frames + std::min<uint32_t>(r.depth, MI_REGION_FRAMES));
     const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses, demangle);
     const uint64_t now = abi->now_ns();
-    std::vector<unsigned char> vec;
+    const std::vector<uint64_t> resident = resident_bytes(regions);
     std::vector<ERL_NIF_TERM> out, stack;
     out.reserve(regions.size());
-    size_t at = 0;
+    size_t at = 0, index = 0;
     for (const mi_abi_region& r : regions) {
       const uint32_t depth = std::min<uint32_t>(r.depth, MI_REGION_FRAMES);
       stack.clear();
@@ -861,7 +865,7 @@ ERL_NIF_TERM trace_regions(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
                         .put(atoms.start, u64(env, r.start))
                         .put(atoms.length, u64(env, r.length))
                         .put(atoms.flags, region_flags(env, r.flags))
-                        .put(atoms.resident, u64(env, resident_bytes(r.start, r.length, vec)))
+                        .put(atoms.resident, u64(env, resident[index++]))
                         .put(atoms.age_ms, u64(env, age_ms(now, r.timestamp_ns)))
                         .put(atoms.stack, enif_make_list_from_array(env, stack.data(), depth))
                         .build(env));

@@ -82,9 +82,25 @@ std::atomic<bool> g_attached{false};
 // lock instead (registered once, at the first attach). Its slots are each
 // either patched or original, both valid; a walk cut short by the fork
 // only leaves some slots unpatched.
+//
+// The loader's list lock is the same hazard, and not ours to reset: any
+// parent thread may have held it at fork() (an attach or detach walk,
+// another dlopen hook, the symbolizer's rescan, an unwinder), and glibc
+// resets only its main loader lock in the child. A child cannot tell
+// whether it is held (no try-lock), and walking the objects another way
+// (the link map of the handle dlopen returned, then each new object's
+// program headers through dladdr) would still read loader lists the lock
+// guards. So a forked child never walks again: its dlopen hook is the
+// real dlopen and nothing more. What the child loads later stays
+// unpatched; its calls go straight to the allocator, which is safe (the
+// hooks add no header to a block), and nothing reads a child's tracker:
+// the NIF and the schedulers that would ask did not fork with it.
+std::atomic<bool> g_forked_child{false};
+
 void child_after_fork() {
   pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
   std::memcpy(&g_attach_lock, &fresh, sizeof fresh);
+  g_forked_child.store(true, std::memory_order_relaxed);
 }
 std::atomic<bool> g_atfork_registered{false};
 
@@ -184,11 +200,16 @@ struct Walk {
   int err = 0;
   const char* unsupported = nullptr;
   char object[sizeof(mi_attach_result::object)] = {};
-  // Counts of this walk.
+  // Counts of this walk: slots written, left alone, data words written,
+  // objects written to, slots a check would patch.
   size_t patched = 0, foreign = 0, data = 0, objects = 0, pending = 0;
+  // What holds a hook once the walk is done (written now or before, or
+  // not restored): status() reports these, so an object unloaded since
+  // is no longer counted.
+  size_t hooked = 0, hooked_data = 0, hooked_objects = 0;
   // Current object.
   const LoadedObject* obj = nullptr;
-  bool obj_touched = false;
+  bool obj_touched = false, obj_hooked = false;
 };
 
 void fail(Walk& w, const char* what, const char* object) {
@@ -203,14 +224,28 @@ bool skipped(const LoadedObject& obj) {
   return false;
 }
 
+void count_hooked(Walk& w, const RelocSlot& s) {
+  ++w.hooked;
+  if (s.kind == SlotKind::kAbs64) ++w.hooked_data;
+  w.obj_hooked = true;
+}
+
 void on_slot(void* ctx, const RelocSlot& s) {
   Walk& w = *static_cast<Walk*>(ctx);
   if (w.err != 0 || w.unsupported != nullptr) return;
   const uintptr_t value = word_at(s.address);
+  const bool hooked = !s.defined_here && value == g_hook[s.name_index];
   if (w.pass == Pass::kRestore) {
-    if (value != g_hook[s.name_index]) return;
+    if (!hooked) return;
     // A failed store leaves the hook in place: harmless, it forwards.
-    if (store_slot(*w.obj, s.address, recorded(s.address, s.name_index), w.page) == 0) ++w.patched;
+    if (store_slot(*w.obj, s.address, recorded(s.address, s.name_index), w.page) == 0)
+      ++w.patched;
+    else
+      count_hooked(w, s);
+    return;
+  }
+  if (hooked) {
+    count_hooked(w, s);
     return;
   }
   const Action a = classify(*w.obj, s, value);
@@ -241,6 +276,7 @@ void on_slot(void* ctx, const RelocSlot& s) {
   ++w.patched;
   if (s.kind == SlotKind::kAbs64) ++w.data;
   w.obj_touched = true;
+  count_hooked(w, s);
 }
 
 // Runs inside dl_iterate_phdr, with the loader's list lock held: no malloc
@@ -261,10 +297,11 @@ int on_object(dl_phdr_info* info, size_t, void* ctx) {
   }
   if (skipped(obj)) return 0;
   w.obj = &obj;
-  w.obj_touched = false;
+  w.obj_touched = w.obj_hooked = false;
   const ElfWalk r = mi::track::find_reloc_slots(obj, kName, kNames, on_slot, &w);
   if (r == ElfWalk::kUnknownLayout && w.pass == Pass::kCheck) fail(w, "elf_layout", obj.name);
   if (w.obj_touched) ++w.objects;
+  if (w.obj_hooked) ++w.hooked_objects;
   w.obj = nullptr;
   return w.err != 0 || w.unsupported != nullptr ? 1 : 0;
 }
@@ -277,6 +314,15 @@ Walk walk(Pass pass) {
   return w;
 }
 
+// What holds a hook now, after a walk that visited every loaded object
+// (under g_attach_lock). Counted afresh by each walk rather than added up,
+// so an object unloaded since the last walk drops out at the next.
+void publish_hooked(const Walk& w) {
+  g_status.objects.store(w.hooked_objects, std::memory_order_relaxed);
+  g_status.slots.store(w.hooked, std::memory_order_relaxed);
+  g_status.data_pointers.store(w.hooked_data, std::memory_order_relaxed);
+}
+
 // --- dlopen redirection -----------------------------------------------------
 
 void* hook_dlopen(const char* file, int flags) {
@@ -284,14 +330,14 @@ void* hook_dlopen(const char* file, int flags) {
   // No lock of ours across the real dlopen: the loader takes its own, and
   // constructors it runs may allocate or dlopen in turn.
   void* h = reinterpret_cast<Fn>(g_target[kDlopen])(file, flags);
-  if (h != nullptr && g_attached.load(std::memory_order_acquire)) {
+  // Not in a forked child: see child_after_fork().
+  if (h != nullptr && g_attached.load(std::memory_order_acquire) &&
+      !g_forked_child.load(std::memory_order_relaxed)) {
     const int saved = errno;
     ::pthread_mutex_lock(&g_attach_lock);
     if (g_attached.load(std::memory_order_relaxed)) {
       const Walk w = walk(Pass::kPatch);
-      g_status.objects.fetch_add(w.objects, std::memory_order_relaxed);
-      g_status.slots.fetch_add(w.patched, std::memory_order_relaxed);
-      g_status.data_pointers.fetch_add(w.data, std::memory_order_relaxed);
+      publish_hooked(w);
       g_status.slots_foreign.store(w.foreign, std::memory_order_relaxed);
     }
     ::pthread_mutex_unlock(&g_attach_lock);
@@ -450,10 +496,8 @@ void do_attach(const mi_attach_config& cfg, mi_attach_result* out) {
   constexpr auto rl = std::memory_order_relaxed;
   g_status.attached_at_unix_ns.store(clock_ns(CLOCK_REALTIME), rl);
   g_status.attached_at_ns.store(mi::track::coarse_monotonic_ns(), rl);
-  g_status.objects.store(w.objects, rl);
-  g_status.slots.store(w.patched, rl);
+  publish_hooked(w);
   g_status.slots_foreign.store(w.foreign, rl);
-  g_status.data_pointers.store(w.data, rl);
   g_status.attach_ns.store(clock_ns(CLOCK_MONOTONIC) - t0, rl);
   g_status.ever.store(1, rl);
   g_status.attached.store(1, std::memory_order_release);
@@ -482,8 +526,7 @@ int abi_detach() {
   const Walk w = walk(Pass::kRestore);
   // Slots that could not be restored (mprotect refused) keep the hook,
   // which forwards: they stay counted.
-  const uint64_t had = g_status.slots.load(std::memory_order_relaxed);
-  g_status.slots.store(had > w.patched ? had - w.patched : 0, std::memory_order_relaxed);
+  publish_hooked(w);
   g_status.attached.store(0, std::memory_order_release);
   // Nothing is recorded from now on, and frees no longer reach the table:
   // what it holds would go stale. Switch off (the table's pages go back);

@@ -6,10 +6,18 @@
 // and a tail call per mapping call, as malloc does.
 //
 // Order, as for free: a range is cut out of the table BEFORE the real
-// munmap/mremap (once unmapped, the kernel may hand the addresses to
-// another thread's mmap, whose region a late cut would delete) and put
-// back if the call fails; a new region is recorded after the real call
-// returns its address.
+// munmap (once unmapped, the kernel may hand the addresses to another
+// thread's mmap, whose region a late cut would delete); mremap marks the
+// old range's pieces as moving before the real call and relocates or
+// restores them after it (track/region_table.h). A new region is recorded
+// after the real call returns its address.
+//
+// New regions are recorded in the modes that keep live entries (full,
+// sample); what is recorded is kept true in every mode that reaches these
+// hooks: in counters mode too, munmap, mremap and MAP_FIXED edit the
+// table, so a switch to counters and back leaves no region that is no
+// longer mapped. (In off mode the hooks pass through; a switch to or from
+// off forgets every region.)
 //
 // glibc's own mappings (malloc's large blocks and arena heaps, thread
 // stacks, the loader's) call the system directly, not through these
@@ -88,6 +96,11 @@ inline bool recording() {
   return g_regions_ok && g_tracker.mode() >= MI_MODE_SAMPLE;
 }
 
+// Keeping the recorded regions true: counting, in any mode.
+inline bool keeping() {
+  return g_regions_ok;
+}
+
 size_t page_size() {
   static size_t cached = 0;  // a plain word: racing writers store the same value
   if (cached == 0) cached = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -127,7 +140,14 @@ void note_mapped(void* p, size_t len, int prot, int flags) {
   }
   g_counts.mmap.fetch_add(1, std::memory_order_relaxed);
   g_counts.bytes_mapped.fetch_add(page_round(len), std::memory_order_relaxed);
-  if (!recording()) return;
+  if (!recording()) {
+    // MAP_FIXED replaced whatever was mapped there.
+    if (keeping() && (flags & MAP_FIXED) != 0) {
+      const uint64_t start = reinterpret_cast<uintptr_t>(p);
+      g_regions.unmap(start, start + page_round(len));
+    }
+    return;
+  }
   mi::track::Region r{};
   r.start = reinterpret_cast<uintptr_t>(p);
   r.length = page_round(len);
@@ -178,7 +198,7 @@ void* do_mmap(MmapFn next, void* addr, size_t len, int prot, int flags, int fd, 
   const uint64_t end = start + page_round(len);
   // Cut first (see the top); a refused call puts nothing back: only an
   // invalid range is refused, which the check above filters.
-  if (valid && recording()) g_regions.unmap(start, end);
+  if (valid && keeping()) g_regions.unmap(start, end);
   const int rc = g_map_next.munmap(addr, len);
   KeepErrno keep;
   g_counts.munmap.fetch_add(1, std::memory_order_relaxed);
@@ -194,40 +214,31 @@ void* do_mmap(MmapFn next, void* addr, size_t len, int prot, int flags, int fd, 
   }
   if (!tracking()) return g_map_next.mremap(old, old_len, new_len, flags, new_addr);
   Guard g;
-  const bool rec = recording();
+  const bool keep = keeping();
   const uint64_t start = reinterpret_cast<uintptr_t>(old);
   const uint64_t old_end = start + page_round(old_len);
   // old_len 0 duplicates a shared mapping; MREMAP_DONTUNMAP leaves the old
-  // range mapped (empty). Either way the old region stays.
+  // range mapped (empty). Either way the old regions stay.
   const bool keep_old = old_len == 0 || (flags & MREMAP_DONTUNMAP) != 0;
-  mi::track::Region piece{};
-  const bool had = rec && g_regions.find(start, &piece);
-  if (rec && !keep_old) g_regions.unmap(start, old_end);
+  // The old range may hold several recorded regions (the kernel merges
+  // adjacent mappings into one): each moves, or stays, as itself.
+  const uint32_t ticket = keep && !keep_old ? g_regions.begin_move(start, old_end) : 0;
   void* r = g_map_next.mremap(old, old_len, new_len, flags, new_addr);
-  KeepErrno keep;
+  KeepErrno keep_errno;
   g_counts.mremap.fetch_add(1, std::memory_order_relaxed);
-  if (!rec) return r;
+  if (!keep) return r;
   if (r == MAP_FAILED) {
-    // Nothing moved: put the old range back as it was recorded.
-    if (had && !keep_old) {
-      const uint64_t p_end = mi::track::region_end(piece);
-      piece.start = start;
-      piece.length = (p_end < old_end ? p_end : old_end) - start;
-      g_regions.add(piece);
-    }
+    if (ticket != 0) g_regions.cancel_move(ticket);
     return r;
   }
+  // Where it landed, whatever was recorded is gone (MREMAP_FIXED); what
+  // was recorded in the old range keeps who mapped it and when.
   const uint64_t to = reinterpret_cast<uintptr_t>(r);
-  if (had) {
-    // The moved or resized range keeps who mapped it and when.
-    piece.start = to;
-    piece.length = page_round(new_len);
-    piece.flags |= MI_REGION_REMAPPED;
-    g_regions.add(piece);
-  } else {
-    // Not ours: whatever was recorded where it landed (MREMAP_FIXED) is gone.
-    g_regions.unmap(to, to + page_round(new_len));
-  }
+  const uint64_t new_length = page_round(new_len);
+  if (keep_old)
+    g_regions.copy_range(start, old_len == 0 ? start + new_length : old_end, to, new_length);
+  else
+    g_regions.finish_move(ticket, start, old_end - start, to, new_length);
   return r;
 }
 

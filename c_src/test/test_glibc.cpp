@@ -177,6 +177,29 @@ TEST_CASE("AtomicFile checks the target again right before the rename", "[glibc]
   CHECK(temporaries() == 0);
 }
 
+// Issue 28, item 11: any legal name can be written, up to NAME_MAX bytes:
+// the temporary's name (the target's plus 11 bytes) is cut to fit.
+TEST_CASE("AtomicFile writes names up to NAME_MAX bytes", "[glibc][file]") {
+  mi::test::ScratchTargets scratch;
+  const auto before = scratch.entries();
+  for (size_t n : {size_t{1}, size_t{200}, size_t{244}, size_t{245}, size_t{250}, size_t{255}}) {
+    INFO(n << " bytes");
+    const std::string path = scratch.dir() + "/" + std::string(n, 'n');
+    mi::file::AtomicFile f;
+    REQUIRE(f.open(path) == 0);
+    REQUIRE(::write(f.fd(), "x", 1) == 1);
+    REQUIRE(f.commit() == 0);
+    CHECK(slurp(path) == "x");
+    REQUIRE(::unlink(path.c_str()) == 0);
+  }
+  CHECK(g::write_info_file(scratch.dir() + "/" + std::string(255, 'i')) == 0);
+  CHECK(::unlink((scratch.dir() + "/" + std::string(255, 'i')).c_str()) == 0);
+  // One byte more is the system's refusal, from the check of the target.
+  mi::file::AtomicFile f;
+  CHECK(f.open(scratch.dir() + "/" + std::string(256, 'n')) == ENAMETOOLONG);
+  CHECK(scratch.entries() == before);
+}
+
 TEST_CASE("check_target names what it finds", "[glibc][file]") {
   mi::test::ScratchTargets scratch;
   for (const auto& t : scratch.targets()) {

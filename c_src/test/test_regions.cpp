@@ -159,3 +159,105 @@ TEST_CASE("region table: four threads map and unmap concurrently", "[track][regi
   CHECK(t.dropped() == 0);
   t.destroy();
 }
+
+// Issue 28, item 6: mremap over several recorded regions (the kernel merges
+// adjacent mappings, so one mremap can span two): each piece moves as
+// itself, or stays as it was when the call fails.
+TEST_CASE("region table: a failed move leaves every piece as it was", "[track][regions]") {
+  RegionTable t;
+  REQUIRE(t.init(16));
+  const uint64_t a = 0x400000;
+  REQUIRE(t.add(region(a, 4, 1)));
+  REQUIRE(t.add(region(a + 4 * kPage, 4, 2)));
+  REQUIRE(t.add(region(a + 8 * kPage, 4, 3)));
+  const View before = view(t);
+  // Pages 2..9: the tail of the first, all of the second, the head of the
+  // third.
+  const uint32_t ticket = t.begin_move(a + 2 * kPage, a + 10 * kPage);
+  CHECK(ticket != 0);
+  // Hidden while moving, as if cut.
+  CHECK(view(t) == View{{a, {a + 2 * kPage, 1}}, {a + 10 * kPage, {a + 12 * kPage, 3}}});
+  Region found{};
+  CHECK_FALSE(t.find(a + 5 * kPage, &found));
+  uint64_t n = 0, bytes = 0;
+  t.totals(&n, &bytes);
+  CHECK(n == 2);
+  CHECK(bytes == 4 * kPage);
+  t.cancel_move(ticket);
+  // The same coverage and owners (split where the move began: the pieces
+  // stay pieces).
+  View merged;
+  for (const auto& [s, span] : view(t)) {
+    if (!merged.empty() && merged.rbegin()->second.end == s &&
+        merged.rbegin()->second.tag == span.tag)
+      merged.rbegin()->second.end = span.end;
+    else
+      merged[s] = span;
+  }
+  CHECK(merged == before);
+  CHECK(t.dropped() == 0);
+  t.destroy();
+}
+
+TEST_CASE("region table: a move relocates every piece with its own stack", "[track][regions]") {
+  RegionTable t;
+  REQUIRE(t.init(16));
+  const uint64_t a = 0x400000, b = 0x800000;
+  REQUIRE(t.add(region(a, 4, 1)));
+  REQUIRE(t.add(region(a + 4 * kPage, 4, 2)));
+  REQUIRE(t.add(region(b + 2 * kPage, 2, 9)));  // replaced where the move lands
+  // Grow 8 pages to 12, moving to b: the last piece takes the growth.
+  const uint32_t ticket = t.begin_move(a, a + 8 * kPage);
+  t.finish_move(ticket, a, 8 * kPage, b, 12 * kPage);
+  CHECK(view(t) == View{{b, {b + 4 * kPage, 1}}, {b + 4 * kPage, {b + 12 * kPage, 2}}});
+  std::vector<Region> all(t.capacity());
+  const size_t n = t.copy(all.data(), all.size());
+  REQUIRE(n == 2);
+  for (size_t i = 0; i < n; ++i) CHECK(all[i].flags == (MI_REGION_ANONYMOUS | MI_REGION_REMAPPED));
+  // Shrink in place to 6 pages: the second piece keeps 2.
+  const uint32_t t2 = t.begin_move(b, b + 12 * kPage);
+  t.finish_move(t2, b, 12 * kPage, b, 6 * kPage);
+  CHECK(view(t) == View{{b, {b + 4 * kPage, 1}}, {b + 4 * kPage, {b + 6 * kPage, 2}}});
+  // Shrink to 3 pages: the second piece is gone, the first cut.
+  const uint32_t t3 = t.begin_move(b, b + 6 * kPage);
+  t.finish_move(t3, b, 6 * kPage, b, 3 * kPage);
+  CHECK(view(t) == View{{b, {b + 3 * kPage, 1}}});
+  // A move of nothing recorded only clears where it lands.
+  REQUIRE(t.add(region(a, 2, 5)));
+  const uint32_t t4 = t.begin_move(0x100000, 0x100000 + 2 * kPage);
+  t.finish_move(t4, 0x100000, 2 * kPage, a, 2 * kPage);
+  CHECK(view(t) == View{{b, {b + 3 * kPage, 1}}});
+  CHECK(t.dropped() == 0);
+  t.destroy();
+}
+
+TEST_CASE("region table: a region mapped where a moving piece was is neither cut nor moved",
+          "[track][regions]") {
+  // The kernel moved the range; another thread maps at the old address
+  // before the mover's finish_move.
+  RegionTable t;
+  REQUIRE(t.init(16));
+  const uint64_t a = 0x400000, b = 0x800000;
+  REQUIRE(t.add(region(a, 4, 1)));
+  const uint32_t ticket = t.begin_move(a, a + 4 * kPage);
+  REQUIRE(t.add(region(a, 2, 7)));
+  t.unmap(a + 2 * kPage, a + 3 * kPage);  // and an unmap there: nothing recorded
+  t.finish_move(ticket, a, 4 * kPage, b, 4 * kPage);
+  CHECK(view(t) == View{{a, {a + 2 * kPage, 7}}, {b, {b + 4 * kPage, 1}}});
+  t.destroy();
+}
+
+TEST_CASE("region table: copy_range duplicates each piece where the copy lands",
+          "[track][regions]") {
+  RegionTable t;
+  REQUIRE(t.init(16));
+  const uint64_t a = 0x400000, b = 0x800000;
+  REQUIRE(t.add(region(a, 2, 1)));
+  REQUIRE(t.add(region(a + 2 * kPage, 2, 2)));
+  t.copy_range(a, a + 4 * kPage, b, 3 * kPage);
+  CHECK(view(t) == View{{a, {a + 2 * kPage, 1}},
+                        {a + 2 * kPage, {a + 4 * kPage, 2}},
+                        {b, {b + 2 * kPage, 1}},
+                        {b + 2 * kPage, {b + 3 * kPage, 2}}});
+  t.destroy();
+}

@@ -12,6 +12,17 @@
 // MAP_FIXED mapping replaces whatever was there). Ranges are whatever the
 // caller passes; the hooks round lengths up to pages, as the kernel does.
 //
+// mremap moves a range in two steps around the real call: begin_move()
+// marks the pieces of the old range as moving (split at its ends), then
+// finish_move() relocates every marked piece, each keeping its own frames
+// and timestamp, or cancel_move() unmarks them when the call failed, so a
+// failed mremap over several recorded regions leaves each as it was. A
+// moving piece is hidden from find(), copy() and totals(), as if cut, and
+// other calls' cuts leave it alone: once the kernel has moved the range,
+// another thread may map at the old addresses before finish_move() runs,
+// and its region must neither cut the moving pieces nor be moved with
+// them.
+//
 // Frames are stored inline (kRegionFrames at most), not as stack-table ids:
 // a region lives as long as its mapping, often the node's lifetime, and an
 // id would have to be kept alive through every stack sweep; a few hundred
@@ -65,6 +76,29 @@ class RegionTable {
   // slot when the table is full loses the upper piece (counted in
   // dropped()). Returns the bytes cut.
   uint64_t unmap(uint64_t start, uint64_t end);
+  // Marks the pieces recorded in [start, end) as moving, splitting the
+  // regions that cross start or end (a split that needs a slot when the
+  // table is full loses the upper piece, counted in dropped()). Returns the
+  // move's ticket (never 0) for finish_move() or cancel_move(); exactly one
+  // of them must follow.
+  uint32_t begin_move(uint64_t start, uint64_t end);
+  // The range [start, start + old_length) marked by `ticket` now lives at
+  // [to, to + new_length): whatever was recorded there is cut out, then
+  // every moving piece moves by to - start, keeps what falls inside the
+  // new range (the piece that reached the old end grows to the new end
+  // when the range grew), is flagged MI_REGION_REMAPPED and stops moving.
+  void finish_move(uint32_t ticket, uint64_t start, uint64_t old_length, uint64_t to,
+                   uint64_t new_length);
+  // The move did not happen: the pieces of `ticket` are live again, as they
+  // were.
+  void cancel_move(uint32_t ticket);
+  // A copy of what is recorded in [start, end) now also lives at [to, to +
+  // length) (mremap that keeps the old range: MREMAP_DONTUNMAP, or an
+  // old_length of 0): whatever was recorded there is cut out, then each
+  // piece is added there too, shifted by to - start, cut to the new range
+  // and flagged MI_REGION_REMAPPED. A piece that finds the table full is
+  // counted in dropped().
+  void copy_range(uint64_t start, uint64_t end, uint64_t to, uint64_t length);
   // Copies the region containing `address` into *out (frames, flags,
   // timestamp; start/length are the whole region's). False when none does.
   bool find(uint64_t address, Region* out) const;
@@ -86,16 +120,25 @@ class RegionTable {
   };
   void lock() const;
   void unlock() const;
-  // Both under the lock.
+  // All under the lock.
   void cut(uint64_t start, uint64_t end, uint64_t* bytes);
-  bool push(const Region& r);
+  bool push(const Region& r, uint32_t moving = 0);
+  void remove(size_t i);
+  void split_at(uint64_t address);
+  bool live(size_t i) const { return moving_[i] == 0; }
 
   Control* control_ = nullptr;  // its own page (MADV_WIPEONFORK)
   bool control_wipes_ = false;
   Region* regions_ = nullptr;
+  // Per slot: the ticket of the move it is part of, 0 when it is not
+  // moving. Beside the regions (not in them) so a copy with nothing moving
+  // stays one memcpy.
+  uint32_t* moving_ = nullptr;
   size_t capacity_ = 0;
   size_t bytes_ = 0;
-  size_t used_ = 0;  // regions_[0, used_) are live; guarded by the lock
+  size_t used_ = 0;           // regions_[0, used_) are in use; guarded by the lock
+  size_t moving_count_ = 0;   // slots with a ticket; guarded by the lock
+  uint32_t next_ticket_ = 0;  // guarded by the lock
   std::atomic<uint64_t> dropped_{0};
 };
 

@@ -333,6 +333,41 @@ TEST_CASE("attach: mappings made after attach are regions, unmapped ones are not
   ::munmap(before, 1 << 20);
 }
 
+// Issue 28: status() counts what holds a hook now. An object loaded and
+// unloaded again is counted while it is loaded, and not after the next
+// walk (a dlopen while attached), however many came and went.
+TEST_CASE("attach: status counts the slots patched now, not every object ever patched",
+          "[attach]") {
+  const Preload& pl = preload();
+  REQUIRE(pl.abi != nullptr);
+  REQUIRE(has_attach(pl.abi));
+  REQUIRE(attach(pl.abi).rc == MI_ATTACH_OK);
+  const mi_attach_status st0 = attach_status(pl.abi);
+  REQUIRE(st0.objects > 0);
+  REQUIRE(st0.slots > 0);
+  const std::string target = exe_dir() + "/stress_dlopen_target.so";
+  uint64_t target_slots = 0;
+  for (int i = 0; i < 200; ++i) {
+    void* h = ::dlopen(target.c_str(), RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(h != nullptr);
+    const mi_attach_status st = attach_status(pl.abi);
+    if (i == 0) target_slots = st.slots - st0.slots;
+    CHECK(st.objects == st0.objects + 1);
+    CHECK(st.slots == st0.slots + target_slots);
+    REQUIRE(::dlclose(h) == 0);
+  }
+  CHECK(target_slots > 0);
+  // A dlopen of an object loaded already walks again: the target is gone.
+  REQUIRE(::dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD) != nullptr);
+  const mi_attach_status after = attach_status(pl.abi);
+  CHECK(after.objects == st0.objects);
+  CHECK(after.slots == st0.slots);
+  CHECK(after.data_pointers == st0.data_pointers);
+  REQUIRE(pl.abi->detach() == 0);
+  CHECK(attach_status(pl.abi).objects == 0);
+  CHECK(attach_status(pl.abi).slots == 0);
+}
+
 TEST_CASE("attach: a failed attach leaves every slot as it was", "[attach]") {
   const Preload& pl = preload();
   REQUIRE(pl.abi != nullptr);

@@ -3,7 +3,9 @@
 // view of this program's own mappings, byte for byte, after each step:
 // map, partial unmap (middle, head, tail), mremap grow / shrink / move
 // (MREMAP_MAYMOVE, MREMAP_FIXED), MAP_FIXED over recorded regions, a
-// private file mapping, and four threads mapping and unmapping at once.
+// private file mapping, mremap over two regions the kernel merged (failing
+// and moving), a trip through counters mode, and four threads mapping and
+// unmapping at once.
 // Also proves that glibc's own mmaps (a 64 MiB malloc block) are not
 // regions. Exits 0 when every check held; prints each failure.
 //
@@ -269,6 +271,64 @@ int main() {
     if (m != nullptr) fclose(m);
     if (!mapped) fail("64 MiB malloc", "not an mmapped block");
     free(big);
+  }
+
+  // Issue 28, item 6: the kernel merges adjacent mappings, so one mremap
+  // can span two recorded regions. A failed one leaves both as they were;
+  // a successful one moves each with its own stack.
+  {
+    void* g = map_ro(12);
+    map_ro(4, at(g, 4), MAP_FIXED);  // a second region inside one mapping
+    const uint64_t lo = reinterpret_cast<uintptr_t>(g);
+    auto owners = [&](uint64_t from, uint64_t pages) {
+      std::map<uint64_t, uint64_t> m;  // start -> timestamp
+      for (const mi_abi_region& r : regions())
+        if (r.start >= from && r.start < from + pages * kPage) m[r.start] = r.timestamp_ns;
+      return m;
+    };
+    const auto before = owners(lo, 12);
+    if (before.size() != 3) fail("two regions, one mapping", "expected three regions");
+    // Growing pages 0..7 in place cannot work: pages 8..11 are in the way.
+    if (mremap(g, 8 * kPage, 16 * kPage, 0) != MAP_FAILED)
+      fail("mremap over two regions that fails", "succeeded");
+    check("mremap over two regions that fails");
+    if (owners(lo, 12) != before) fail("mremap over two regions that fails", "owners changed");
+    void* dest2 = map_ro(24);
+    void* moved = mremap(g, 8 * kPage, 8 * kPage, MREMAP_MAYMOVE | MREMAP_FIXED, at(dest2, 8));
+    if (moved != at(dest2, 8)) fail("mremap over two regions", strerror(errno));
+    check("mremap over two regions");
+    const auto after = owners(reinterpret_cast<uintptr_t>(moved), 8);
+    auto it = before.begin();
+    const uint64_t first = it->second, second = (++it)->second;
+    if (after.size() != 2 || after.begin()->second != first || after.rbegin()->second != second)
+      fail("mremap over two regions", "the regions did not move each with its own stack");
+  }
+
+  // Issue 28, item 4: full -> counters -> full (the HTTP endpoint's
+  // ?active=false then ?active=true). What is unmapped or moved in counters
+  // mode leaves the table; a MAP_FIXED over a region replaces it.
+  {
+    void* h = map_ro(16);
+    void* moving = map_ro(4);
+    void* fixed = map_ro(4);
+    check("before counters mode");
+    if (g_abi->set_mode(MI_MODE_COUNTERS) != 0) fail("counters mode", "set_mode refused");
+    munmap(at(h, 4), 4 * kPage);
+    munmap(at(h, 12), 4 * kPage);
+    void* moved = mremap(moving, 4 * kPage, 8 * kPage, MREMAP_MAYMOVE);
+    if (moved == MAP_FAILED) fail("counters mode", strerror(errno));
+    // Read-write: not one of the mappings check() compares, so the table
+    // must simply have nothing there any more.
+    if (mmap(fixed, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+             0) != fixed)
+      fail("counters mode", "MAP_FIXED failed");
+    if (g_abi->set_mode(MI_MODE_FULL) != 0) fail("full mode again", "set_mode refused");
+    check("full -> counters -> full");
+    for (const mi_abi_region& r : regions())
+      if (r.start < reinterpret_cast<uintptr_t>(fixed) + 4 * kPage &&
+          reinterpret_cast<uintptr_t>(fixed) < r.start + r.length)
+        fail("full -> counters -> full", "a region MAP_FIXED replaced in counters mode is left");
+    munmap(fixed, 4 * kPage);
   }
 
   // Four threads mapping, cutting and unmapping at once.
