@@ -90,8 +90,8 @@ assert_wrong_allocator(Config, Which) ->
         M =/= module_of(Which)],
     %% Nothing was written, and misuse still raises.
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))),
-    ?assertMatch({'EXIT', {badarg, _}}, catch call(Config, mallocinfo, trim, [-1])),
-    ?assertMatch({'EXIT', {badarg, _}}, catch call(Config, mallocinfo, mallopt, [bogus, 1])).
+    ?assertMatch({'EXIT', {badarg, _}}, mi_ct:caught(fun() -> call(Config, mallocinfo, trim, [-1]) end)),
+    ?assertMatch({'EXIT', {badarg, _}}, mi_ct:caught(fun() -> call(Config, mallocinfo, mallopt, [bogus, 1]) end)).
 
 module_of(jemalloc) -> mallocinfo_jemalloc;
 module_of(tcmalloc) -> mallocinfo_tcmalloc;
@@ -190,7 +190,7 @@ jemalloc_dump_errors(Config) ->
     ?assertMatch({ok, <<"heap_v2/", _/binary>>},
                  call(Config, mallocinfo_jemalloc, profile_dump, [])),
     ?assertMatch({'EXIT', {badarg, _}},
-                 catch call(Config, mallocinfo_jemalloc, profile_active, [on])),
+                 mi_ct:caught(fun() -> call(Config, mallocinfo_jemalloc, profile_active, [on]) end)),
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))).
 
 %% The same jemalloc without prof:true: a clear profiling_disabled, never

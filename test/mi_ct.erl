@@ -2,7 +2,7 @@
 %% data directory, peer nodes (with or without the interposer) that see
 %% mallocinfo and the suite's priv_dir, and a distributed CT node.
 -module(mi_ct).
--export([ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
+-export([caught/1, ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
          compile_module/2, compile_module/3, include_dir/1, start_peer/2, start_peer/3, stop_peer/1, call/4,
          project_root/0, tarball/0, demo_dir/0]).
 
@@ -156,4 +156,16 @@ tarball() ->
                 true -> filename:join(Root, "mallocinfo.tar.gz");
                 false -> ct:fail({make_tarball, Out})
             end
+    end.
+
+%% What `catch F()' gave, without it (deprecated in OTP 29): the value, a
+%% thrown term, {'EXIT', {Reason, Stack}} for an error, {'EXIT', Reason}
+%% for an exit.
+-spec caught(fun(() -> term())) -> term().
+caught(F) ->
+    try F()
+    catch
+        throw:T -> T;
+        error:R:S -> {'EXIT', {R, S}};
+        exit:R -> {'EXIT', R}
     end.
