@@ -4,7 +4,7 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build demo run test test-here test-short test-matrix matrix-roots versions test-c test-san \
+.PHONY: deps build demo run test test-here test-short test-matrix test-elixir versions test-c test-san \
         eunit ct soak tarball bench fmt fmt-check lint docs clean
 
 # Install missing Debian packages (docker/packages.sh: this release's names
@@ -39,19 +39,20 @@ run: demo
 	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) $(DEMO_DIR) -eval '$(RUN_EVAL), halt().'; fi
 
 # Everything on this machine (formatting, xref and dialyzer, Catch2, the
-# interposer's smoke and stress tests, EUnit, Common Test), and the short
-# matrix on Debian 13 and unstable roots (scripts/matrix.sh), whose roots
-# are built in the background from the start. The matrix's
-# "N passed, N failed" is the last line. Inside a matrix root
+# interposer's smoke and stress tests, EUnit, Common Test but the Elixir
+# suite), and meanwhile, in the background, the short matrix on Debian 13
+# and unstable roots (scripts/matrix.sh: their roots are built, then each
+# runs make test-short), whose output follows this machine's, with its
+# "N passed, N failed" as the last line. Inside a matrix root
 # (MALLOCINFO_IN_MATRIX set) only this machine's part runs.
 MATRIX_SHORT := trixie sid
 MATRIX_FULL  := bookworm trixie sid
 test:
 ifeq ($(MALLOCINFO_IN_MATRIX),)
 	@$(MAKE) -s deps
-	@scripts/matrix.sh prefetch short $(MATRIX_SHORT)
-	@$(MAKE) -s test-here
-	@scripts/matrix.sh short $(MATRIX_SHORT)
+	@scripts/matrix.sh start short $(MATRIX_SHORT)
+	@$(MAKE) -s test-here || { scripts/matrix.sh stop; exit 1; }
+	@scripts/matrix.sh wait
 else
 	@$(MAKE) -s test-here
 endif
@@ -75,7 +76,7 @@ test-short: versions demo
 
 # The whole make test on Debian 12, 13 and unstable, each in its own root
 # (built once, cached outside the clone), plus what make test leaves to it:
-# the sanitizer builds. See TESTING.md.
+# the sanitizer builds and the Elixir suite. See TESTING.md.
 test-matrix:
 	@scripts/matrix.sh full $(MATRIX_FULL)
 
@@ -91,8 +92,16 @@ test-san: deps
 eunit: demo
 	@$(REBAR) eunit
 
+# Every Common Test suite but the Elixir one (make test-elixir), which
+# make test-matrix runs on each release.
+CT_SUITES := $(shell ls test/*_SUITE.erl | grep -v elixir | paste -sd, -)
 ct: demo tarball
-	@$(REBAR) ct
+	@$(REBAR) ct --suite=$(CT_SUITES)
+
+# mallocinfo as a Mix dependency, its mix release with the tracker
+# preloaded and an iex session (doc/elixir.md; make test-matrix).
+test-elixir: demo tarball
+	@$(REBAR) ct --suite=test/mallocinfo_elixir_SUITE
 
 # Liveness under load for a minute (issue 15; `make test` runs both for less):
 # threads allocating inside dl_iterate_phdr callbacks and from new call sites

@@ -6,8 +6,16 @@
 #                                      with warnings as errors, EUnit, and the
 #                                      tracker, attach, heap-map and report
 #                                      Common Test suites (make test-short)
-#   scripts/matrix.sh full SUITE...    make test-matrix: the whole make test
-#                                      and the sanitizer builds (make test-san)
+#   scripts/matrix.sh full SUITE...    make test-matrix: the whole make test,
+#                                      the sanitizer builds (make test-san) and
+#                                      the Elixir suite (make test-elixir)
+#   scripts/matrix.sh start short|full SUITE...
+#                                      the same in the background (make test
+#                                      runs its short matrix beside its own
+#                                      tests); its output in <log dir>/<flavour>.out
+#   scripts/matrix.sh wait             print a started run's output once it is
+#                                      done, and exit with its status
+#   scripts/matrix.sh stop             end a started run (its process group)
 #   scripts/matrix.sh root short|full SUITE
 #                                      only build (or find) the root; prints it
 #   scripts/matrix.sh prefetch short|full SUITE...
@@ -32,7 +40,8 @@
 # only), IPC and UTS namespaces, so nothing it starts (epmd, peers,
 # daemons) outlives it or meets the host's. bubblewrap's mounts live in
 # its own mount namespace and vanish with it, also on failure; the trap
-# removes the scratch copy. Needs root (mmdebstrap, bwrap --cap-add).
+# removes the scratch copy. Needs root (mmdebstrap, bwrap --cap-add): run
+# as another user, it runs itself through sudo.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${MALLOCINFO_MATRIX_CACHE:-/var/cache/mallocinfo-matrix}
@@ -94,8 +103,13 @@ run_in_root() {  # suite root target...
   # shellcheck disable=SC2064
   trap "rm -rf '$work'" EXIT
   mkdir "$work/src"
-  (cd "$here" && git ls-files -z --cached --others --exclude-standard |
-    tar --null --files-from=- -cf -) | tar -C "$work/src" -xf -
+  if git -C "$here" rev-parse --git-dir >/dev/null 2>&1; then
+    (cd "$here" && git ls-files -z --cached --others --exclude-standard |
+      tar --null --files-from=- -cf -) | tar -C "$work/src" -xf -
+  else  # an unpacked source tree: everything but what a build makes
+    tar -C "$here" --exclude=./_build --exclude=./c_src/build --exclude='./priv/*.so' \
+      --exclude=./priv/mallocinfo-heapmap --exclude=./mallocinfo.tar.gz -cf - . | tar -C "$work/src" -xf -
+  fi
   printf '127.0.0.1 localhost mallocinfo-%s\n::1 localhost\n' "$suite" >"$work/hosts"
   bwrap --bind "$root" / --bind "$work/src" /build --ro-bind "$work/hosts" /etc/hosts \
     --proc /proc --dev /dev --bind /sys /sys \
@@ -111,8 +125,20 @@ run_in_root() {  # suite root target...
   return $rc
 }
 
-[ "$(id -u)" -eq 0 ] || die "needs root (mmdebstrap builds the roots, bwrap runs them)"
-[ $# -ge 2 ] || die "usage: $0 short|full SUITE... | $0 root short|full SUITE"
+if [ "$(id -u)" -ne 0 ]; then
+  # mmdebstrap builds the roots as root, and bwrap needs it for mknod and
+  # the namespaces: through sudo, as make deps does.
+  command -v sudo >/dev/null 2>&1 || die "needs root or sudo (mmdebstrap builds the roots, bwrap runs them)"
+  exec sudo --preserve-env=MALLOCINFO_MATRIX_CACHE,MALLOCINFO_MATRIX_LOGS,MALLOCINFO_MATRIX_MIRROR "$0" "$@"
+fi
+usage="usage: $0 short|full SUITE... | $0 start|prefetch short|full SUITE... | $0 wait|stop | $0 root short|full SUITE"
+case ${1:-} in
+  short | full) [ $# -ge 2 ] || die "$usage" ;;
+  start | prefetch) [ $# -ge 3 ] || die "$usage" ;;
+  root) [ $# -eq 3 ] || die "$usage" ;;
+  wait | stop) ;;
+  *) die "$usage" ;;
+esac
 case $1 in
   root)
     build_root "$2" "$3"
@@ -127,13 +153,36 @@ case $1 in
     done
     exit 0
     ;;
+  start)
+    mkdir -p "$logs"
+    rm -f "$logs/run.rc" "$logs/run.out"
+    setsid bash -c 'out=$1; shift; "$0" "$@" >"$out.out" 2>&1; echo $? >"$out.rc"' \
+      "$0" "$logs/run" "${@:2}" \
+      </dev/null >/dev/null 2>&1 &
+    echo $! >"$logs/run.pid"
+    exit 0
+    ;;
+  wait)
+    while [ ! -f "$logs/run.rc" ]; do
+      kill -0 "$(cat "$logs/run.pid")" 2>/dev/null || break
+      sleep 2
+    done
+    cat "$logs/run.out"
+    exit "$(cat "$logs/run.rc" 2>/dev/null || echo 1)"
+    ;;
+  stop)
+    [ -f "$logs/run.pid" ] && kill -- -"$(cat "$logs/run.pid")" 2>/dev/null
+    exit 0
+    ;;
   short) target=(test-short DEPS=--short) ;;
-  full) target=(test test-san) ;;
+  full) target=(test test-san test-elixir) ;;
   *) die "unknown flavour $1" ;;
 esac
 flavour=$1
 shift
 mkdir -p "$logs"
+# The roots of the later suites build while the first one's run.
+[ $# -gt 1 ] && "$0" prefetch "$flavour" "${@:2}"
 failed=()
 for suite in "$@"; do
   start=$SECONDS
