@@ -66,7 +66,8 @@ info() ->
 
 %% @doc `malloc_info' parsed into terms with xmerl: per heap (arena) the
 %% free-chunk size classes, `fast'/`rest' free totals, `system' current/max
-%% and `aspace'; then the totals, including `mmap'. `free_bytes' and
+%% and `aspace'; then the totals, including `mmap' (`fast' is zero from
+%% glibc 2.43, which has no fastbins and leaves it out). `free_bytes' and
 %% `in_use_bytes' are derived (`in_use = system current - fast - rest').
 %% If the running release lacks xmerl it is loaded from the OTP installation
 %% when one can be found, else `{error, {missing_application, xmerl}}'.

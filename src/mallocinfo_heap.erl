@@ -110,8 +110,9 @@ dump(Path) ->
 %% Errors: a POSIX atom for the file (`enoent', `eacces', `eisdir' for a
 %% directory, `eexist' for a symbolic link, device, FIFO or socket, which
 %% are left untouched and cost no walk, ...);
-%% `timeout'; `{unsupported_glibc, Version}' when the glibc version or the
-%% layout found in memory is not one the walker knows; `{walk_failed,
+%% `timeout'; `{unsupported_glibc, Version}' when the glibc version (the
+%% walker knows 2.35 to 2.43) or the layout found in memory is not one the
+%% walker knows; `{walk_failed,
 %% Where}' when the heap contradicts ptmalloc's invariants (corruption);
 %% `{wrong_allocator, Which}' when malloc is not glibc's.
 -spec dump(file:name_all(), opts()) -> {ok, summary()} | {error, dump_error()}.

@@ -19,7 +19,9 @@
 -define(JEMALLOC, ?LIB "libjemalloc.so.2").
 -define(TCMALLOC, ?LIB "libtcmalloc.so.4").
 -define(TCMALLOC_MINIMAL, ?LIB "libtcmalloc_minimal.so.4").
--define(MIMALLOC, ?LIB "libmimalloc.so.2").
+%% libmimalloc.so.2 up to Debian 12, libmimalloc.so.3 after.
+-define(MIMALLOC, hd([L || L <- [?LIB "libmimalloc.so.2", ?LIB "libmimalloc.so.3"],
+                          filelib:is_regular(L)] ++ [?LIB "libmimalloc.so.2"])).
 -define(PROF_CONF, "prof:true,prof_active:false,lg_prof_sample:0").
 -define(SITE, <<"mi_alloc_test_site">>).
 -define(MiB, (1024 * 1024)).
@@ -90,8 +92,8 @@ assert_wrong_allocator(Config, Which) ->
         M =/= module_of(Which)],
     %% Nothing was written, and misuse still raises.
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))),
-    ?assertMatch({'EXIT', {badarg, _}}, catch call(Config, mallocinfo, trim, [-1])),
-    ?assertMatch({'EXIT', {badarg, _}}, catch call(Config, mallocinfo, mallopt, [bogus, 1])).
+    ?assertMatch({'EXIT', {badarg, _}}, mi_ct:caught(fun() -> call(Config, mallocinfo, trim, [-1]) end)),
+    ?assertMatch({'EXIT', {badarg, _}}, mi_ct:caught(fun() -> call(Config, mallocinfo, mallopt, [bogus, 1]) end)).
 
 module_of(jemalloc) -> mallocinfo_jemalloc;
 module_of(tcmalloc) -> mallocinfo_tcmalloc;
@@ -190,7 +192,7 @@ jemalloc_dump_errors(Config) ->
     ?assertMatch({ok, <<"heap_v2/", _/binary>>},
                  call(Config, mallocinfo_jemalloc, profile_dump, [])),
     ?assertMatch({'EXIT', {badarg, _}},
-                 catch call(Config, mallocinfo_jemalloc, profile_active, [on])),
+                 mi_ct:caught(fun() -> call(Config, mallocinfo_jemalloc, profile_active, [on]) end)),
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))).
 
 %% The same jemalloc without prof:true: a clear profiling_disabled, never
@@ -249,7 +251,7 @@ tcmalloc_heap_profiler(Config) ->
     %% The heap profiler records every allocation: exactly the 100 blocks
     %% made while it ran.
     ?assertEqual({100, 100 * 100000}, site_totals(Config, tc_records(Dump))),
-    tool_names_site(Config, "google-pprof", "tcmalloc.heap", Dump),
+    tool_names_site(Config, mi_ct:pprof(), "tcmalloc.heap", Dump),
     %% No automatic dump was due (1 GiB interval), so no file either.
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))).
 

@@ -49,7 +49,7 @@ bad_arguments_test_() ->
      ?_assertError(badarg, mallocinfo_tcmalloc:profile_start("/tmp/a\0b")),
      ?_assertError(badarg, mallocinfo_tcmalloc:profile_start(["/tmp/", 16#110000])),
      ?_assertError(badarg, mallocinfo_tcmalloc:profile_start({"/tmp/x"})),
-     ?_assertError(badarg, mallocinfo_nif:jemalloc_profile_active(maybe)),
+     ?_assertError(badarg, mallocinfo_nif:jemalloc_profile_active('maybe')),
      ?_assertError(badarg, mallocinfo_nif:jemalloc_profile_dump("/tmp")),
      ?_assertError(badarg, mallocinfo_nif:tcmalloc_profile_start(<<"/tmp/a", 0>>))].
 

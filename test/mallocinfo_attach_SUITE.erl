@@ -205,7 +205,7 @@ preloaded_refuses(Config) ->
 bad_arguments(Config) ->
     Bad = [[#{mode => off}], [#{mode => loud}], [#{bogus => 1}], [#{table_size => 1}],
            [#{stack_depth => 129}], [#{sample_bytes => 0}], [[{mode, full}]], [full]],
-    [?assertMatch({'EXIT', {badarg, _}}, (catch call(Config, mallocinfo_trace, attach, A)))
+    [?assertMatch({'EXIT', {badarg, _}}, mi_ct:caught(fun() -> call(Config, mallocinfo_trace, attach, A) end))
      || A <- Bad],
     ?assertMatch(#{attached := false}, call(Config, mallocinfo_trace, status, [])).
 

@@ -357,7 +357,7 @@ wait_gone(Pid, N) ->
 stop_leftover(Config, App, Node) ->
     case file:read_file(pid_file(Config, App)) of
         {ok, Pid} ->
-            _ = catch rel(Config, App, ["stop"]),
+            _ = mi_ct:caught(fun() -> rel(Config, App, ["stop"]) end),
             case wait_gone(binary_to_list(Pid), 100) of
                 ok -> ok;
                 {error, still_running} -> kill_if_ours(binary_to_list(Pid), Node)

@@ -285,10 +285,11 @@ open_temp_refuses_existing_names_test() ->
     with_targets(
       fun(Dir, Targets) ->
               [?assertEqual({Kind, {posix, eexist}},
-                            {Kind, catch mallocinfo_file:open_temp(Path)})
+                            {Kind, mi_ct:caught(fun() -> mallocinfo_file:open_temp(Path) end)})
                || {Kind, Path, _} <- Targets],
               Plain = filename:join(Dir, "plain"),
               ok = file:write_file(Plain, <<"kept">>),
-              ?assertEqual({posix, eexist}, catch mallocinfo_file:open_temp(Plain)),
+              ?assertEqual({posix, eexist},
+                           mi_ct:caught(fun() -> mallocinfo_file:open_temp(Plain) end)),
               ?assertEqual({ok, <<"kept">>}, file:read_file(Plain))
       end).

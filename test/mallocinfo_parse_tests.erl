@@ -117,6 +117,18 @@ same_heap_same_figures_test() ->
     ?assertEqual(maps:get(current, maps:get(system, H)) + Mmap,
                  maps:get(system_incl_mmap_bytes, S)).
 
+%% glibc 2.43 has no fastbins: its malloc_info prints no <total
+%% type="fast">, in a heap or in the totals; both read as zero.
+heaps_without_fastbins_test() ->
+    Xml = binary:replace(?XML, [<<"<total type=\"fast\" count=\"2\" size=\"64\"/>\n">>,
+                                <<"<total type=\"fast\" count=\"0\" size=\"0\"/>\n">>],
+                         <<>>, [global]),
+    ?assertEqual(nomatch, binary:match(Xml, <<"fast">>)),
+    #{heaps := [H0, _], total := Total, free_bytes := Free} = mallocinfo_parse:heaps(Xml),
+    ?assertEqual(#{count => 0, size => 0}, maps:get(fast, Total)),
+    ?assertEqual(#{count => 0, size => 0}, maps:get(fast, H0)),
+    ?assertEqual(6000, Free).
+
 heaps_rejects_other_xml_test() ->
     ?assertError({bad_xml, not_malloc_info}, mallocinfo_parse:heaps(<<"<foo/>">>)),
     ?assertError({bad_xml, _}, mallocinfo_parse:heaps(<<"<malloc version=\"1\">">>)).

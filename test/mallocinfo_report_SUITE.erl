@@ -29,7 +29,7 @@ init_per_testcase(_, Config) ->
     Config.
 
 end_per_testcase(_, Config) ->
-    [catch peer:stop(P) || P <- proplists:get_value(peers, Config, [])],
+    [mi_ct:caught(fun() -> peer:stop(P) end) || P <- proplists:get_value(peers, Config, [])],
     ok.
 
 ebin() ->
@@ -386,7 +386,7 @@ cluster(Config) ->
         ?assertNotEqual(nomatch, string:find(Row(B), "injected")),
         ?assertNotEqual(nomatch, string:find(Row(C), "unreachable"))
     after
-        [catch peer:stop(P) || P <- Peers]
+        [mi_ct:caught(fun() -> peer:stop(P) end) || P <- Peers]
     end.
 
 %%% Helpers ------------------------------------------------------------------

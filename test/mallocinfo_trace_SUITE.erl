@@ -168,7 +168,7 @@ bad_arguments(Config) ->
            {olds, [1, [bogus]]}, {olds, [1, not_opts]}, {sites, [1.0]},
            {sites, [1, #{demangle => yes}]}, {preload_env, [#{bogus => 1}]}],
     [?assertMatch({'EXIT', {badarg, _}},
-                  (catch call(Config, mallocinfo_trace, F, A)))
+                  mi_ct:caught(fun() -> call(Config, mallocinfo_trace, F, A) end))
      || {F, A} <- Bad],
     ?assertMatch([_ | _], call(Config, mallocinfo_trace, sites, [1, [demangle]])).
 
