@@ -15,30 +15,13 @@
 
 -export_type([summary/0, arena_summary/0, totals/0, by_kind/0, dump_error/0]).
 
-%% Bytes of chunks of each kind.
--type by_kind() :: #{in_use := non_neg_integer(), free := non_neg_integer(),
-                     fast := non_neg_integer(), tcache := non_neg_integer(),
-                     top := non_neg_integer(), meta := non_neg_integer()}.
 %% One arena's figures (doc/heapmap.md says what each means). The one
 %% definition: a dump file's summary (mallocinfo_heapmap:read_summary/1)
 %% has exactly these keys too. `live_bytes', `live_chunks' and
 %% `unrecorded_bytes' are there only with tracker data.
--type arena_summary() :: #{arena := non_neg_integer(),
-                           address := non_neg_integer(),
-                           system_bytes := non_neg_integer(),
-                           in_use_bytes := non_neg_integer(),
-                           free_bytes := non_neg_integer(),
-                           by_kind := by_kind(),
-                           chunks := non_neg_integer(),
-                           free_chunks := non_neg_integer(),
-                           largest_free := non_neg_integer(),
-                           resident_bytes := non_neg_integer(),
-                           trimmable_bytes := non_neg_integer(),
-                           pinned_bytes := non_neg_integer(),
-                           segments := non_neg_integer(),
-                           live_bytes => non_neg_integer(),
-                           live_chunks => non_neg_integer(),
-                           unrecorded_bytes => non_neg_integer()}.
+-type arena_summary() :: mallocinfo_heapmap_summary:arena_summary().
+%% Bytes of chunks of each kind.
+-type by_kind() :: mallocinfo_heapmap_summary:by_kind().
 %% The arenas summed by totals/1 (every counter summed, `largest_free' the
 %% largest, `arena_count'), and in a summary what only the whole heap has:
 %% `tracked_mmap_bytes' and `tracked_mmap_chunks', the mmapped blocks the
@@ -46,25 +29,7 @@
 %% `mmap_bytes' and `mmap_chunks', glibc's own count of its mmapped blocks
 %% (mallinfo2 `hblkhd', `hblks'; only in the live summary: a dump does not
 %% hold it).
--type totals() :: #{system_bytes := non_neg_integer(),
-                    in_use_bytes := non_neg_integer(),
-                    free_bytes := non_neg_integer(),
-                    by_kind := by_kind(),
-                    chunks := non_neg_integer(),
-                    free_chunks := non_neg_integer(),
-                    largest_free := non_neg_integer(),
-                    resident_bytes := non_neg_integer(),
-                    trimmable_bytes := non_neg_integer(),
-                    pinned_bytes := non_neg_integer(),
-                    segments := non_neg_integer(),
-                    arena_count := non_neg_integer(),
-                    tracked_mmap_bytes => non_neg_integer(),
-                    tracked_mmap_chunks => non_neg_integer(),
-                    mmap_bytes => non_neg_integer(),
-                    mmap_chunks => non_neg_integer(),
-                    live_bytes => non_neg_integer(),
-                    live_chunks => non_neg_integer(),
-                    unrecorded_bytes => non_neg_integer()}.
+-type totals() :: mallocinfo_heapmap_summary:totals().
 -type summary() :: #{arenas := [arena_summary()],
                      total := totals(),
                      mallinfo := map(),
@@ -205,11 +170,11 @@ run(Path, Opts) ->
                    fun(V) -> is_integer(V) andalso V >= 0 andalso V =< 65534 end),
     Timeout = opt(timeout, Opts, ?DEFAULT_TIMEOUT, fun(V) -> is_integer(V) andalso V > 0 andalso V < 1 bsl 31 end),
     Xml = opt(info_xml, Opts, false, fun is_boolean/1),
-    case mallocinfo:allocator() of
+    case mallocinfo_glibc:allocator() of
         glibc ->
             case mallocinfo_nif:heap_dump(Path, MaxSites, Timeout, Xml) of
                 {ok, #{arenas := Arenas} = S} ->
-                    Total = maps:merge(totals(Arenas),
+                    Total = maps:merge(mallocinfo_heapmap_summary:totals(Arenas),
                                        maps:with([mmap_bytes, mmap_chunks, tracked_mmap_bytes,
                                                   tracked_mmap_chunks], S)),
                     {ok, S#{total => Total}};

@@ -367,8 +367,8 @@ params(#{}) ->
 %%% Endpoints ------------------------------------------------------------------
 
 index([]) ->
-    text(200, ["mallocinfo ", mallocinfo:version(), ", allocator ",
-               atom_to_list(mallocinfo:allocator()), "\n\n"
+    text(200, ["mallocinfo ", mallocinfo_glibc:version(), ", allocator ",
+               atom_to_list(mallocinfo_glibc:allocator()), "\n\n"
                "GET /memory.json      the allocator's statistics as JSON\n"
                "GET /mallocinfo.xml   glibc's malloc_info XML\n"
                "GET /heap_profile     heap profiling status\n"
@@ -388,7 +388,7 @@ index(Params) ->
 %% (glibc: mallinfo2, malloc_info parsed, the tracker; tcmalloc: its text
 %% statistics), so it is valid JSON by construction.
 memory_json([]) ->
-    case mallocinfo:allocator() of
+    case mallocinfo_glibc:allocator() of
         jemalloc ->
             case mallocinfo_jemalloc:stats() of
                 {ok, Json} -> {200, [{"Content-Type", "application/json"}], Json};
@@ -404,12 +404,12 @@ memory_json(Params) ->
 memory_document(Allocator) ->
     Tracker = mallocinfo_trace:status(),
     Base = #{allocator => Allocator,
-             rss_bytes => mallocinfo:rss(),
+             rss_bytes => mallocinfo_glibc:rss(),
              tracker => Tracker},
     case Allocator of
         glibc ->
-            Base#{mallinfo2 => mallocinfo:mallinfo(),
-                  malloc_info => case mallocinfo:heaps() of
+            Base#{mallinfo2 => mallocinfo_glibc:mallinfo(),
+                  malloc_info => case mallocinfo_glibc:heaps() of
                                      {ok, Heaps} -> Heaps;
                                      {error, Reason} -> #{error => reason_text(Reason)}
                                  end};
@@ -423,9 +423,9 @@ memory_document(Allocator) ->
     end.
 
 mallocinfo_xml([]) ->
-    case mallocinfo:allocator() of
+    case mallocinfo_glibc:allocator() of
         glibc ->
-            case mallocinfo:info() of
+            case mallocinfo_glibc:info() of
                 {ok, Xml} -> {200, [{"Content-Type", "application/xml"}], Xml};
                 {error, Reason} -> failure("malloc_info", Reason)
             end;
@@ -506,7 +506,7 @@ flamegraph(Params) ->
                 {ok, Folded} ->
                     Title = ["live heap of ", atom_to_list(node()), " (os pid ", os:getpid(), ")"],
                     Coverage = mallocinfo_flamegraph:coverage(mallocinfo_trace:status(),
-                                                              mallocinfo:rss()),
+                                                              mallocinfo_glibc:rss()),
                     {200, [{"Content-Type", "text/html; charset=utf-8"}],
                      mallocinfo_flamegraph:page(Folded, Title, Coverage)};
                 {error, Reason} ->
@@ -518,7 +518,7 @@ flamegraph(Params) ->
     end.
 
 profile_refusal(not_preloaded) ->
-    Own = case mallocinfo:allocator() of
+    Own = case mallocinfo_glibc:allocator() of
               glibc -> "";
               Other -> ["This node's ", atom_to_list(Other), " serves its own heap profile at "
                         "/heap_profile?trigger_dump=true (jeprof / google-pprof text format).\n"]
@@ -533,7 +533,7 @@ profile_refusal(Reason) ->
 %% Who profiles: jemalloc and tcmalloc themselves; under glibc (or an
 %% allocator without a profiler) the tracker, when preloaded.
 profiler() ->
-    case mallocinfo:allocator() of
+    case mallocinfo_glibc:allocator() of
         jemalloc -> jemalloc;
         tcmalloc -> tcmalloc;
         _ -> tracker
@@ -744,7 +744,7 @@ status_text(tcmalloc) ->
             ["allocator: tcmalloc\nheap profiler status unavailable: ", reason_text(Reason), "\n"]
     end;
 status_text(tracker) ->
-    Allocator = atom_to_list(mallocinfo:allocator()),
+    Allocator = atom_to_list(mallocinfo_glibc:allocator()),
     case mallocinfo_trace:status() of
         #{preloaded := false, attached_at := undefined} ->
             ["allocator: ", Allocator, "\ntracker: not preloaded\n\n"

@@ -47,11 +47,11 @@ metrics() ->
 %% rather than failing the scrape.
 -spec collect() -> sources().
 collect() ->
-    Allocator = mallocinfo:allocator(),
-    Base = #{allocator => Allocator, rss => mallocinfo:rss()},
+    Allocator = mallocinfo_glibc:allocator(),
+    Base = #{allocator => Allocator, rss => mallocinfo_glibc:rss()},
     Glibc = case Allocator of
-                glibc -> ok_sources([{mallinfo, fun mallocinfo:mallinfo/0},
-                                     {heaps, fun mallocinfo:heaps/0}]);
+                glibc -> ok_sources([{mallinfo, fun mallocinfo_glibc:mallinfo/0},
+                                     {heaps, fun mallocinfo_glibc:heaps/0}]);
                 _ -> #{}
             end,
     Tracker = case mallocinfo_trace:status() of

@@ -186,7 +186,7 @@ gather(Opts) ->
                                                              [{unit, millisecond}])),
       cores => erlang:system_info(logical_processors_online),
       word_size => erlang:system_info(wordsize),
-      libc_version => guard(fun mallocinfo:libc_version/0),
+      libc_version => guard(fun mallocinfo_glibc:libc_version/0),
       smaps => Smaps,
       smaps_rollup => read_proc("smaps_rollup"),
       status => read_proc("status"),
@@ -199,7 +199,7 @@ gather(Opts) ->
       processes => guard(fun top_processes/0),
       ets => guard(fun ets_top/0),
       allocator => allocator(),
-      mallinfo => guard(fun mallocinfo:mallinfo/0),
+      mallinfo => guard(fun mallocinfo_glibc:mallinfo/0),
       libc_summary => libc_summary(),
       heap_map => heap_map(),
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
@@ -403,13 +403,13 @@ instrument_call(F) ->
     end.
 
 allocator() ->
-    case guard(fun mallocinfo:allocator/0) of
+    case guard(fun mallocinfo_glibc:allocator/0) of
         A when is_atom(A) -> A;
         _ -> glibc
     end.
 
 libc_summary() ->
-    case guard(fun mallocinfo:summary/0) of
+    case guard(fun mallocinfo_glibc:summary/0) of
         #{arenas := _} = S -> S;
         Error -> Error
     end.

@@ -673,7 +673,7 @@ profile_data(Demangle, SinceNs, Start, Seconds) ->
 %% live tracked bytes and entries, dropped, plus `mallinfo2()' under
 %% `mallinfo' (`{error, {wrong_allocator, Which}}' there when the interposer
 %% forwards to another allocator than glibc, see
-%% {@link mallocinfo:allocator/0}).
+%% {@link mallocinfo_glibc:allocator/0}).
 -spec stats() -> map() | {error, not_preloaded}.
 stats() ->
     case status() of
@@ -682,7 +682,7 @@ stats() ->
         Status ->
             Keys = [mode, recording, calls, bytes_allocated, bytes_freed, live_bytes,
                     live_entries, dropped, frees_untracked, stacks],
-            (maps:with(Keys, Status))#{mallinfo => mallocinfo:mallinfo()}
+            (maps:with(Keys, Status))#{mallinfo => mallocinfo_glibc:mallinfo()}
     end.
 
 %% @doc Forgets every recorded live block (e.g. after start-up, to see only

@@ -329,7 +329,11 @@ cases(S) ->
     %% cases for each function it still has.
     Old = mallocinfo_proc:module_info(exports),
     Cases ++ [{mallocinfo_proc, F, A} || {mallocinfo_process, F, A} <- Cases,
-                                         lists:member({F, length(A)}, Old)].
+                                         lists:member({F, length(A)}, Old)]
+    %% The internal homes of public functions that delegate to them: the
+    %% same cases, so the checks are theirs, not the delegations'.
+        ++ [{mallocinfo_glibc, F, A} || {mallocinfo, F, A} <- Cases, F =/= report]
+        ++ [{mallocinfo_heapmap_summary, totals, A} || {mallocinfo_heap, totals, A} <- Cases].
 
 not_pid() ->
     [junk, [a | b], {a, b}, -1, <<"<0.1.0>">>, "<0.1.0>", #{}, make_ref(), hd(erlang:ports())].
