@@ -69,7 +69,7 @@ info() ->
 %% `in_use_bytes' are derived (`in_use = system current - fast - rest').
 %% If the running release lacks xmerl it is loaded from the OTP installation
 %% when one can be found, else `{error, {missing_application, xmerl}}'.
--spec heaps() -> {ok, mallocinfo_parse:heaps()}
+-spec heaps() -> {ok, mallocinfo_glibc_parse:heaps()}
                | {error, {missing_application, xmerl} | posix() | wrong_allocator()}.
 heaps() ->
     mallocinfo_glibc:heaps().
@@ -88,7 +88,7 @@ stats() ->
 %% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
 %% numbers are consistent with each other even while the node allocates.
 %% Returns `{error, enomem | eagain}' if the node cannot fork.
--spec summary() -> mallocinfo_parse:summary() | {error, posix() | wrong_allocator()}.
+-spec summary() -> mallocinfo_glibc_parse:summary() | {error, posix() | wrong_allocator()}.
 summary() ->
     mallocinfo_glibc:summary().
 

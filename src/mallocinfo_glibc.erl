@@ -49,13 +49,13 @@ info() ->
 
 %% malloc_info parsed with xmerl, loaded from the OTP installation when the
 %% release lacks it.
--spec heaps() -> {ok, mallocinfo_parse:heaps()}
+-spec heaps() -> {ok, mallocinfo_glibc_parse:heaps()}
                | {error, {missing_application, xmerl} | posix() | wrong_allocator()}.
 heaps() ->
     case mallocinfo_lib:ensure_xmerl() of
         ok ->
             case info() of
-                {ok, Xml} -> {ok, mallocinfo_parse:heaps(Xml)};
+                {ok, Xml} -> {ok, mallocinfo_glibc_parse:heaps(Xml)};
                 {error, _} = E -> E
             end;
         {error, _} = E ->
@@ -68,10 +68,10 @@ stats() ->
     glibc(fun mallocinfo_nif:malloc_stats/0).
 
 %% malloc_stats()'s figures as terms, from one forked copy of the heap.
--spec summary() -> mallocinfo_parse:summary() | {error, posix() | wrong_allocator()}.
+-spec summary() -> mallocinfo_glibc_parse:summary() | {error, posix() | wrong_allocator()}.
 summary() ->
     case glibc(fun mallocinfo_nif:stats_text/0) of
-        {ok, Text} -> mallocinfo_parse:stats(Text);
+        {ok, Text} -> mallocinfo_glibc_parse:stats(Text);
         {error, _} = E -> E
     end.
 

@@ -484,9 +484,9 @@ heap_folded([]) ->
     case mallocinfo_trace:profile_data(#{}) of
         {ok, Data} ->
             %% The total the lines sum to, from the same snapshot.
-            {200, [{"Content-Type", ?TEXT},
-                   {"X-Live-Bytes", integer_to_list(mallocinfo_profile:folded_total(Data))}],
-             mallocinfo_profile:folded(Data)};
+            Total = mallocinfo_trace_profile:folded_total(Data),
+            {200, [{"Content-Type", ?TEXT}, {"X-Live-Bytes", integer_to_list(Total)}],
+             mallocinfo_trace_profile:folded(Data)};
         {error, Reason} ->
             profile_refusal(Reason)
     end;
@@ -505,10 +505,10 @@ flamegraph(Params) ->
             case mallocinfo_trace:folded() of
                 {ok, Folded} ->
                     Title = ["live heap of ", atom_to_list(node()), " (os pid ", os:getpid(), ")"],
-                    Coverage = mallocinfo_flamegraph:coverage(mallocinfo_trace:status(),
-                                                              mallocinfo_glibc:rss()),
+                    Coverage = mallocinfo_http_flamegraph:coverage(mallocinfo_trace:status(),
+                                                                   mallocinfo_glibc:rss()),
                     {200, [{"Content-Type", "text/html; charset=utf-8"}],
-                     mallocinfo_flamegraph:page(Folded, Title, Coverage)};
+                     mallocinfo_http_flamegraph:page(Folded, Title, Coverage)};
                 {error, Reason} ->
                     profile_refusal(Reason)
             end;

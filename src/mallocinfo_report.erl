@@ -246,7 +246,7 @@ culprits_of(Snaps, Interval) ->
                                                                           snapshot => Last,
                                                                           demangle => true}),
                            #{functions => Functions,
-                             objects => mallocinfo_growth:objects_of(Functions),
+                             objects => mallocinfo_trace_growth:objects_of(Functions),
                              live_bytes => maps:get(live_bytes, Last),
                              live_blocks => maps:get(live_blocks, Last)}
                    end),
@@ -345,18 +345,18 @@ read_proc(Name) ->
         {error, _} = E -> E
     end.
 
-%% `/proc/self/smaps' as mallocinfo_smaps:parse_smaps/1's mappings, or
+%% `/proc/self/smaps' as mallocinfo_report_smaps:parse_smaps/1's mappings, or
 %% why not: the file could not be read, or its text was not what the
 %% parser knows (the resident set then says so, and the rest of the report
 %% goes on).
 parse_smaps(Text) when is_binary(Text) ->
-    try mallocinfo_smaps:parse_smaps(Text)
+    try mallocinfo_report_smaps:parse_smaps(Text)
     catch Class:Reason -> {error, {unexpected_input, {Class, Reason}}}
     end;
 parse_smaps({error, _} = Error) ->
     Error.
 
-%% What confirms glibc's heaps (see mallocinfo_smaps:heap_windows/2):
+%% What confirms glibc's heaps (see mallocinfo_report_smaps:heap_windows/2):
 %% the first bytes at each candidate address, read from /proc/self/mem
 %% (the kernel copies them: nothing in this process can fault), and, for
 %% a mapping that merged with a heap, its resident pages inside the heap
@@ -364,10 +364,10 @@ parse_smaps({error, _} = Error) ->
 %% the report falls back to the heaps' shape and to proportions.
 heap_evidence(Vmas) when is_list(Vmas) ->
     case guard(fun() ->
-                       Candidates = mallocinfo_smaps:heap_candidates(Vmas),
+                       Candidates = mallocinfo_report_smaps:heap_candidates(Vmas),
                        Headers = read_at("/proc/self/mem", [{A, 48} || A <- Candidates]),
-                       Windows = mallocinfo_smaps:heap_windows(Vmas, Headers),
-                       Straddling = mallocinfo_smaps:straddling(Vmas, Windows),
+                       Windows = mallocinfo_report_smaps:heap_windows(Vmas, Headers),
+                       Straddling = mallocinfo_report_smaps:straddling(Vmas, Windows),
                        #{heap_headers => Headers,
                          straddle_rss => maps:from_list(
                                            [{Start, resident_in(Page, Ranges)}

@@ -1,8 +1,8 @@
 %% @private The report from raw data, with pure functions only: the
-%% resident set (`/proc' text, parsed and grouped by `mallocinfo_smaps'),
+%% resident set (`/proc' text, parsed and grouped by `mallocinfo_report_smaps'),
 %% the ERTS, libc, native and other-allocator layers, and what each
 %% explains of the resident set; the verdicts on the result come from
-%% `mallocinfo_verdicts'. `mallocinfo_report:collect/0' gathers the raw
+%% `mallocinfo_report_verdicts'. `mallocinfo_report:collect/0' gathers the raw
 %% data and is the only caller; the pieces are exported for EUnit, which
 %% feeds canned `/proc' text (parsed) and crafted maps. Not an API:
 %% arguments are not checked.
@@ -22,7 +22,7 @@
 
 %% @doc The report from the raw data `mallocinfo_report:collect/0'
 %% gathers (see there for the keys). Its `smaps' is already parsed
-%% (`mallocinfo_smaps:parse_smaps/1', or `{error, Why}'): the resident set
+%% (`mallocinfo_report_smaps:parse_smaps/1', or `{error, Why}'): the resident set
 %% and the tracker's regions read that one parse, the same the heap
 %% evidence was found in.
 -spec build(map()) -> mallocinfo_report:report().
@@ -33,7 +33,7 @@ build(Raw) ->
     Base = maps:merge(maps:with([node, os_pid, otp_release, time, libc_version, allocator], Raw),
                       maps:from_list([{K, section(F, Raw)} || {K, F} <- Sections])),
     R = maps:merge(Base, account(Base)),
-    R#{verdicts => mallocinfo_verdicts:verdicts(R)}.
+    R#{verdicts => mallocinfo_report_verdicts:verdicts(R)}.
 
 %% Input this code did not expect (another OTP, another kernel) costs one
 %% section, never the report: the operator still gets the rest.
@@ -47,7 +47,8 @@ section(F, Raw) ->
 
 resident(#{smaps := Vmas} = Raw) when is_list(Vmas) ->
     #{groups := Groups} = Grouped =
-        mallocinfo_smaps:group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
+        mallocinfo_report_smaps:group_mappings(Vmas,
+                                               maps:with([heap_headers, straddle_rss], Raw)),
     Total = lists:sum([Rss || #{rss := Rss} <- maps:values(Groups)]),
     Rollup = fields_or_empty(maps:get(smaps_rollup, Raw, undefined)),
     Status = fields_or_empty(maps:get(status, Raw, undefined)),
@@ -68,7 +69,7 @@ resident(#{smaps := {error, Why}}) ->
 resident(_) ->
     {unavailable, no_smaps, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>}.
 
-fields_or_empty(Bin) when is_binary(Bin) -> mallocinfo_smaps:parse_fields(Bin);
+fields_or_empty(Bin) when is_binary(Bin) -> mallocinfo_report_smaps:parse_fields(Bin);
 fields_or_empty(_) -> #{}.
 
 
@@ -466,7 +467,7 @@ mappings(#{trace_status := #{preloaded := true, mode := Mode}, regions := {ok, R
            smaps := Vmas})
   when is_list(Vmas), (Mode =:= full orelse Mode =:= sample) ->
     Known = [R || #{start := _, length := _, resident := _} = R <- Regions],
-    Kinds = mallocinfo_smaps:anon_kinds(Vmas, [S || #{start := S} <- Known]),
+    Kinds = mallocinfo_report_smaps:anon_kinds(Vmas, [S || #{start := S} <- Known]),
     Owned = [{owner(R), Kind, Res, L}
              || {#{length := L, resident := Res} = R, Kind} <- lists:zip(Known, Kinds),
                 Kind =/= none],

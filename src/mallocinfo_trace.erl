@@ -37,7 +37,7 @@
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
 -type label() :: native | erts | self.
--type snapshot() :: mallocinfo_growth:snapshot().
+-type snapshot() :: mallocinfo_trace_growth:snapshot().
 -type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     count_delta := integer(), bytes_delta := integer(),
                     change := appeared | vanished | changed, estimated := boolean(),
@@ -201,7 +201,7 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     case By of
         _ when Snap =/= undefined ->
             Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
-            take(N, mallocinfo_growth:rollup(By, Raw, culprits(Raw, D)));
+            take(N, mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, D)));
         stack ->
             Limit = case N of infinity -> 1 bsl 62; _ -> N end,
             case mallocinfo_nif:trace_sites(Limit, D) of
@@ -212,7 +212,7 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
             case mallocinfo_nif:trace_snapshot(0, 0) of
                 {ok, {_Mode, _Now, Raw, []}} ->
                     Culprits = culprits(Raw, D),
-                    take(N, mallocinfo_growth:rollup(By, Raw, Culprits));
+                    take(N, mallocinfo_trace_growth:rollup(By, Raw, Culprits));
                 {error, _} = E ->
                     E
             end
@@ -272,11 +272,11 @@ snapshot(Opts) when is_map(Opts) ->
             Meta = #{node => node(), os_pid => os:getpid(),
                      time_ms => erlang:system_time(millisecond),
                      monotonic_ms => erlang:monotonic_time(millisecond)},
-            mallocinfo_growth:snapshot(Mode, {Now, Raw},
-                                       case maps:is_key(olds, Opts) of
-                                           true -> Meta#{olds => Olds};
-                                           false -> Meta
-                                       end);
+            mallocinfo_trace_growth:snapshot(Mode, {Now, Raw},
+                                             case maps:is_key(olds, Opts) of
+                                                 true -> Meta#{olds => Olds};
+                                                 false -> Meta
+                                             end);
         {error, _} = E ->
             E
     end;
@@ -304,7 +304,7 @@ diff(Old, New, Opts) ->
         false -> erlang:error(badarg, [Old, New, Opts])
     end,
     #{demangle := D} = O = options(Opts, [demangle, limit], [Old, New, Opts]),
-    Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:diff(Old, New)),
+    Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:diff(Old, New)),
     symbolized(Rows, D).
 
 %% @doc The call sites whose live bytes grew in every interval between
@@ -318,7 +318,7 @@ growth_of(Snapshots, Opts) when is_list(Snapshots) ->
         false -> erlang:error(badarg, [Snapshots, Opts])
     end,
     #{demangle := D} = O = options(Opts, [demangle, limit], [Snapshots, Opts]),
-    symbolized(take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snapshots)), D);
+    symbolized(take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snapshots)), D);
 growth_of(Snapshots, Opts) ->
     erlang:error(badarg, [Snapshots, Opts]).
 
@@ -353,7 +353,7 @@ growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
         {error, _} = E ->
             E;
         Snaps ->
-            Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snaps)),
+            Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snaps)),
             symbolized(Rows, D)
     end;
 growth(IntervalMs, Samples, Opts) ->
@@ -390,20 +390,21 @@ symbolized(Rows, Demangle) ->
     [begin
          Stack = maps:get(F, Stacks),
          (maps:remove(frames, R))#{stack => Stack,
-                                   culprit => mallocinfo_growth:culprit(Stack),
+                                   culprit => mallocinfo_trace_growth:culprit(Stack),
                                    label => stack_label(Stack)}
      end || #{frames := F} = R <- Rows].
 
 stack_label(Stack) ->
-    Self = lists:any(fun(#{object := O}) -> mallocinfo_growth:self_object(O) end, Stack),
-    mallocinfo_growth:label(mallocinfo_growth:culprit(Stack), Self).
+    Self = lists:any(fun(#{object := O}) -> mallocinfo_trace_growth:self_object(O) end, Stack),
+    mallocinfo_trace_growth:label(mallocinfo_trace_growth:culprit(Stack), Self).
 
 %% #{PackedFrames => [frame()]}, one symbolizer batch.
 symbolize_stacks(FramesList, Demangle) ->
-    Addresses = lists:usort(lists:append([mallocinfo_growth:addresses(F) || F <- FramesList])),
+    Addresses = lists:usort(lists:append([mallocinfo_trace_growth:addresses(F)
+                                          || F <- FramesList])),
     Symbols = maps:from_list(lists:zip(Addresses,
                                        mallocinfo_nif:trace_symbolize(Addresses, Demangle))),
-    maps:from_list([{F, [maps:get(A, Symbols) || A <- mallocinfo_growth:addresses(F)]}
+    maps:from_list([{F, [maps:get(A, Symbols) || A <- mallocinfo_trace_growth:addresses(F)]}
                     || F <- FramesList]).
 
 %% #{PackedFrames => {Label, CulpritFrame | undefined}} for every raw site.
@@ -417,8 +418,8 @@ culprits(Raw, Demangle) ->
     Ranges = self_ranges(),
     Found = culprit_rounds([{F, 0} || {_, _, _, F} <- Raw], Demangle, #{}, #{}),
     maps:map(fun(F, Frame) ->
-                     {mallocinfo_growth:label(Frame, Ranges =/= [] andalso in_ranges(F, Ranges)),
-                      Frame}
+                     Self = Ranges =/= [] andalso in_ranges(F, Ranges),
+                     {mallocinfo_trace_growth:label(Frame, Self), Frame}
              end, Found).
 
 %% Pending: [{Frames, ByteOffsetOfTheNextFrame}]; First: the first frame
@@ -440,7 +441,7 @@ culprit_rounds(Pending, Demangle, First, Found0) ->
           fun({F, Off}, {N, Fi, Fo}) ->
                   Frame = maps:get(frame_at(F, Off), Symbols),
                   Fi1 = case Off of 0 -> Fi#{F => Frame}; _ -> Fi end,
-                  case mallocinfo_growth:allocator_frame(Frame) of
+                  case mallocinfo_trace_growth:allocator_frame(Frame) of
                       false -> {N, Fi1, Fo#{F => Frame}};
                       true -> {[{F, Off + 8} | N], Fi1, Fo}
                   end
@@ -461,7 +462,7 @@ self_ranges() ->
                         || Line <- binary:split(Maps, <<"\n">>, [global]),
                            [Range, _Perms, _Off, _Dev, _Inode, Path | _] <-
                                [binary:split(Line, <<" ">>, [global, trim_all])],
-                           mallocinfo_growth:self_object(Path),
+                           mallocinfo_trace_growth:self_object(Path),
                            [Lo, Hi] <- [binary:split(Range, <<"-">>)]]),
             merge_ranges(Ranges);
         {error, _} ->
@@ -551,7 +552,8 @@ heap_profile() ->
             %% Read after the snapshot, so every object a stack points
             %% into is mapped (unless unloaded in between).
             case file:read_file("/proc/self/maps") of
-                {ok, Maps} -> {ok, iolist_to_binary(mallocinfo_pprof:heap_profile(Sites, Maps))};
+                {ok, Maps} ->
+                    {ok, iolist_to_binary(mallocinfo_trace_pprof:heap_profile(Sites, Maps))};
                 {error, _} = E -> E
             end;
         {error, _} = E ->
@@ -588,7 +590,7 @@ pprof() ->
           {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
 pprof(Opts) ->
     case profile_data(Opts) of
-        {ok, Data} -> {ok, mallocinfo_profile:pprof(Data)};
+        {ok, Data} -> {ok, mallocinfo_trace_profile:pprof(Data)};
         {error, _} = E -> E
     end.
 
@@ -606,11 +608,11 @@ folded() ->
           {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
 folded(Opts) ->
     case profile_data(Opts) of
-        {ok, Data} -> {ok, iolist_to_binary(mallocinfo_profile:folded(Data))};
+        {ok, Data} -> {ok, iolist_to_binary(mallocinfo_trace_profile:folded(Data))};
         {error, _} = E -> E
     end.
 
-%% @private The snapshot both formats are made of (mallocinfo_profile:data()).
+%% @private The snapshot both formats are made of (mallocinfo_trace_profile:data()).
 profile_data(Opts) when is_map(Opts) ->
     case maps:keys(Opts) -- [demangle, seconds] of
         [] -> ok;
@@ -837,10 +839,11 @@ rollup(stack, Regions) ->
 culprit_rollup(By, Regions) ->
     Groups = lists:foldl(
                fun(#{stack := Stack} = R, Acc) ->
-                       Culprit = mallocinfo_growth:culprit(Stack),
-                       Self = lists:any(fun(#{object := O}) -> mallocinfo_growth:self_object(O) end,
-                                        Stack),
-                       Label = mallocinfo_growth:label(Culprit, Self),
+                       Culprit = mallocinfo_trace_growth:culprit(Stack),
+                       Self = lists:any(fun(#{object := O}) ->
+                                                mallocinfo_trace_growth:self_object(O)
+                                        end, Stack),
+                       Label = mallocinfo_trace_growth:label(Culprit, Self),
                        {Key, Row0} = mapping_key(By, Label, Culprit),
                        maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
                                         add_region(R, Row0#{count => 0, bytes => 0, resident => 0,

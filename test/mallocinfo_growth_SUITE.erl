@@ -152,7 +152,7 @@ rollups_exact(Config) ->
 %% erts in every view; mallocinfo's own allocations are labelled self.
 erts_is_labelled(Config) ->
     ByFun = call(Config, mallocinfo_trace, sites, [infinity, #{by => function}]),
-    Beam = [R || #{object := O} = R <- ByFun, mallocinfo_growth:emulator_object(O)],
+    Beam = [R || #{object := O} = R <- ByFun, mallocinfo_trace_growth:emulator_object(O)],
     ct:pal("beam rows: ~p", [lists:sublist(Beam, 5)]),
     ?assertNotEqual([], Beam),
     ?assertEqual([], [R || #{label := L} = R <- Beam, L =/= erts]),
@@ -162,11 +162,11 @@ erts_is_labelled(Config) ->
     ?assertEqual([], [R || #{label := self} = R <- ByFun]),
     ?assertMatch(#{self := #{calls := C}} when C > 0, call(Config, mallocinfo_trace, status, [])),
     ?assertEqual([], [R || #{label := native, object := O} = R <- ByFun,
-                           mallocinfo_growth:self_object(O)]),
+                           mallocinfo_trace_growth:self_object(O)]),
     Stacks = call(Config, mallocinfo_trace, sites, [200]),
     ?assertEqual([], [S || #{label := erts, stack := St} = S <- Stacks,
-                           not mallocinfo_growth:emulator_object(
-                                 maps:get(object, mallocinfo_growth:culprit(St)))]).
+                           not mallocinfo_trace_growth:emulator_object(
+                                 maps:get(object, mallocinfo_trace_growth:culprit(St)))]).
 
 report_interval_calls_leak(Config) ->
     Ticker = call(Config, erlang, spawn, [mallocinfo_growth_SUITE_helper, leak_mib, []]),

@@ -373,7 +373,7 @@ flamegraph_prototype_names(Config) ->
     Folded = [[N, " (", N, ".so);", N, " (libx.so) ", integer_to_list(1000 * I), "\n"]
               || {I, N} <- lists:zip(lists:seq(1, length(Names)), Names)],
     File = filename:join(scratch(Config, "prototype"), "flamegraph.html"),
-    ok = file:write_file(File, mallocinfo_flamegraph:page(Folded, "prototype names")),
+    ok = file:write_file(File, mallocinfo_http_flamegraph:page(Folded, "prototype names")),
     [begin
          Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                                  "'file://" ++ File ++ "?view=" ++ View ++ "'"]),

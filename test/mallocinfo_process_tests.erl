@@ -41,7 +41,7 @@ name_text_test() ->
     ?assertEqual(" (rabbit_prequeue:init/1)", T({rabbit_prequeue, init, 1})),
     ?assertEqual(" ({rabbit_amqqueue_process,{resource,<<\"/\">>,queue,<<\"q1\">>}})",
                  T({rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}})),
-    ?assertEqual(T({a, b, 1}), lists:flatten(mallocinfo_verdicts:proc_name({a, b, 1}))),
+    ?assertEqual(T({a, b, 1}), lists:flatten(mallocinfo_report_verdicts:proc_name({a, b, 1}))),
     ?assertEqual(" ({a,b,c})", T({a, b, c})).
 
 small_heap_is_not_garbage_test() ->

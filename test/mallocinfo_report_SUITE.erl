@@ -196,7 +196,7 @@ mapped_by_nif_is_attributed(Config) ->
         %% smaps is parsed once per report, here too, where the regions'
         %% attribution (mappings/1) reads it besides the heap evidence and
         %% the resident set.
-        Parse = {mallocinfo_smaps, parse_smaps, 1},
+        Parse = {mallocinfo_report_smaps, parse_smaps, 1},
         1 = Call(erlang, trace_pattern, [Parse, true, [call_count]]),
         R1 = Call(mallocinfo_report, collect, []),
         ?assertEqual({call_count, 1}, Call(erlang, trace_info, [Parse, call_count])),
@@ -217,12 +217,13 @@ mapped_by_nif_is_attributed(Config) ->
         A = maps:get(attributed, R1),
         ?assert(proplists:get_value(erts_carriers, A) > 0),
         ?assertEqual(proplists:get_value(erts_carriers, A),
-                     proplists:get_value(erts_mapped, mallocinfo_verdicts:resident_parts(R1))),
+                     proplists:get_value(erts_mapped,
+                                         mallocinfo_report_verdicts:resident_parts(R1))),
         ?assertEqual(nomatch, string:find(Text, "ERTS carriers, mseg cache (est.)")),
         ?assertNotEqual(nomatch, string:find(Text, "ERTS carriers (by address)")),
         %% The parts sum to the mapped RSS, each page once.
         ?assertEqual(maps:get(rss_for_accounting, R1),
-                     lists:sum([B || {_, B} <- mallocinfo_verdicts:resident_parts(R1)])),
+                     lists:sum([B || {_, B} <- mallocinfo_report_verdicts:resident_parts(R1)])),
         ok = Call(mi_mmap_nif, unmap, []),
         %% Unmapped: gone from the mappings.
         ?assertEqual([], [M || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = M
@@ -300,7 +301,7 @@ odd_names(Config) ->
         [_ | _] = Call(mallocinfo_trace, sites, [10, #{by => function}]),
         [_ | _] = Call(mallocinfo_trace, mappings, [5]),
         {ok, Folded} = Call(mallocinfo_trace, folded, []),
-        _ = iolist_to_binary(Call(mallocinfo_flamegraph, page, [Folded, <<"odd">>]))
+        _ = iolist_to_binary(Call(mallocinfo_http_flamegraph, page, [Folded, <<"odd">>]))
     after
         peer:stop(Peer)
     end.
