@@ -78,12 +78,8 @@ profile_dump() ->
 %% The directory under which the private one is made, as the NIF wants it:
 %% a binary in the file name encoding, without NUL.
 tmp_dir() ->
-    Dir = case os:getenv("TMPDIR") of
-              false -> "/tmp";
-              "" -> "/tmp";
-              D -> D
-          end,
-    Bin = unicode:characters_to_binary(Dir, unicode, file:native_name_encoding()),
+    Bin = unicode:characters_to_binary(mallocinfo_file:tmp_dir(), unicode,
+                                       file:native_name_encoding()),
     case is_binary(Bin) andalso binary:match(Bin, <<0>>) =:= nomatch of
         true -> Bin;
         false -> <<"/tmp">>

@@ -161,6 +161,7 @@ cases(S) ->
      {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
                                           <<"junk">>, [""]]}]},
      {mallocinfo_lib, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
+     {mallocinfo_lib, ensure_app, [{xmerl, [junk, tools, "xmerl", <<"inets">>, 1, {a}, [a | b]]}]},
      {mallocinfo_lib, lib_candidates, [{xmerl, ["xmerl", <<"xmerl">>, 1, {a}]},
                                    {[], [junk, [a | b], [junk], {a}]}]},
      %% mallocinfo_heap
