@@ -141,7 +141,7 @@ olds(N, #{snapshot := S} = Opts) when is_integer(N), N >= 0, N < 1 bsl 64 ->
                    catch error:_ -> erlang:error(badarg, [N, Opts])
                    end,
             length(Rows) =:= min(N, length(Olds)) orelse erlang:error(badarg, [N, Opts]),
-            Stacks = symbolize_stacks([F || #{frames := F} <- Rows], D),
+            Stacks = mallocinfo_trace_culprits:symbolize_stacks([F || #{frames := F} <- Rows], D),
             [(maps:remove(frames, R))#{stack => maps:get(F, Stacks)} || #{frames := F} = R <- Rows];
         _ ->
             erlang:error(badarg, [N, Opts])
@@ -201,18 +201,19 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     case By of
         _ when Snap =/= undefined ->
             Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
-            take(N, mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, D)));
+            take(N, mallocinfo_trace_culprits:rollup(By, Raw, D));
         stack ->
             Limit = case N of infinity -> 1 bsl 62; _ -> N end,
             case mallocinfo_nif:trace_sites(Limit, D) of
-                {ok, Sites} -> [S#{label => stack_label(Stack)} || #{stack := Stack} = S <- Sites];
+                {ok, Sites} ->
+                    [S#{label => mallocinfo_trace_culprits:stack_label(Stack)}
+                     || #{stack := Stack} = S <- Sites];
                 {error, _} = E -> E
             end;
         _ ->
             case mallocinfo_nif:trace_snapshot(0, 0) of
                 {ok, {_Mode, _Now, Raw, []}} ->
-                    Culprits = culprits(Raw, D),
-                    take(N, mallocinfo_trace_growth:rollup(By, Raw, Culprits));
+                    take(N, mallocinfo_trace_culprits:rollup(By, Raw, D));
                 {error, _} = E ->
                     E
             end
@@ -305,7 +306,7 @@ diff(Old, New, Opts) ->
     end,
     #{demangle := D} = O = options(Opts, [demangle, limit], [Old, New, Opts]),
     Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:diff(Old, New)),
-    symbolized(Rows, D).
+    mallocinfo_trace_culprits:symbolized(Rows, D).
 
 %% @doc The call sites whose live bytes grew in every interval between
 %% `Snapshots' (two or more {@link snapshot/0}s of this node, oldest
@@ -318,7 +319,8 @@ growth_of(Snapshots, Opts) when is_list(Snapshots) ->
         false -> erlang:error(badarg, [Snapshots, Opts])
     end,
     #{demangle := D} = O = options(Opts, [demangle, limit], [Snapshots, Opts]),
-    symbolized(take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snapshots)), D);
+    Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snapshots)),
+    mallocinfo_trace_culprits:symbolized(Rows, D);
 growth_of(Snapshots, Opts) ->
     erlang:error(badarg, [Snapshots, Opts]).
 
@@ -354,7 +356,7 @@ growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
             E;
         Snaps ->
             Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snaps)),
-            symbolized(Rows, D)
+            mallocinfo_trace_culprits:symbolized(Rows, D)
     end;
 growth(IntervalMs, Samples, Opts) ->
     erlang:error(badarg, [IntervalMs, Samples, Opts]).
@@ -382,105 +384,6 @@ is_site(Frames, {C, B, E}) ->
         andalso is_boolean(E);
 is_site(_, _) ->
     false.
-
-%% Rows with packed frames get `stack', `culprit' and `label'; their stacks
-%% symbolized in one batch.
-symbolized(Rows, Demangle) ->
-    Stacks = symbolize_stacks([F || #{frames := F} <- Rows], Demangle),
-    [begin
-         Stack = maps:get(F, Stacks),
-         (maps:remove(frames, R))#{stack => Stack,
-                                   culprit => mallocinfo_trace_growth:culprit(Stack),
-                                   label => stack_label(Stack)}
-     end || #{frames := F} = R <- Rows].
-
-stack_label(Stack) ->
-    Self = lists:any(fun(#{object := O}) -> mallocinfo_trace_growth:self_object(O) end, Stack),
-    mallocinfo_trace_growth:label(mallocinfo_trace_growth:culprit(Stack), Self).
-
-%% #{PackedFrames => [frame()]}, one symbolizer batch.
-symbolize_stacks(FramesList, Demangle) ->
-    Addresses = lists:usort(lists:append([mallocinfo_trace_growth:addresses(F)
-                                          || F <- FramesList])),
-    Symbols = maps:from_list(lists:zip(Addresses,
-                                       mallocinfo_nif:trace_symbolize(Addresses, Demangle))),
-    maps:from_list([{F, [maps:get(A, Symbols) || A <- mallocinfo_trace_growth:addresses(F)]}
-                    || F <- FramesList]).
-
-%% #{PackedFrames => {Label, CulpritFrame | undefined}} for every raw site.
-%% Depth by depth: each round symbolizes (in one batch) frame I of every
-%% stack whose frames so far were all allocator frames, so the usual stack
-%% costs one or two lookups, not its whole depth. Whether a stack is
-%% mallocinfo's own is read from the address ranges of mallocinfo's
-%% objects, without symbols, walking the packed frames in place (20,000
-%% stacks of depth 32 are 640,000 addresses: no list of them is built).
-culprits(Raw, Demangle) ->
-    Ranges = self_ranges(),
-    Found = culprit_rounds([{F, 0} || {_, _, _, F} <- Raw], Demangle, #{}, #{}),
-    maps:map(fun(F, Frame) ->
-                     Self = Ranges =/= [] andalso in_ranges(F, Ranges),
-                     {mallocinfo_trace_growth:label(Frame, Self), Frame}
-             end, Found).
-
-%% Pending: [{Frames, ByteOffsetOfTheNextFrame}]; First: the first frame
-%% of each stack seen so far (the culprit when every frame is an allocator
-%% frame).
-culprit_rounds([], _, _, Found) ->
-    Found;
-culprit_rounds(Pending, Demangle, First, Found0) ->
-    {Done, Live} = lists:partition(fun({F, Off}) -> Off >= byte_size(F) end, Pending),
-    Found1 = lists:foldl(fun({F, _}, Acc) -> Acc#{F => maps:get(F, First, undefined)} end,
-                         Found0, Done),
-    Want = lists:usort([frame_at(F, Off) || {F, Off} <- Live]),
-    Symbols = case Want of
-                  [] -> #{};
-                  _ -> maps:from_list(lists:zip(Want, mallocinfo_nif:trace_symbolize(Want, Demangle)))
-              end,
-    {Next, First1, Found2} =
-        lists:foldl(
-          fun({F, Off}, {N, Fi, Fo}) ->
-                  Frame = maps:get(frame_at(F, Off), Symbols),
-                  Fi1 = case Off of 0 -> Fi#{F => Frame}; _ -> Fi end,
-                  case mallocinfo_trace_growth:allocator_frame(Frame) of
-                      false -> {N, Fi1, Fo#{F => Frame}};
-                      true -> {[{F, Off + 8} | N], Fi1, Fo}
-                  end
-          end, {[], First, Found1}, Live),
-    culprit_rounds(Next, Demangle, First1, Found2).
-
-frame_at(F, Off) ->
-    <<_:Off/binary, A:64/native, _/binary>> = F,
-    A.
-
-%% Address ranges of mallocinfo's own objects in this process, the
-%% mappings of one object merged.
-self_ranges() ->
-    case file:read_file("/proc/self/maps") of
-        {ok, Maps} ->
-            Ranges = lists:sort(
-                       [{binary_to_integer(Lo, 16), binary_to_integer(Hi, 16)}
-                        || Line <- binary:split(Maps, <<"\n">>, [global]),
-                           [Range, _Perms, _Off, _Dev, _Inode, Path | _] <-
-                               [binary:split(Line, <<" ">>, [global, trim_all])],
-                           mallocinfo_trace_growth:self_object(Path),
-                           [Lo, Hi] <- [binary:split(Range, <<"-">>)]]),
-            merge_ranges(Ranges);
-        {error, _} ->
-            []
-    end.
-
-merge_ranges([{L1, H1}, {L2, H2} | Rest]) when L2 =< H1 -> merge_ranges([{L1, max(H1, H2)} | Rest]);
-merge_ranges([R | Rest]) -> [R | merge_ranges(Rest)];
-merge_ranges([]) -> [].
-
-%% True when an address packed in Frames is in one of Ranges.
-in_ranges(<<A:64/native, Rest/binary>>, Ranges) ->
-    in_any(A, Ranges) orelse in_ranges(Rest, Ranges);
-in_ranges(<<>>, _) ->
-    false.
-
-in_any(A, [{Lo, Hi} | Rest]) -> (A >= Lo andalso A < Hi) orelse in_any(A, Rest);
-in_any(_, []) -> false.
 
 %% @equiv mappings(N, #{})
 -spec mappings(non_neg_integer()) ->
@@ -521,8 +424,7 @@ mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
          end,
     #{demangle := D} = options(maps:remove(by, Opts), [demangle], [N, Opts]),
     case mallocinfo_nif:trace_regions(D) of
-        {ok, Regions} when By =:= stack -> lists:sublist(rollup(stack, Regions), N);
-        {ok, Regions} -> lists:sublist(culprit_rollup(By, Regions), N);
+        {ok, Regions} -> lists:sublist(mallocinfo_trace_culprits:mappings(By, Regions), N);
         {error, _} = E -> E
     end;
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_list(Opts) ->
@@ -819,55 +721,6 @@ env_value(V, glob, Opts) when is_list(V), V =/= [] ->
     end;
 env_value(_, _, Opts) ->
     erlang:error(badarg, [Opts]).
-
-%% Regions (mallocinfo_nif:trace_regions/1) to mapping() rows, largest
-%% first. `stack': one row per call stack (frames compared by address).
-rollup(stack, Regions) ->
-    Groups = lists:foldl(
-               fun(#{stack := Stack} = R, Acc) ->
-                       Key = [A || #{address := A} <- Stack],
-                       maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
-                                        add_region(R, #{stack => Stack, count => 0, bytes => 0,
-                                                        resident => 0, flags => [],
-                                                        oldest_age_ms => 0}),
-                                        Acc)
-               end, #{}, Regions),
-    lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
-
-%% `function' and `object': by the frame that called mmap (the culprit, as
-%% for malloc's sites), labelled erts / self / native as sites/2 does.
-culprit_rollup(By, Regions) ->
-    Groups = lists:foldl(
-               fun(#{stack := Stack} = R, Acc) ->
-                       Culprit = mallocinfo_trace_growth:culprit(Stack),
-                       Self = lists:any(fun(#{object := O}) ->
-                                                mallocinfo_trace_growth:self_object(O)
-                                        end, Stack),
-                       Label = mallocinfo_trace_growth:label(Culprit, Self),
-                       {Key, Row0} = mapping_key(By, Label, Culprit),
-                       maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
-                                        add_region(R, Row0#{count => 0, bytes => 0, resident => 0,
-                                                            flags => [], oldest_age_ms => 0}),
-                                        Acc)
-               end, #{}, Regions),
-    lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
-
-mapping_key(_, Label, undefined) ->
-    {{Label, none}, #{label => Label, object => undefined}};
-mapping_key(object, Label, #{object := O}) ->
-    {{Label, O}, #{label => Label, object => O}};
-mapping_key(function, Label, #{object := O} = F) ->
-    Name = maps:get(symbol, F, undefined),
-    Key = case Name of
-              undefined -> {Label, O, maps:get(address, F)};
-              _ -> {Label, O, Name}
-          end,
-    {Key, #{label => Label, object => O, function => Name, frame => F}}.
-
-add_region(#{length := L, resident := Res, flags := F, age_ms := Age},
-           #{count := C, bytes := B, resident := R0, flags := F0, oldest_age_ms := O} = Row) ->
-    Row#{count := C + 1, bytes := B + L, resident := R0 + Res,
-         flags := lists:usort(F ++ F0), oldest_age_ms := max(O, Age)}.
 
 unwrap({ok, V}) -> V;
 unwrap({error, _} = E) -> E.

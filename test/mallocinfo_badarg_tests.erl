@@ -55,6 +55,8 @@ excluded_modules() ->
                                "the reader and the drawer made"},
      {mallocinfo_file, "@private: the heap map's file writing; its callers pass names they "
                        "checked; EUnit in mallocinfo_files_tests"},
+     {mallocinfo_trace_culprits, "@private: the culprit engine and the roll-ups; "
+                                 "mallocinfo_trace checks every argument before calling it"},
      {mallocinfo_trace_growth, "@private: the pure parts of growth and roll-ups, exported for "
                                "their EUnit tests; mallocinfo_trace and mallocinfo_report check "
                                "arguments before calling them"}].
