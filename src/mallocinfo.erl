@@ -2,8 +2,10 @@
 %%
 %% Every function is safe to call from a remote console on a live node: the
 %% ones that lock malloc arenas, fork or touch files run on dirty schedulers.
-%% Wrong argument types raise `badarg'; runtime conditions return
-%% `{error, Reason}' with a POSIX atom (`enoent', `eacces', ...).
+%% Wrong argument types raise `badarg'; a call that can fail at run time
+%% returns `{ok, Value}' (or `ok') or `{error, Reason}', Reason a POSIX
+%% atom (`enoent', `eacces', ...) or `{wrong_allocator, Which}' (README,
+%% "Results and errors").
 %%
 %% {@link allocator/0} says which allocator serves `malloc' in this process.
 %% The glibc calls below describe glibc's heap only: while another allocator
@@ -80,7 +82,7 @@ heaps() ->
 stats() ->
     mallocinfo_glibc:stats().
 
-%% @doc The figures `malloc_stats()' prints, as terms: per arena
+%% @doc `{ok, Figures}': the figures `malloc_stats()' prints, as terms: per arena
 %% `system_bytes' and `in_use_bytes', their sums under the same names (the
 %% arenas only, as in {@link heaps/0} and the heap map), and
 %% malloc_stats()'s totals, which add the mmapped blocks, as
@@ -88,7 +90,7 @@ stats() ->
 %% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
 %% numbers are consistent with each other even while the node allocates.
 %% Returns `{error, enomem | eagain}' if the node cannot fork.
--spec summary() -> mallocinfo_glibc_parse:summary() | {error, posix() | wrong_allocator()}.
+-spec summary() -> {ok, mallocinfo_glibc_parse:summary()} | {error, posix() | wrong_allocator()}.
 summary() ->
     mallocinfo_glibc:summary().
 
@@ -99,8 +101,9 @@ summary() ->
 log_stats() ->
     mallocinfo_glibc:log_stats().
 
-%% @doc Every `mallinfo2()' field, as unbounded integers (no 32-bit wrap).
--spec mallinfo() -> mallocinfo_glibc:mallinfo() | {error, wrong_allocator()}.
+%% @doc `{ok, Fields}': every `mallinfo2()' field, as unbounded integers
+%% (no 32-bit wrap).
+-spec mallinfo() -> {ok, mallocinfo_glibc:mallinfo()} | {error, wrong_allocator()}.
 mallinfo() ->
     mallocinfo_glibc:mallinfo().
 

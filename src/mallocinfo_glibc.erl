@@ -68,10 +68,10 @@ stats() ->
     glibc(fun mallocinfo_nif:malloc_stats/0).
 
 %% malloc_stats()'s figures as terms, from one forked copy of the heap.
--spec summary() -> mallocinfo_glibc_parse:summary() | {error, posix() | wrong_allocator()}.
+-spec summary() -> {ok, mallocinfo_glibc_parse:summary()} | {error, posix() | wrong_allocator()}.
 summary() ->
     case glibc(fun mallocinfo_nif:stats_text/0) of
-        {ok, Text} -> mallocinfo_glibc_parse:stats(Text);
+        {ok, Text} -> {ok, mallocinfo_glibc_parse:stats(Text)};
         {error, _} = E -> E
     end.
 
@@ -90,9 +90,9 @@ log_stats() ->
     end.
 
 %% Every mallinfo2() field.
--spec mallinfo() -> mallinfo() | {error, wrong_allocator()}.
+-spec mallinfo() -> {ok, mallinfo()} | {error, wrong_allocator()}.
 mallinfo() ->
-    glibc(fun mallocinfo_nif:mallinfo/0).
+    glibc(fun() -> {ok, mallocinfo_nif:mallinfo()} end).
 
 %% malloc_trim(Pad), with the resident set before and after.
 -spec trim(Pad :: non_neg_integer()) -> {ok, trimmed()} | {error, wrong_allocator()}.

@@ -381,7 +381,10 @@ memory_document(Allocator) ->
              tracker => Tracker},
     case Allocator of
         glibc ->
-            Base#{mallinfo2 => mallocinfo_glibc:mallinfo(),
+            Base#{mallinfo2 => case mallocinfo_glibc:mallinfo() of
+                                   {ok, Mallinfo} -> Mallinfo;
+                                   {error, Reason} -> #{error => reason_text(Reason)}
+                               end,
                   malloc_info => case mallocinfo_glibc:heaps() of
                                      {ok, Heaps} -> Heaps;
                                      {error, Reason} -> #{error => reason_text(Reason)}

@@ -60,12 +60,12 @@ status() ->
 
 status(jemalloc) ->
     case mallocinfo_jemalloc:profile_status() of
-        #{active := Active} = S -> #{active => Active, jemalloc => S};
+        {ok, #{active := Active} = S} -> #{active => Active, jemalloc => S};
         {error, Reason} -> #{active => false, error => Reason}
     end;
 status(tcmalloc) ->
     case mallocinfo_tcmalloc:profile_running() of
-        Running when is_boolean(Running) -> #{active => Running};
+        {ok, Running} -> #{active => Running};
         {error, Reason} -> #{active => false, error => Reason}
     end;
 status(tracker) ->
@@ -119,13 +119,13 @@ set_active(jemalloc, Active) ->
     mallocinfo_jemalloc:profile_active(Active);
 set_active(tcmalloc, true) ->
     case mallocinfo_tcmalloc:profile_running() of
-        true -> ok;
-        false -> start_tcmalloc_profiler();
+        {ok, true} -> ok;
+        {ok, false} -> start_tcmalloc_profiler();
         {error, _} = E -> E
     end;
 set_active(tcmalloc, false) ->
     case mallocinfo_tcmalloc:profile_running() of
-        true ->
+        {ok, true} ->
             %% not_running: another caller stopped it first.
             Result = case mallocinfo_tcmalloc:profile_stop() of
                          {error, not_running} -> ok;
@@ -133,7 +133,7 @@ set_active(tcmalloc, false) ->
                      end,
             remove_tcmalloc_dir(),
             Result;
-        false -> ok;
+        {ok, false} -> ok;
         {error, _} = E -> E
     end;
 set_active(tracker, Active) ->

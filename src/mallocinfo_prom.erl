@@ -67,12 +67,7 @@ collect() ->
     maps:merge(maps:merge(Base, Glibc), maps:merge(Tracker, Jemalloc)).
 
 ok_sources(Readers) ->
-    maps:from_list([{Key, V} || {Key, Read} <- Readers, {ok, V} <- [ok_value(Read())]]).
-
-%% mallinfo/0 returns a bare map; heaps/0 and summary/0 {ok, Map}.
-ok_value({ok, V}) -> {ok, V};
-ok_value(#{} = V) -> {ok, V};
-ok_value({error, _} = E) -> E.
+    maps:from_list([{Key, V} || {Key, Read} <- Readers, {ok, V} <- [Read()]]).
 
 %% @doc Metric families from readings (see {@link collect/0}); keys that
 %% are absent give no families. Families with no samples are left out.

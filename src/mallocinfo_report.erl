@@ -199,7 +199,7 @@ gather(Opts) ->
       processes => guard(fun top_processes/0),
       ets => guard(fun ets_top/0),
       allocator => allocator(),
-      mallinfo => guard(fun mallocinfo_glibc:mallinfo/0),
+      mallinfo => ok_value(guard(fun mallocinfo_glibc:mallinfo/0)),
       libc_summary => libc_summary(),
       heap_map => heap_map(),
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
@@ -219,12 +219,12 @@ culprits(Opts) ->
     case maps:get(interval, Opts, undefined) of
         undefined ->
             case guard(fun() -> mallocinfo_trace:snapshot(Last) end) of
-                #{} = S -> culprits_of([S], undefined);
+                {ok, S} -> culprits_of([S], undefined);
                 Error -> #{rollup => Error}
             end;
         Ms ->
             case guard(fun mallocinfo_trace:snapshot/0) of
-                #{} = S0 -> culprits_of(later_snapshots(S0, Ms, Last), Ms);
+                {ok, S0} -> culprits_of(later_snapshots(S0, Ms, Last), Ms);
                 Error -> #{rollup => Error}
             end
     end.
@@ -235,16 +235,17 @@ later_snapshots(S0, Ms, LastOpts) ->
     timer:sleep(Ms - Ms div 2),
     S2 = mallocinfo_trace:snapshot(LastOpts),
     case {S1, S2} of
-        {#{}, #{}} -> [S0, S1, S2];
+        {{ok, Middle}, {ok, End}} -> [S0, Middle, End];
         _ -> [S0]
     end.
 
 culprits_of(Snaps, Interval) ->
     Last = lists:last(Snaps),
     Rollup = guard(fun() ->
-                           Functions = mallocinfo_trace:sites(infinity, #{by => function,
-                                                                          snapshot => Last,
-                                                                          demangle => true}),
+                           {ok, Functions} = mallocinfo_trace:sites(infinity,
+                                                                    #{by => function,
+                                                                      snapshot => Last,
+                                                                      demangle => true}),
                            #{functions => Functions,
                              objects => mallocinfo_trace_growth:objects_of(Functions),
                              live_bytes => maps:get(live_bytes, Last),
@@ -252,8 +253,9 @@ culprits_of(Snaps, Interval) ->
                    end),
     Olds = case Last of
                #{olds := _} ->
-                   guard(fun() -> mallocinfo_trace:olds(?OLDS, #{snapshot => Last,
-                                                                 demangle => true}) end);
+                   ok_value(guard(fun() -> mallocinfo_trace:olds(?OLDS, #{snapshot => Last,
+                                                                          demangle => true})
+                                  end));
                #{} ->
                    {error, snapshot_failed}  % the last of an interval's snapshots failed
            end,
@@ -339,6 +341,11 @@ guard(F) ->
     catch Class:Reason -> {error, {Class, Reason}}
     end.
 
+%% A source's value as the raw data holds it: the value itself, or the
+%% error (mallocinfo_report_build says why a section is unavailable).
+ok_value({ok, Value}) -> Value;
+ok_value({error, _} = E) -> E.
+
 read_proc(Name) ->
     case file:read_file("/proc/self/" ++ Name) of
         {ok, Bin} -> Bin;
@@ -410,7 +417,7 @@ allocator() ->
 
 libc_summary() ->
     case guard(fun mallocinfo_glibc:summary/0) of
-        #{arenas := _} = S -> S;
+        {ok, #{arenas := _} = S} -> S;
         Error -> Error
     end.
 

@@ -6,7 +6,10 @@
 %% (doc/attach.md). Without either, every call but
 %% {@link status/0}, {@link attach/0}, {@link preload_path/0} and
 %% {@link preload_env/0} returns `{error, not_preloaded}'. Queries walk the live table on dirty schedulers
-%% and never stall allocating threads (the table is lock-free).
+%% and never stall allocating threads (the table is lock-free). They
+%% return `{ok, Value}' or `{error, Reason}' (README, "Results and
+%% errors"); {@link diff/2} and {@link growth_of/1}, pure functions of
+%% snapshots in hand, their value.
 -module(mallocinfo_trace).
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, mappings/1, mappings/2, heap_profile/0, stats/0,
@@ -114,7 +117,7 @@ set_mode(Mode) ->
     erlang:error(badarg, [Mode]).
 
 %% @equiv olds(N, #{})
--spec olds(non_neg_integer()) -> [old()] | {error, not_preloaded | not_recording | eagain}.
+-spec olds(non_neg_integer()) -> {ok, [old()]} | {error, not_preloaded | not_recording | eagain}.
 olds(N) ->
     olds(N, #{}).
 
@@ -129,7 +132,7 @@ olds(N) ->
 %% blocks are that snapshot's oldest (its first `N'), so they agree with
 %% its sites and totals; `demangle' is then the only other option.
 -spec olds(non_neg_integer(), opts() | #{snapshot => snapshot(), demangle => boolean()}) ->
-          [old()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [old()]} | {error, not_preloaded | not_recording | eagain}.
 olds(N, #{snapshot := S} = Opts) when is_integer(N), N >= 0, N < 1 bsl 64 ->
     #{demangle := D} = options(maps:remove(snapshot, Opts), [demangle], [N, Opts]),
     case S of
@@ -142,7 +145,8 @@ olds(N, #{snapshot := S} = Opts) when is_integer(N), N >= 0, N < 1 bsl 64 ->
                    end,
             length(Rows) =:= min(N, length(Olds)) orelse erlang:error(badarg, [N, Opts]),
             Stacks = mallocinfo_trace_culprits:symbolize_stacks([F || #{frames := F} <- Rows], D),
-            [(maps:remove(frames, R))#{stack => maps:get(F, Stacks)} || #{frames := F} = R <- Rows];
+            {ok, [(maps:remove(frames, R))#{stack => maps:get(F, Stacks)}
+                  || #{frames := F} = R <- Rows]};
         _ ->
             erlang:error(badarg, [N, Opts])
     end;
@@ -150,12 +154,12 @@ olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} = O =
         options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
     MaxAge = min(maps:get(max_age_ms, O, 1 bsl 62), 1 bsl 62),
-    unwrap(mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge));
+    mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge);
 olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
 %% @equiv sites(N, #{})
--spec sites(non_neg_integer()) -> [site()] | {error, not_preloaded | not_recording | eagain}.
+-spec sites(non_neg_integer()) -> {ok, [site()]} | {error, not_preloaded | not_recording | eagain}.
 sites(N) ->
     sites(N, #{}).
 
@@ -188,7 +192,7 @@ sites(N) ->
 -spec sites(non_neg_integer() | infinity,
             opts() | #{by => stack | function | object, snapshot => snapshot(),
                        demangle => boolean()}) ->
-          [site()] | [rollup()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [site()] | [rollup()]} | {error, not_preloaded | not_recording | eagain}.
 sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     {By, Rest0} = take_by(Opts, [N, Opts]),
     {Snap, Rest} = case Rest0 of
@@ -201,19 +205,19 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     case By of
         _ when Snap =/= undefined ->
             Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
-            take(N, mallocinfo_trace_culprits:rollup(By, Raw, D));
+            {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
         stack ->
             Limit = case N of infinity -> 1 bsl 62; _ -> N end,
             case mallocinfo_nif:trace_sites(Limit, D) of
                 {ok, Sites} ->
-                    [S#{label => mallocinfo_trace_culprits:stack_label(Stack)}
-                     || #{stack := Stack} = S <- Sites];
+                    {ok, [S#{label => mallocinfo_trace_culprits:stack_label(Stack)}
+                          || #{stack := Stack} = S <- Sites]};
                 {error, _} = E -> E
             end;
         _ ->
             case mallocinfo_nif:trace_snapshot(0, 0) of
                 {ok, {_Mode, _Now, Raw, []}} ->
-                    take(N, mallocinfo_trace_culprits:rollup(By, Raw, D));
+                    {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
                 {error, _} = E ->
                     E
             end
@@ -251,7 +255,7 @@ take_by(_, Args) ->
 %% {@link diff/2}; {@link growth/2} takes them for you. A snapshot is
 %% meaningful on the node (OS process) that took it: its stacks are
 %% addresses there.
--spec snapshot() -> snapshot() | {error, not_preloaded | not_recording | eagain}.
+-spec snapshot() -> {ok, snapshot()} | {error, not_preloaded | not_recording | eagain}.
 snapshot() ->
     snapshot(#{}).
 
@@ -261,7 +265,7 @@ snapshot() ->
 %% older than `max_age_ms' when given. The report takes one snapshot this
 %% way, so its call sites, totals and oldest blocks are of one instant.
 -spec snapshot(#{olds => non_neg_integer(), max_age_ms => non_neg_integer()}) ->
-          snapshot() | {error, not_preloaded | not_recording | eagain}.
+          {ok, snapshot()} | {error, not_preloaded | not_recording | eagain}.
 snapshot(Opts) when is_map(Opts) ->
     maps:foreach(fun(K, V) when (K =:= olds orelse K =:= max_age_ms), is_integer(V), V >= 0 -> ok;
                     (_, _) -> erlang:error(badarg, [Opts])
@@ -273,11 +277,11 @@ snapshot(Opts) when is_map(Opts) ->
             Meta = #{node => node(), os_pid => os:getpid(),
                      time_ms => erlang:system_time(millisecond),
                      monotonic_ms => erlang:monotonic_time(millisecond)},
-            mallocinfo_trace_growth:snapshot(Mode, {Now, Raw},
-                                             case maps:is_key(olds, Opts) of
-                                                 true -> Meta#{olds => Olds};
-                                                 false -> Meta
-                                             end);
+            {ok, mallocinfo_trace_growth:snapshot(Mode, {Now, Raw},
+                                                  case maps:is_key(olds, Opts) of
+                                                      true -> Meta#{olds => Olds};
+                                                      false -> Meta
+                                                  end)};
         {error, _} = E ->
             E
     end;
@@ -331,7 +335,7 @@ growth_of(Snapshots) ->
 
 %% @equiv growth(IntervalMs, Samples, #{})
 -spec growth(pos_integer(), pos_integer()) ->
-          [grower()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [grower()]} | {error, not_preloaded | not_recording | eagain}.
 growth(IntervalMs, Samples) ->
     growth(IntervalMs, Samples, #{}).
 
@@ -345,7 +349,7 @@ growth(IntervalMs, Samples) ->
 %% not returned. `Opts': `demangle', `limit'. Lasts about
 %% `IntervalMs * (Samples - 1)'.
 -spec growth(pos_integer(), pos_integer(), #{demangle => boolean(), limit => non_neg_integer()}) ->
-          [grower()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [grower()]} | {error, not_preloaded | not_recording | eagain}.
 growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
                                        IntervalMs =< 16#ffffffff,
                                        is_integer(Samples), Samples >= 2,
@@ -356,7 +360,7 @@ growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
             E;
         Snaps ->
             Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snaps)),
-            mallocinfo_trace_culprits:symbolized(Rows, D)
+            {ok, mallocinfo_trace_culprits:symbolized(Rows, D)}
     end;
 growth(IntervalMs, Samples, Opts) ->
     erlang:error(badarg, [IntervalMs, Samples, Opts]).
@@ -366,8 +370,8 @@ snapshots(_, 0, Acc) ->
 snapshots(IntervalMs, Left, Acc) ->
     _ = Acc =/= [] andalso timer:sleep(IntervalMs),
     case snapshot() of
-        {error, _} = E -> E;
-        S -> snapshots(IntervalMs, Left - 1, [S | Acc])
+        {ok, S} -> snapshots(IntervalMs, Left - 1, [S | Acc]);
+        {error, _} = E -> E
     end.
 
 %% What diff/2, growth_of/1 and sites/2 read of a snapshot, all checked: a
@@ -387,7 +391,7 @@ is_site(_, _) ->
 
 %% @equiv mappings(N, #{})
 -spec mappings(non_neg_integer()) ->
-          [mapping()] | {error, not_preloaded | not_recording | enotsup}.
+          {ok, [mapping()]} | {error, not_preloaded | not_recording | enotsup}.
 mappings(N) ->
     mappings(N, #{}).
 
@@ -416,7 +420,7 @@ mappings(N) ->
 %% in the table. `{error, enotsup}'
 %% from an interposer older than this function.
 -spec mappings(non_neg_integer(), opts() | #{by => stack | function | object}) ->
-          [mapping()] | {error, not_preloaded | not_recording | enotsup}.
+          {ok, [mapping()]} | {error, not_preloaded | not_recording | enotsup}.
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
     By = case maps:get(by, Opts, stack) of
              B when B =:= stack; B =:= function; B =:= object -> B;
@@ -424,7 +428,7 @@ mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
          end,
     #{demangle := D} = options(maps:remove(by, Opts), [demangle], [N, Opts]),
     case mallocinfo_nif:trace_regions(D) of
-        {ok, Regions} -> lists:sublist(mallocinfo_trace_culprits:mappings(By, Regions), N);
+        {ok, Regions} -> {ok, lists:sublist(mallocinfo_trace_culprits:mappings(By, Regions), N)};
         {error, _} = E -> E
     end;
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_list(Opts) ->
@@ -578,7 +582,7 @@ profile_data(Demangle, SinceNs, Start, Seconds) ->
 %% `mallinfo' (`{error, {wrong_allocator, Which}}' there when the interposer
 %% forwards to another allocator than glibc, see
 %% {@link mallocinfo_glibc:allocator/0}).
--spec stats() -> map() | {error, not_preloaded}.
+-spec stats() -> {ok, map()} | {error, not_preloaded}.
 stats() ->
     case status() of
         #{preloaded := false, attached_at := undefined} ->
@@ -586,15 +590,19 @@ stats() ->
         Status ->
             Keys = [mode, recording, calls, bytes_allocated, bytes_freed, live_bytes,
                     live_entries, dropped, frees_untracked, stacks],
-            (maps:with(Keys, Status))#{mallinfo => mallocinfo_glibc:mallinfo()}
+            Mallinfo = case mallocinfo_glibc:mallinfo() of
+                           {ok, M} -> M;
+                           {error, _} = E -> E
+                       end,
+            {ok, (maps:with(Keys, Status))#{mallinfo => Mallinfo}}
     end.
 
 %% @doc Forgets every recorded live block (e.g. after start-up, to see only
 %% what is allocated from now on), then frees every stored call stack (as
-%% {@link reclaim/0}). Returns how many blocks were forgotten.
--spec reset() -> non_neg_integer() | {error, not_preloaded | not_recording}.
+%% {@link reclaim/0}). `{ok, Forgotten}': how many blocks were forgotten.
+-spec reset() -> {ok, non_neg_integer()} | {error, not_preloaded | not_recording}.
 reset() ->
-    unwrap(mallocinfo_nif:trace_reset()).
+    mallocinfo_nif:trace_reset().
 
 %% @equiv attach(#{})
 -spec attach() -> ok | {error, attach_error()}.
@@ -659,17 +667,17 @@ knobs() ->
 detach() ->
     mallocinfo_nif:trace_detach().
 
-%% @doc Frees every stored call stack that no live block uses any more, now,
-%% and returns how many. The tracker also does this by itself as its stack
+%% @doc Frees every stored call stack that no live block uses any more, now:
+%% `{ok, Freed}', how many. The tracker also does this by itself as its stack
 %% table fills (see `stacks_reclaimed' and `stack_sweeps' in
 %% {@link status/0}); this call is for tests and for an operator who wants
 %% the table compact before a long quiet period. It waits (on a dirty
 %% scheduler, up to 5 s) while other `sites'/`olds'/`heap_profile' calls
 %% are reading stacks. `{error, enotsup}' when the preloaded interposer is
 %% older than this function.
--spec reclaim() -> non_neg_integer() | {error, not_preloaded | not_recording | enotsup}.
+-spec reclaim() -> {ok, non_neg_integer()} | {error, not_preloaded | not_recording | enotsup}.
 reclaim() ->
-    unwrap(mallocinfo_nif:trace_reclaim()).
+    mallocinfo_nif:trace_reclaim().
 
 %% @doc Absolute path of the interposer shared object.
 -spec preload_path() -> file:filename().
@@ -721,9 +729,6 @@ env_value(V, glob, Opts) when is_list(V), V =/= [] ->
     end;
 env_value(_, _, Opts) ->
     erlang:error(badarg, [Opts]).
-
-unwrap({ok, V}) -> V;
-unwrap({error, _} = E) -> E.
 
 options(Opts, Allowed, Args) when is_list(Opts) ->
     Map = try maps:from_list([case O of

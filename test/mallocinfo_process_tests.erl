@@ -108,9 +108,11 @@ old_name_test() ->
     P = spawn(fun() -> put(k, lists:seq(1, 100)), Self ! {ready, self()}, receive stop -> ok end end),
     receive {ready, P} -> ok end,
     try
-        New = mallocinfo_process:inspect_heap(P),
+        %% The old name keeps 0.1.0's result: the list, not {ok, List}.
+        {ok, New} = mallocinfo_process:inspect_heap(P),
         ?assertMatch([{{k, [1 | _]}, _}], New),
-        ?assertEqual(New, mallocinfo_proc:inspect_heap(P))
+        ?assertEqual(New, mallocinfo_proc:inspect_heap(P)),
+        ?assertEqual(New, mallocinfo_proc:inspect_heap(P, #{}))
     after
         P ! stop
     end,
