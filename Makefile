@@ -151,10 +151,12 @@ fmt-check: deps
 	else echo "fmt-check: clang-format $$v is not $(FMT_MAJOR), which the tree follows: not checked here"; fi
 
 # Static checks of the Erlang side: xref (undefined calls, unused locals,
-# deprecated calls) and dialyzer, both clean.
+# deprecated calls) and dialyzer, both clean; the module graph without a
+# circle (no module calls up into its callers).
 lint: build
 	@$(REBAR) as lint xref
 	@$(REBAR) as lint dialyzer
+	@escript scripts/module_graph.escript _build/lint/lib/mallocinfo/ebin
 
 # Module reference from the public modules' @doc (OTP's edoc), into _build/docs.
 docs: build

@@ -338,7 +338,7 @@ glibc_endpoints(Config) ->
 
     Xml = ok_body(Config, "/mallocinfo.xml", "application/xml"),
     ?assertMatch(<<"<malloc version=\"1\">", _/binary>>, Xml),
-    ?assertMatch(#{heaps := [_ | _]}, mallocinfo_parse:heaps(Xml)),
+    ?assertMatch(#{heaps := [_ | _]}, mallocinfo_glibc_parse:heaps(Xml)),
 
     {Names, Values} = metrics(Config),
     ?assertEqual(1, maps:get({<<"mallocinfo_allocator_info">>, #{<<"allocator">> => <<"glibc">>}},

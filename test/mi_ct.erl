@@ -4,7 +4,7 @@
 -module(mi_ct).
 -export([caught/1, pprof/0, ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
          compile_module/2, compile_module/3, include_dir/1, start_peer/2, start_peer/3, stop_peer/1, call/4,
-         project_root/0, tarball/0, demo_dir/0]).
+         project_root/0, tarball/0, demo_dir/0, ok_call/4]).
 
 -include_lib("common_test/include/ct.hrl").
 
@@ -124,6 +124,12 @@ stop_peer(Config) ->
 %% M:F(A...) on the case's peer, up to 2 minutes (a loaded CI machine).
 call(Config, M, F, A) ->
     peer:call(?config(peer, Config), M, F, A, 120000).
+
+%% call/4 of a call that must succeed: its value, out of {ok, Value} (a
+%% badmatch with the error otherwise).
+ok_call(Config, M, F, A) ->
+    {ok, Value} = call(Config, M, F, A),
+    Value.
 
 %% The project's top directory (the one with the Makefile and c_src/),
 %% found upwards from mallocinfo's build directory.

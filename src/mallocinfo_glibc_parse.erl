@@ -1,6 +1,6 @@
 %% @private Pure functions that turn glibc's text and XML into terms.
 %% Kept apart from the NIF calls so they are tested on canned input.
--module(mallocinfo_parse).
+-module(mallocinfo_glibc_parse).
 
 -include_lib("xmerl/include/xmerl.hrl").
 

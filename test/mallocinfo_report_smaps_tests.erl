@@ -1,12 +1,12 @@
-%% EUnit: mallocinfo_smaps on canned /proc text (mi_report_data) and on
+%% EUnit: mallocinfo_report_smaps on canned /proc text (mi_report_data) and on
 %% this node's own smaps: parsing, the mappings grouped by kind, glibc's
 %% heaps by shape and by their headers, the JIT's pages counted once.
--module(mallocinfo_smaps_tests).
+-module(mallocinfo_report_smaps_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -include("mi_report_data.hrl").
 
--define(S, mallocinfo_smaps).
+-define(S, mallocinfo_report_smaps).
 
 -import(mi_report_data, [vma/6, smaps/0]).
 

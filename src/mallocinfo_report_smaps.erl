@@ -7,7 +7,7 @@
 %% per report and hands the mappings to `mallocinfo_report_build'; both
 %% call here. Exported for them and for EUnit, which feeds canned text.
 %% Not an API: arguments are not checked.
--module(mallocinfo_smaps).
+-module(mallocinfo_report_smaps).
 
 -export([parse_smaps/1, parse_fields/1]).
 -export([group_mappings/1, group_mappings/2, anon_kinds/2]).
