@@ -124,7 +124,7 @@ heaps_without_fastbins_test() ->
                                 <<"<total type=\"fast\" count=\"0\" size=\"0\"/>\n">>],
                          <<>>, [global]),
     ?assertEqual(nomatch, binary:match(Xml, <<"fast">>)),
-    #{heaps := [H0, _], total := Total, free_bytes := Free} = mallocinfo_parse:heaps(Xml),
+    #{heaps := [H0, _], total := Total, free_bytes := Free} = mallocinfo_glibc_parse:heaps(Xml),
     ?assertEqual(#{count => 0, size => 0}, maps:get(fast, Total)),
     ?assertEqual(#{count => 0, size => 0}, maps:get(fast, H0)),
     ?assertEqual(6000, Free).
