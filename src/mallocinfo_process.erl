@@ -38,8 +38,9 @@
 -export([in_process/3, remote/3, report_local/2]).
 %% Pure, exported for tests.
 -export([verdict/1, binaries/1]).
-%% How a name prints, for the report.
--export([name_text/1]).
+%% How a process is named and how a name prints, for the report and the
+%% layers' culprits.
+-export([name/1, name_text/1]).
 
 -export_type([opts/0, item/0, gap/0]).
 
@@ -1013,6 +1014,15 @@ named(Dict, IC) ->
                     IC
             end
     end.
+
+%% @private A process's name as top/2, heap/2, print/2 and the report
+%% name it (the registered name, a label or `process_name', the initial
+%% call: see top/2); `undefined' for a process that is gone.
+-spec name(pid()) -> term().
+name(P) when is_pid(P) ->
+    name(P, ?DEFAULTS);
+name(P) ->
+    erlang:error(badarg, [P]).
 
 %% @private How top/2, heap/2, print/2 and the report print a name: after
 %% the pid, in parentheses; nothing for undefined.

@@ -59,7 +59,12 @@ excluded_modules() ->
                                  "mallocinfo_trace checks every argument before calling it"},
      {mallocinfo_trace_growth, "@private: the pure parts of growth and roll-ups, exported for "
                                "their EUnit tests; mallocinfo_trace and mallocinfo_report check "
-                               "arguments before calling them"}].
+                               "arguments before calling them"},
+     {mallocinfo_layers, "@private: every layer sampled, for mallocinfo_report (which checked "
+                         "its options) with options it builds itself"},
+     {mallocinfo_layers_growth, "@private: the growth of every layer, pure, fed only with "
+                                "mallocinfo_layers' samples; EUnit in "
+                                "mallocinfo_layers_growth_tests"}].
 
 %% {Module, Function, Arity, Position, Reason}: a position that accepts any
 %% term. Every other position of that function is still checked.
@@ -255,6 +260,7 @@ cases(S) ->
      {mallocinfo_process, print, [{self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, in_process, [{state, []}, {#{}, ProcOpts}, {ref, []}]},
      {mallocinfo_process, name_text, [{undefined, []}]},
+     {mallocinfo_process, name, [{self(), not_pid()}]},
      {mallocinfo_process, remote, [{report_local, [junk, inspect, heap, "report_local", 1]},
                                 {self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, report_local, [{self(), not_pid()}, {#{}, ProcOpts}]},
