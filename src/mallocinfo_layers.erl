@@ -341,7 +341,7 @@ own_pids() ->
                                  is_pid(P)];
                    false -> []
                end,
-    [P || P <- [Sup, whereis(mallocinfo_watch) | Children], is_pid(P)].
+    [P || P <- [Sup, whereis(mallocinfo_watch_server) | Children], is_pid(P)].
 
 guard_list(F) ->
     case guard(F) of

@@ -250,20 +250,21 @@ kind_label(K) -> atom_to_list(K).
 %% growth when the culprits were ranked by growth (`delta'), else of the
 %% part now.
 culprit_text(binary, D, [#{pid := Pid, bytes := B} = C | _]) ->
-    io_lib:format("; ~ts ~ts~ts~ts, which references ~ts of binaries now",
-                  [share_text(C, D), Pid, name_text(C), queue_text(C), bytes(B)]);
+    io_lib:format("; ~ts ~ts~ts~ts, which references ~ts of binaries ~ts",
+                  [share_text(C, D), Pid, name_text(C), queue_text(C), bytes(B), when_text(C)]);
 culprit_text(processes, D, [#{pid := Pid, bytes := B} = C | _]) ->
-    io_lib:format("; ~ts ~ts~ts~ts, ~ts now: mallocinfo_process:print(~ts) shows what is on "
+    io_lib:format("; ~ts ~ts~ts~ts, ~ts ~ts: mallocinfo_process:print(~ts) shows what is on "
                   "its heap",
-                  [share_text(C, D), Pid, name_text(C), queue_text(C), bytes(B), Pid]);
+                  [share_text(C, D), Pid, name_text(C), queue_text(C), bytes(B), when_text(C),
+                   Pid]);
 culprit_text(ets, D, [#{table := T, bytes := B, owner := O} = C | _]) ->
     Objects = case C of
                   #{objects := N} when is_integer(N) -> io_lib:format(" in ~ts objects", [count(N)]);
                   _ -> ""
               end,
-    io_lib:format("; ~ts table ~ts (owner ~ts~ts), ~ts~ts now",
+    io_lib:format("; ~ts table ~ts (owner ~ts~ts), ~ts~ts ~ts",
                   [share_text(C, D), T, O, name_text(C#{name => maps:get(owner_name, C, <<>>)}),
-                   bytes(B), Objects]);
+                   bytes(B), Objects, when_text(C)]);
 culprit_text(P, _D, [#{function := F, object := O, bytes := B} | _])
   when P =:= native; P =:= mapped_sites ->
     Fn = case F of undefined -> "an unnamed function"; _ -> F end,
@@ -279,10 +280,24 @@ culprit_text(_, _, _) ->
 
 %% "96% of that growth is held by" (by growth) or "the largest holder
 %% is" (by size).
-share_text(#{delta := Dc}, D) when is_integer(Dc), D > 0 ->
-    io_lib:format("~b% of that growth is held by", [max(0, min(100, Dc * 100 div D))]);
+share_text(#{delta := Dc} = C, D0) when is_integer(Dc) ->
+    %% The sampler's culprits grew since its previous search: their share
+    %% is of the part's growth over that span.
+    case maps:get(part_delta, C, D0) of
+        D when is_integer(D), D > 0 ->
+            io_lib:format("~b% of that growth is held by", [max(0, min(100, Dc * 100 div D))]);
+        _ ->
+            "the largest holder is"
+    end;
 share_text(_, _) ->
     "the largest holder is".
+
+%% When the culprit was found: the sampler searches a layer at most once
+%% a minute, so its culprits may be older than the growth.
+when_text(#{searched_ago_ms := Ms}) when is_integer(Ms), Ms >= 1000 ->
+    io_lib:format("~ts ago", [age(Ms)]);
+when_text(_) ->
+    "now".
 
 name_text(#{name := N}) when is_binary(N), N =/= <<>> -> [" (", N, ")"];
 name_text(_) -> "".
