@@ -30,7 +30,7 @@ doc(#{samples := Samples} = H, #{node := Node, os_pid := OsPid}) ->
     Series = maps:from_list(
                [{mallocinfo_layers_growth:layer_name(K),
                  [maps:get(K, L, undefined) || #{layers := L} <- Samples]} || K <- Keys]),
-    Parts = [mallocinfo_layers_growth:rss_parts(L) || #{layers := L} <- Samples],
+    Parts = [mallocinfo_layers_growth:rss_parts(L) || L <- carried(Samples)],
     Stacked = [#{label => Label,
                  values => [proplists:get_value(Label, P, undefined) || P <- Parts]}
                || Label <- mallocinfo_layers_growth:stacked_labels()],
@@ -53,6 +53,20 @@ doc(#{samples := Samples} = H, #{node := Node, os_pid := OsPid}) ->
                            end, maps:get(culprits, H, #{})),
       ring => maps:get(ring, H, #{}),
       cost => maps:get(cost, H, #{})}.
+
+%% The sampler reads the mappings once a minute: a sample without them
+%% takes the kinds of the last one that has them (its RSS is its own).
+carried(Samples) ->
+    {Layers, _} = lists:mapfoldl(
+                    fun(#{layers := L}, Kinds) ->
+                            case maps:get({smaps, anon}, L, undefined) of
+                                undefined -> {maps:merge(L, Kinds), Kinds};
+                                _ -> {L, maps:filter(fun({smaps, _}, _) -> true;
+                                                        (_, _) -> false
+                                                     end, L)}
+                            end
+                    end, #{}, Samples),
+    Layers.
 
 %% @doc The JSON text of {@link doc/2}.
 -spec json(map(), #{node := node(), os_pid := string()}) -> iodata().

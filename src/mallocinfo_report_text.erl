@@ -105,8 +105,9 @@ section_growth(#{layer_growth := #{parts := Parts, span_ms := Ms, samples := N} 
                      case Growing of true -> "  grew"; false -> "" end])
       || #{part := P, last := Last, delta := D, rate := Rate, growing := Growing} <- Rows],
      para(io_lib:format("noise threshold: a part grew when it grew by ~ts or more over the "
-                        "interval and never fell by that much between two samples",
-                        [bytes(maps:get(noise_bytes, G))])),
+                        "interval (free space: ~ts) and never fell by that much between two "
+                        "samples",
+                        [bytes(maps:get(noise_bytes, G)), bytes(4 * maps:get(noise_bytes, G))])),
      [[io_lib:format("~ts (largest growth first):~n", [mallocinfo_layers_growth:part_label(P)]),
        [io_lib:format("  ~ts~n", [culprit_line(C)]) || C <- lists:sublist(Cs, 3)]]
       || #{part := P, culprits := [_ | _] = Cs} <- maps:get(growing, G)]];

@@ -17,6 +17,10 @@
 -define(CULPRIT_MS, 60000).
 %% The window of the current verdicts and of the "per minute" rates.
 -define(VERDICT_MS, 60000).
+%% /proc/self/smaps is read at most this often: its kernel walk and its
+%% parsing are most of a sample's cost (BENCHMARKS.md); statm's RSS is read
+%% every time.
+-define(SMAPS_MS, 60000).
 %% Culprit figures kept between two searches, per layer (the largest).
 -define(KEEP_FIGURES, 300).
 
@@ -30,7 +34,7 @@ init(Opts) ->
     self() ! tick,
     {ok, #{period => Period, ring => mallocinfo_watch_ring:new(mallocinfo_layers:keys(), Period),
            started => erlang:system_time(millisecond), next => erlang:monotonic_time(millisecond),
-           culprits => #{}, searched => #{}, since => #{},
+           culprits => #{}, searched => #{}, since => #{}, smaps_t => undefined,
            cost => #{last_us => 0, max_us => 0, total_us => 0, count => 0}}}.
 
 %% @private
@@ -66,16 +70,22 @@ terminate(_, _) ->
     ok.
 
 sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Since,
-          cost := Cost} = S) ->
+          cost := Cost, smaps_t := SmapsT} = S) ->
     Due = due(Ring, Searched),
     %% A search made because its layer grew (any but the first).
     Growing = map_size(Searched) > 0,
-    Sample = mallocinfo_layers:sample(#{culprits => Due, exclude => [self()], since => Since,
-                                        figures => true}),
+    Now = erlang:monotonic_time(millisecond),
+    Smaps = SmapsT =:= undefined orelse Now - SmapsT >= ?SMAPS_MS,
+    Sample = in_helper(#{culprits => Due, exclude => [self()], since => Since,
+                         figures => true, smaps => Smaps}),
     #{layers := L, t := T, time := Time, culprits := Found, cost_us := Us,
       figures := Figures} = Sample,
     Values = maps:from_list([{P, mallocinfo_layers_growth:part_value(P, L)} || P <- Due]),
     S#{ring => mallocinfo_watch_ring:push(Ring, Sample),
+       smaps_t => case Smaps of
+                      true -> T;
+                      false -> SmapsT
+                  end,
        culprits => maps:merge(Culprits,
                               maps:map(fun(Layer, Cs) ->
                                                #{time => Time,
@@ -86,6 +96,16 @@ sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Sinc
        since => maps:merge(Since, maps:map(fun(_, M) -> largest(M) end, Figures)),
        cost => #{last_us => Us, max_us => max(Us, maps:get(max_us, Cost)),
                  total_us => maps:get(total_us, Cost) + Us, count => maps:get(count, Cost) + 1}}.
+
+%% A sample is taken in a process of its own: a culprit search's figures
+%% (a map entry per process) live and die on its heap, so the sampler's
+%% heap does not swell, and with it the `processes' layer it measures.
+in_helper(Opts) ->
+    {Pid, Ref} = spawn_monitor(fun() -> exit({sample, mallocinfo_layers:sample(Opts)}) end),
+    receive
+        {'DOWN', Ref, process, Pid, {sample, Sample}} -> Sample;
+        {'DOWN', Ref, process, Pid, Why} -> exit({sample_failed, Why})
+    end.
 
 %% Each culprit's growth is since the layer's previous search: the part's
 %% growth over the same span goes with it (`part_delta'), so that its

@@ -455,6 +455,7 @@ growing_layers(Config) ->
         ct:pal("growth: ~p", [maps:without([parts], G)]),
         ok = file:write_file(filename:join(?config(priv_dir, Config), "growth_verdicts.txt"),
                              [[V, "\n"] || V <- Verdicts]),
+        ok = file:write_file(filename:join(?config(priv_dir, Config), "growth_report.txt"), Text),
         ok
     after
         peer:stop(Peer)
