@@ -38,16 +38,16 @@ extern "C" {
 #define MI_CONTEXT_MAX_WORDS (1u + 3u + MI_CONTEXT_MAX_CPS)
 
 enum mi_context_kind {
-  MI_CONTEXT_PROCESS = 1, /* a scheduler thread running a process */
+  MI_CONTEXT_PROCESS = 1,   /* a scheduler thread running a process */
   MI_CONTEXT_SCHEDULER = 2, /* a scheduler thread, no process (ports, GC, idle) */
   MI_CONTEXT_THREAD = 3     /* any other thread: its name */
 };
 
 typedef struct mi_context {
-  uint32_t kind;  /* enum mi_context_kind, 0 when the stack has no context */
-  uint32_t mfa;   /* 0 or 3 words */
-  uint32_t cps;   /* return addresses, at most MI_CONTEXT_MAX_CPS */
-  uint32_t names; /* 0 or 2 words */
+  uint32_t kind;         /* enum mi_context_kind, 0 when the stack has no context */
+  uint32_t mfa;          /* 0 or 3 words */
+  uint32_t cps;          /* return addresses, at most MI_CONTEXT_MAX_CPS */
+  uint32_t names;        /* 0 or 2 words */
   const uint64_t* words; /* the words after the header */
 } mi_context;
 
@@ -76,8 +76,7 @@ static inline uint32_t mi_context_split(const uint64_t* frames, uint32_t n, mi_c
     const uint32_t cps = (uint32_t)(h >> 4) & 0xFu;
     const uint32_t names = (uint32_t)h & 0xFu;
     if (kind < MI_CONTEXT_PROCESS || kind > MI_CONTEXT_THREAD || (mfa != 0 && mfa != 3) ||
-        cps > MI_CONTEXT_MAX_CPS || (names != 0 && names != 2) ||
-        i + 1 + mfa + cps + names != n)
+        cps > MI_CONTEXT_MAX_CPS || (names != 0 && names != 2) || i + 1 + mfa + cps + names != n)
       return n;
     ctx->kind = kind;
     ctx->mfa = mfa;

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
-#include <random>
+#include <map>
 #include <vector>
 
 #include "../symbolize/beam_code.h"
@@ -21,33 +21,40 @@ constexpr uint64_t atom(uint64_t index) {
   return (index << 6) | 0x0B;
 }
 
-// Code memory at kBase: `words` 8-byte words.
+// Code memory at kBase: `words` 8-byte words of machine code, made up
+// word by word (a large region costs no memory: allocating and freeing a
+// big block here would move glibc's mmap threshold under later tests), and
+// the function headers placed in it.
 struct FakeCode {
-  std::vector<uint64_t> mem;
+  size_t words;
+  std::map<size_t, uint64_t> placed;
   unsigned reads = 0;
-  explicit FakeCode(size_t words) : mem(words) {
-    // Machine code never looks like two atoms and an arity in a row here:
-    // words whose low six bits are never 0x0B.
-    std::mt19937_64 rnd(7);
-    for (uint64_t& w : mem) {
-      w = rnd();
-      if ((w & 0x3F) == 0x0B) w ^= 1;
-    }
+  explicit FakeCode(size_t n) : words(n) {}
+  // Machine code never looks like two atoms and an arity in a row here:
+  // words whose low six bits are never 0x0B.
+  uint64_t word(size_t i) const {
+    if (auto it = placed.find(i); it != placed.end()) return it->second;
+    uint64_t w = (i + 1) * 0x9E3779B97F4A7C15ull;
+    w ^= w >> 29;
+    return (w & 0x3F) == 0x0B ? w ^ 1 : w;
   }
   // A function header whose arity word is at word index `at + 4`.
   uint64_t header_at(size_t at, uint64_t m, uint64_t f, uint64_t a) {
-    mem[at] = 0x9090909090909090ull;  // op: code
-    mem[at + 1] = 0;                   // no breakpoint
-    mem[at + 2] = atom(m);
-    mem[at + 3] = atom(f);
-    mem[at + 4] = a;
+    placed[at] = 0x9090909090909090ull;  // op: code
+    placed[at + 1] = 0;                  // no breakpoint
+    placed[at + 2] = atom(m);
+    placed[at + 3] = atom(f);
+    placed[at + 4] = a;
     return kBase + (at + 5) * 8;  // the function's first instruction
   }
   static bool read(void* ctx, uint64_t address, void* out, size_t len) {
     auto* c = static_cast<FakeCode*>(ctx);
     ++c->reads;
-    if (address < kBase || address + len > kBase + c->mem.size() * 8) return false;
-    std::memcpy(out, reinterpret_cast<const char*>(c->mem.data()) + (address - kBase), len);
+    if (address < kBase || (address & 7) != 0 || (len & 7) != 0 ||
+        address + len > kBase + c->words * 8)
+      return false;
+    auto* w = static_cast<uint64_t*>(out);
+    for (size_t i = 0; i < len / 8; ++i) w[i] = c->word((address - kBase) / 8 + i);
     return true;
   }
 };
@@ -102,8 +109,8 @@ TEST_CASE("beam code: unreadable memory ends the search, never faults", "[symbol
   uint64_t out = 0;
   CHECK_FALSE(mi::symbolize::read_own_memory(nullptr, 8, &out, sizeof out));
   const uint64_t here = 0x1122334455667788ull;
-  CHECK(mi::symbolize::read_own_memory(nullptr, reinterpret_cast<uint64_t>(&here), &out,
-                                       sizeof out));
+  CHECK(
+      mi::symbolize::read_own_memory(nullptr, reinterpret_cast<uint64_t>(&here), &out, sizeof out));
   CHECK(out == here);
 }
 

@@ -5,10 +5,14 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "../common/mi_context.h"
 #include "../track/erlang_context.h"
+#include "../track/tracker.h"
 
 using mi::track::capture_erlang_context;
 using mi::track::erlang_layout_valid;
@@ -61,7 +65,7 @@ struct FakeVm {
     proc[25] = addr(h + 1024);
     // The stack: a y register (a small integer), a frame pointer into the
     // stack, a CP, a boxed term, a CP, an atom, two more CPs, a fifth.
-    const uint64_t stack[] = {(7ull << 4) | 0xF, addr(h + 1010), 0x7f0000001000ull,
+    const uint64_t stack[] = {(7ull << 4) | 0xF, addr(h + 1010),    0x7f0000001000ull,
                               addr(h + 8) | 2,   0x7f0000002000ull, atom(5),
                               0x7f0000003000ull, 0x7f0000004000ull, 0x7f0000005000ull};
     std::memcpy(h + 1000, stack, sizeof stack);
@@ -246,8 +250,9 @@ TEST_CASE("mixed stacks: the header is found by value and malformed ones are nat
   const uint64_t plain[] = {0x401000, 0x402000, 0x403000};
   CHECK(mi_context_split(plain, 3, &ctx) == 3);
   CHECK(ctx.kind == 0);
-  const uint64_t mixed[] = {0x401000, mi_context_header(MI_CONTEXT_PROCESS, 3, 1, 0), atom(1),
-                            atom(2), 0, 0x7f0000001000ull};
+  const uint64_t mixed[] = {0x401000, mi_context_header(MI_CONTEXT_PROCESS, 3, 1, 0),
+                            atom(1),  atom(2),
+                            0,        0x7f0000001000ull};
   CHECK(mi_context_split(mixed, 6, &ctx) == 1);
   CHECK(ctx.kind == MI_CONTEXT_PROCESS);
   CHECK(ctx.words == mixed + 2);
@@ -276,4 +281,86 @@ TEST_CASE("erlang layouts: indices and sizes are bounded", "[erlang_context]") {
   l = vm.layout;
   l.key = 5000;
   CHECK_FALSE(erlang_layout_valid(l));
+}
+
+// --- The tracker records it ---------------------------------------------------
+
+namespace {
+
+size_t three_frames(mi::track::UnwindCache*, uintptr_t* out, size_t max) {
+  const uintptr_t frames[] = {0x401000, 0x402000, 0x403000};
+  size_t n = 0;
+  for (; n < 3 && n < max; ++n) out[n] = frames[n];
+  return n;
+}
+uint64_t zero_clock() {
+  return 0;
+}
+bool test_name(char out[16]) {
+  std::strcpy(out, "nif_pool_7");
+  return true;
+}
+
+std::vector<uint64_t> frames_of(const mi::track::Tracker& t, uint32_t id) {
+  uint64_t words[mi::track::kMaxStackDepth + MI_CONTEXT_MAX_WORDS];
+  const unsigned n = t.stack(id, words, static_cast<unsigned>(std::size(words)));
+  return std::vector<uint64_t>(words, words + n);
+}
+
+}  // namespace
+
+TEST_CASE("tracker: with a layout, entries carry the pid and stacks end in the context",
+          "[erlang_context][track]") {
+  using mi::track::Tracker;
+  Tracker t;
+  mi::track::Config c;
+  c.table_capacity = 4096;
+  c.stack_capacity = 256;
+  REQUIRE(t.init(c, three_frames, zero_clock));
+  // Before a layout: plain stacks, no pid.
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x10000), 100);
+  FakeVm vm;
+  g_vm = &vm;
+  mi_erlang_layout bad = vm.layout;
+  bad.max_cps = 99;
+  CHECK_FALSE(t.set_erlang_layout(bad, fake_sd, test_name));
+  CHECK_FALSE(t.erlang_context_on());
+  REQUIRE(t.set_erlang_layout(vm.layout, fake_sd, test_name));
+  CHECK(t.erlang_context_on());
+  CHECK(t.set_erlang_layout(vm.layout, fake_sd, test_name));  // the same again: fine
+  mi_erlang_layout other = vm.layout;
+  other.p_current = 59;
+  CHECK_FALSE(t.set_erlang_layout(other, fake_sd, test_name));  // a different one: refused
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x20000), 200);
+  g_not_a_scheduler = true;
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x30000), 300);
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x30100), 300);
+  g_not_a_scheduler = false;
+  g_vm = nullptr;
+
+  std::map<uint64_t, mi::track::LiveEntry> live;
+  t.for_each_live([&](const mi::track::LiveEntry& e) { live[e.address] = e; });
+  REQUIRE(live.size() == 4);
+  CHECK(live[0x10000].pid == 0);
+  CHECK(live[0x20000].pid == kPid);
+  CHECK(live[0x30000].pid == 0);
+  mi_context ctx;
+  std::vector<uint64_t> f = frames_of(t, live[0x10000].stack_id);
+  CHECK(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(ctx.kind == 0);
+  f = frames_of(t, live[0x20000].stack_id);
+  REQUIRE(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(f[0] == 0x401000);
+  CHECK(ctx.kind == MI_CONTEXT_PROCESS);
+  CHECK(ctx.mfa == 3);
+  CHECK(ctx.cps == 4);
+  // Two allocations of one pool's thread: one stack, named by the pool.
+  CHECK(live[0x30000].stack_id == live[0x30100].stack_id);
+  f = frames_of(t, live[0x30000].stack_id);
+  REQUIRE(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(ctx.kind == MI_CONTEXT_THREAD);
+  char name[17] = {};
+  std::memcpy(name, ctx.words, 16);
+  CHECK(std::string(name) == "nif_pool_*");
+  t.destroy();
 }

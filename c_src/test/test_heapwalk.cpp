@@ -457,7 +457,7 @@ TEST_CASE("heap map sites: one site per call stack, whatever its ids", "[glibc][
   g_fake_entries.clear();
   for (int i = 0; i < 4; ++i)
     g_fake_entries.push_back(mi_abi_entry{reinterpret_cast<uint64_t>(blocks[i]),
-                                          static_cast<uint64_t>(100 + 100 * i), 0, ids[i], 0});
+                                          static_cast<uint64_t>(100 + 100 * i), 0, ids[i], 0, 0});
   mi_preload_abi abi{};
   abi.abi_version = MI_ABI_VERSION;
   abi.struct_size = sizeof abi;
