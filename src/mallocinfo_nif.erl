@@ -11,7 +11,8 @@
        allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
        jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
        tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
-       tcmalloc_profile_running/0]).
+       tcmalloc_profile_running/0,
+       ectx_probe/1, ectx_probe_dirty/1, ectx_enable/1, code_names/2, atom_terms/2]).
 -on_load(init/0).
 
 -export([info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
@@ -22,7 +23,8 @@
          allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
          jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
          tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
-         tcmalloc_profile_running/0]).
+         tcmalloc_profile_running/0,
+         ectx_probe/1, ectx_probe_dirty/1, ectx_enable/1, code_names/2, atom_terms/2]).
 -export([so_path/0]).
 
 -define(LIB, "mallocinfo_nif").
@@ -97,3 +99,8 @@ tcmalloc_profile_start(_Prefix) -> erlang:nif_error(nif_not_loaded).
 tcmalloc_profile_dump() -> erlang:nif_error(nif_not_loaded).
 tcmalloc_profile_stop() -> erlang:nif_error(nif_not_loaded).
 tcmalloc_profile_running() -> erlang:nif_error(nif_not_loaded).
+ectx_probe(_Tuple) -> erlang:nif_error(nif_not_loaded).
+ectx_probe_dirty(_Tuple) -> erlang:nif_error(nif_not_loaded).
+ectx_enable(_Layout) -> erlang:nif_error(nif_not_loaded).
+code_names(_Addresses, _AtomCount) -> erlang:nif_error(nif_not_loaded).
+atom_terms(_Mfas, _AtomCount) -> erlang:nif_error(nif_not_loaded).

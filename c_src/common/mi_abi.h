@@ -112,6 +112,8 @@ typedef struct mi_abi_status {
    * sample mode, the estimate from the sample points that fell on them. */
   uint64_t self_calls;
   uint64_t self_bytes; /* requested bytes */
+  /* 1 once the tracker records the Erlang context (an accepted layout). */
+  uint64_t erlang_context;
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;

@@ -7,6 +7,7 @@
 
 #include "alloc_nif.h"
 #include "atoms.h"
+#include "erlang_context_nif.h"
 #include "glibc_nif.h"
 #include "heap_nif.h"
 #include "jemalloc_nif.h"
@@ -78,6 +79,17 @@ ErlNifFunc nif_funcs[] = {
     // The symbolizer's counters: takes its mutex, which a resolve holds
     // while it parses an object's symbol table from disk.
     {"trace_symbolizer_stats", 0, guarded<n::trace_symbolizer_stats>, kIo},
+    // The Erlang context's probe must run on each kind of scheduler to
+    // learn it: on a normal one it reads a few hundred words through
+    // process_vm_readv (well under a millisecond), never a lock.
+    {"ectx_probe", 1, guarded<n::ectx_probe>, 0},
+    {"ectx_probe_dirty", 1, guarded<n::ectx_probe>, kCpu},
+    // Takes the tracker's layout mutex (never held by a hook).
+    {"ectx_enable", 1, guarded<n::ectx_enable>, kCpu},
+    // Reads /proc/self/maps and code memory.
+    {"code_names", 2, guarded<n::code_names>, kIo},
+    // A list as long as the caller's: dirty.
+    {"atom_terms", 2, guarded<n::atom_terms>, kCpu},
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).
     {"heap_dump", 4, guarded<n::heap_dump>, kIo},

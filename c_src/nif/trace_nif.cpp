@@ -548,6 +548,7 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.calls, calls.build(env))
       .put(atoms.mappings, mappings_status(env, abi))
       .put(atoms.self, self_status(env, abi, s))
+      .put(atoms.erlang_context, s.erlang_context != 0 ? atoms.on : atoms.off)
       .build(env);
 }
 

@@ -3,6 +3,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "proc_maps.h"
+
 namespace mi::symbolize {
 
 bool is_atom_term(uint64_t w, AtomBound atoms) {
@@ -45,6 +47,21 @@ bool read_own_memory(void*, uint64_t address, void* out, size_t len) {
   iovec local{out, len};
   iovec remote{reinterpret_cast<void*>(address), len};
   return ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(len);
+}
+
+std::vector<std::optional<BeamMfa>> name_beam_addresses(const std::vector<uint64_t>& addresses,
+                                                        AtomBound atoms) {
+  std::vector<std::optional<BeamMfa>> out(addresses.size());
+  if (addresses.empty()) return out;
+  const std::vector<detail::Mapping> maps = detail::read_self_maps();
+  BeamCodeNamer namer(read_own_memory, nullptr);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const detail::Mapping* m = detail::find_mapping(maps, addresses[i]);
+    // JIT code: unnamed (+JPperf, or OTP 25's single mapping) or the memfd.
+    if (m == nullptr || !(m->name.empty() || m->name.starts_with("/memfd:vmem"))) continue;
+    out[i] = namer.name(addresses[i], m->start, atoms);
+  }
+  return out;
 }
 
 }  // namespace mi::symbolize

@@ -66,6 +66,13 @@ class BeamCodeNamer {
 // A ReadMemory for this process: process_vm_readv on its own pid.
 bool read_own_memory(void* ctx, uint64_t address, void* out, size_t len);
 
+// Names each address of this process (Erlang return addresses), in one
+// batch: /proc/self/maps is read once; only addresses in the JIT's code (an
+// anonymous mapping or the VM's memfd:vmem ones) are scanned, others and
+// JIT stubs answer nullopt. Allocates; reads files.
+std::vector<std::optional<BeamMfa>> name_beam_addresses(const std::vector<uint64_t>& addresses,
+                                                        AtomBound atoms);
+
 }  // namespace mi::symbolize
 
 #endif

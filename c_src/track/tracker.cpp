@@ -587,6 +587,7 @@ void Tracker::status(mi_abi_status* out) const {
   s.stack_sweeps = sweeps_.load(std::memory_order_relaxed);
   s.stack_generations = stacks_.gen_period();
   s.sample_bytes = config_.sample_bytes;
+  s.erlang_context = erlang_on_.load(std::memory_order_acquire) ? 1 : 0;
   uint64_t inserts = 0, insert_bytes = 0, removes = 0, remove_bytes = 0;
   for (size_t i = 0; i < nstates_; ++i) {
     const ThreadState& t = states_[i];
