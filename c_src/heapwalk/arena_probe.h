@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ptmalloc.h"
+
 namespace mi::heapwalk::detail {
 
 // Unchecked reads of this process's memory at `addr`.
@@ -29,10 +31,11 @@ inline uint16_t rd16(uint64_t addr) {
   return v;
 }
 
-// Whether `addr` holds something with the malloc_state signature (every bin
-// pair empty or two 16-aligned chunk pointers outside the structure, top
-// set). May fault if `addr` is not readable for ptmalloc.h's kArenaSize.
-bool arena_at(uint64_t addr);
+// Whether `addr` holds something with the malloc_state signature of layout
+// `l` (every bin pair empty or two 16-aligned chunk pointers outside the
+// structure, top set). May fault if `addr` is not readable for
+// l.arena_size bytes.
+bool arena_at(const pt::Layout& l, uint64_t addr);
 
 }  // namespace mi::heapwalk::detail
 

@@ -87,7 +87,7 @@ struct DumpOptions {
 enum class Failure {
   none,
   os_error,           // errno in `err` (file, fork, pipe)
-  unsupported_glibc,  // version outside the known range, or layout check failed
+  unsupported_glibc,  // a release pt::layout_for() does not know, or a layout check failed
   walk_failed,        // an inconsistency found in the heap (detail says where)
   timeout,            // the child did not finish in time and was killed
 };
@@ -115,11 +115,16 @@ using SiteLabeler = std::function<std::string(const std::vector<uint64_t>& frame
 DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteLabeler& label,
                 DumpResult& out);
 
+namespace pt {
+struct Layout;
+}
+
 // Where main_arena lives, found from this process without debug symbols:
-// the 8-byte-aligned spot of libc's writable data whose 127 bin pairs are
-// each either empty (pointing at themselves) or a pair of chunk pointers.
-// 0 when not found. Cached after the first success. Thread-safe.
-uint64_t find_main_arena();
+// the 8-byte-aligned spot of libc's writable data whose 127 bin pairs (at
+// layout `l`'s offsets: pt::layout_for(this glibc)) are each either empty
+// (pointing at themselves) or a pair of chunk pointers. 0 when not found.
+// Cached after the first success. Thread-safe.
+uint64_t find_main_arena(const pt::Layout& l);
 
 }  // namespace mi::heapwalk
 
