@@ -19,6 +19,7 @@
 
 -export([knobs/0]).
 
+-export_type([process_row/0, function_row/0]).
 -export_type([mode/0, frame/0, old/0, site/0, profile_opts/0, snapshot/0, change/0, grower/0,
               rollup/0, mapping/0]).
 
@@ -40,6 +41,11 @@
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
 -type label() :: native | erts | self.
+-type process_row() :: #{pid := pid(), name := term(), count := non_neg_integer(),
+                         bytes := non_neg_integer(), estimated := boolean()}.
+-type function_row() :: #{module := atom(), function := atom(), arity := arity(),
+                          count := non_neg_integer(), bytes := non_neg_integer(),
+                          estimated := boolean()}.
 -type snapshot() :: mallocinfo_trace_growth:snapshot().
 -type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     count_delta := integer(), bytes_delta := integer(),
@@ -189,10 +195,22 @@ sites(N) ->
 %% frames of each stack as it takes to pass its allocator frames. With
 %% `snapshot => S' (a {@link snapshot/0} of this node) the roll-up is of
 %% that snapshot: its rows add up to its `live_bytes' and `live_blocks'.
+%%
+%% `by => process' and `by => erlang_function' need the Erlang context
+%% ({@link attach/0} and a preloaded tracker turn it on where the VM's
+%% layout can be learned, see `status()''s `erlang_context'): the live
+%% blocks by the process that allocated them (rows `pid', `name' as
+%% {@link mallocinfo_process:top/2} names processes, `count', `bytes',
+%% `estimated'), or by the Erlang function that drove the allocation, the
+%% caller of the NIF (rows `module', `function', `arity', `count', `bytes',
+%% `estimated'). Blocks allocated outside a process (other threads, ports,
+%% the VM itself, before the context was on) are in no row. Not with
+%% `snapshot'.
 -spec sites(non_neg_integer() | infinity,
-            opts() | #{by => stack | function | object, snapshot => snapshot(),
-                       demangle => boolean()}) ->
-          {ok, [site()] | [rollup()]} | {error, not_preloaded | not_recording | eagain}.
+            opts() | #{by => stack | function | object | process | erlang_function,
+                       snapshot => snapshot(), demangle => boolean()}) ->
+          {ok, [site()] | [rollup()] | [process_row()] | [function_row()]}
+          | {error, not_preloaded | not_recording | eagain}.
 sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     {By, Rest0} = take_by(Opts, [N, Opts]),
     {Snap, Rest} = case Rest0 of
@@ -203,6 +221,9 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
                    end,
     #{demangle := D} = options(Rest, [demangle], [N, Opts]),
     case By of
+        _ when By =:= process; By =:= erlang_function ->
+            Snap =:= undefined orelse erlang:error(badarg, [N, Opts]),
+            context_rows(By, N);
         _ when Snap =/= undefined ->
             Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
             {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
@@ -228,10 +249,27 @@ sites(N, Opts) ->
 take(infinity, L) -> L;
 take(N, L) -> lists:sublist(L, N).
 
+%% sites/2 by process or by Erlang function: the NIF groups, the names of
+%% the processes are looked up here (the winners' only).
+context_rows(By, N) ->
+    Limit = case N of infinity -> 1 bsl 62; _ -> N end,
+    mallocinfo_trace_context:refresh(),
+    case mallocinfo_nif:trace_by_context(Limit, By) of
+        {ok, Rows, _Without} when By =:= process ->
+            {ok, [#{pid => P, name => mallocinfo_process:name(P), count => C, bytes => B,
+                    estimated => E} || {P, C, B, E} <- Rows]};
+        {ok, Rows, _Without} ->
+            {ok, [#{module => M, function => F, arity => A, count => C, bytes => B,
+                    estimated => E} || {{M, F, A}, C, B, E} <- Rows]};
+        {error, _} = E ->
+            E
+    end.
+
 %% `by' out of sites/2's options (a map or a list), the rest for options/3.
 take_by(Opts, Args) when is_map(Opts) ->
     case maps:take(by, Opts) of
-        {By, Rest} when By =:= stack; By =:= function; By =:= object -> {By, Rest};
+        {By, Rest} when By =:= stack; By =:= function; By =:= object; By =:= process;
+                        By =:= erlang_function -> {By, Rest};
         {_, _} -> erlang:error(badarg, Args);
         error -> {stack, Opts}
     end;
@@ -241,7 +279,8 @@ take_by(Opts, Args) when is_list(Opts) ->
     end,
     case [By || {by, By} <- Opts] of
         [] -> {stack, Opts};
-        [By] when By =:= stack; By =:= function; By =:= object -> {By, Opts -- [{by, By}]};
+        [By] when By =:= stack; By =:= function; By =:= object; By =:= process;
+                  By =:= erlang_function -> {By, Opts -- [{by, By}]};
         _ -> erlang:error(badarg, Args)
     end;
 take_by(_, Args) ->

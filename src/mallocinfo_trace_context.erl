@@ -17,7 +17,7 @@
 %% `{error, {unsupported, erlang_context}}', and the tracker runs as before.
 -module(mallocinfo_trace_context).
 
--export([enable/0, ensure/0, split/1, mfa_terms/2]).
+-export([enable/0, ensure/0, refresh/0, split/1, mfa_terms/2]).
 %% Called through their own names so that each is a frame of its own.
 -export([probe_chain/2]).
 
@@ -55,6 +55,15 @@ ensure() ->
         _ -> enable()
     end.
 
+%% @doc Tells the NIF how many atoms the VM has now: a recorded word is
+%% named as an atom only when its index is below that count. Cheap (a
+%% normal-scheduler NIF); called before every view that names Erlang
+%% functions. Atoms are never freed, so an older count is only less
+%% complete, never unsafe.
+-spec refresh() -> ok.
+refresh() ->
+    mallocinfo_nif:ectx_atoms(erlang:system_info(atom_count)).
+
 learn() ->
     %% Built at run time: a literal would not be on this process's heap.
     T = list_to_tuple([self(), erlang:unique_integer(), node()]),
@@ -72,6 +81,7 @@ learn() ->
                  end,
         Layout = (maps:with(?LAYOUT_KEYS, N))#{sd_shadow => Shadow, max_cps => ?MAX_CPS,
                                                scan_words => ?SCAN_WORDS},
+        ok = refresh(),
         ok = mallocinfo_nif:ectx_enable(Layout)
     catch
         _:_ -> {error, {unsupported, erlang_context}}

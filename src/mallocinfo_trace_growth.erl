@@ -12,7 +12,11 @@
 %% return addresses for as long as its objects stay loaded.
 -module(mallocinfo_trace_growth).
 
--export([snapshot/3, diff/2, growth/1, addresses/1]).
+-export([snapshot/3, diff/2, growth/1, addresses/1, native/1]).
+
+%% The top 16 bits of the header of a stack's Erlang context
+%% (c_src/common/mi_context.h: MI_CONTEXT_MARKER).
+-define(CONTEXT_TAG, 16#E7C0).
 -export([allocator_frame/1, culprit/1, label/2, emulator_object/1, self_object/1,
          rollup/3, rollup_key/2, objects_of/1]).
 
@@ -110,10 +114,27 @@ strictly_up([A, B | Rest]) when B > A -> strictly_up([B | Rest]);
 strictly_up([_]) -> true;
 strictly_up(_) -> false.
 
-%% @doc The return addresses packed in a site's frames.
+%% @doc The native return addresses packed in a site's frames (the words
+%% of its Erlang context, after them, left out).
 -spec addresses(binary()) -> [non_neg_integer()].
 addresses(Frames) ->
-    [A || <<A:64/native>> <= Frames].
+    [A || <<A:64/native>> <= native(Frames)].
+
+%% @doc The native part of packed frames: the words before the header of
+%% their Erlang context (c_src/common/mi_context.h), all of them when they
+%% have none.
+-spec native(binary()) -> binary().
+native(Frames) ->
+    native(Frames, 0).
+
+native(Frames, At) when At + 8 =< byte_size(Frames) ->
+    case Frames of
+        <<_:At/binary, W:64/native, _/binary>> when W bsr 48 =:= ?CONTEXT_TAG ->
+            binary:part(Frames, 0, At);
+        _ -> native(Frames, At + 8)
+    end;
+native(Frames, _) ->
+    Frames.
 
 %%% Culprits ------------------------------------------------------------------
 
