@@ -17,6 +17,7 @@
 
 #include "../common/mi_abi.h"
 #include "../common/mi_limits.h"
+#include "../common/mi_sampling.h"
 #include "../glibc/resident.h"
 #include "../sites/oldest.h"
 #include "../sites/stack_merge.h"
@@ -297,7 +298,7 @@ mi::sites::Oldest oldest(uint64_t k, uint64_t now, uint64_t min_age, uint64_t ma
 }
 
 // Live blocks grouped by call site. Sampled entries count 1/p(size)
-// blocks and size/p(size) bytes, p(n) = 1 - exp(-n / sample_bytes).
+// blocks and size/p(size) bytes (common/mi_sampling.h).
 struct Site {
   uint32_t stack;
   double count, bytes;
@@ -366,7 +367,6 @@ class SiteIndex {
 // blocks of the same snapshot.
 std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st,
                                 uint64_t since_ns = 0, mi::sites::Oldest* olds = nullptr) {
-  const double mean = st.sample_bytes > 0 ? static_cast<double>(st.sample_bytes) : 1.0;
   std::vector<Site> sites;
   sites.reserve(std::min<uint64_t>(st.stacks, 1 << 20) + 16);
   SiteIndex index(st.stack_capacity);
@@ -381,16 +381,14 @@ std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& 
         index.add(e[i].stack_id, at);
       }
       Site& s = sites[at];
-      const double size = static_cast<double>(e[i].size);
       if (e[i].flags & MI_ENTRY_SAMPLED) {
-        const double prob = -std::expm1(-size / mean);
-        const double w = prob > 0 ? 1.0 / prob : 1.0;
-        s.count += w;
-        s.bytes += size * w;
+        const mi::sampling::Weight w = mi::sampling::weight(e[i].size, st.sample_bytes);
+        s.count += w.count;
+        s.bytes += w.bytes;
         s.estimated = true;
       } else {
         s.count += 1;
-        s.bytes += size;
+        s.bytes += static_cast<double>(e[i].size);
       }
       s.oldest = std::min(s.oldest, e[i].timestamp_ns);
     }
