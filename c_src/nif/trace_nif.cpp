@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "../common/mi_limits.h"
 #include "../common/mi_sampling.h"
 #include "../glibc/resident.h"
+#include "../sites/abi_read.h"
 #include "../sites/oldest.h"
 #include "../sites/stack_merge.h"
 #include "../symbolize/symbolize.h"
@@ -130,13 +130,6 @@ ERL_NIF_TERM when_recording(ErlNifEnv* env, F&& body) {
   return abi == nullptr ? error : body(abi, status);
 }
 
-// The stored frames of stack `id` into pcs (kMaxFrames of room), innermost
-// first; 0 for id 0 (no stack stored) or a stack freed since.
-uint32_t stack_frames(const mi_preload_abi* abi, uint32_t id, uint64_t* pcs) {
-  if (id == 0) return 0;
-  return std::min<uint32_t>(abi->stack(id, pcs, mi::sites::kMaxFrames), mi::sites::kMaxFrames);
-}
-
 ERL_NIF_TERM mode_atom(uint32_t mode) {
   switch (mode) {
     case MI_MODE_FULL:
@@ -188,22 +181,6 @@ ERL_NIF_TERM with_stable_ids(ErlNifEnv* env, const mi_preload_abi* abi, mi_abi_s
   return error_tuple(env, atoms.eagain);
 }
 
-uint32_t fetch_stack(void* abi, uint32_t id, uint64_t* out, uint32_t max) {
-  return static_cast<const mi_preload_abi*>(abi)->stack(id, out, max);
-}
-
-uint64_t hash_stack(void* abi, uint32_t id) {
-  return static_cast<const mi_preload_abi*>(abi)->stack_hash(id);
-}
-
-// The interposer's stack hashes, when it has them.
-mi::sites::HashStack stack_hasher(const mi_preload_abi* abi) {
-  const bool has =
-      abi->struct_size >= offsetof(mi_preload_abi, stack_hash) + sizeof(abi->stack_hash) &&
-      abi->stack_hash != nullptr;
-  return has ? hash_stack : nullptr;
-}
-
 // Symbolized stacks of a few ids, resolved in one batch: the symbolizer
 // reads /proc/self/maps and the JIT's perf map once per batch rather than
 // once per frame (per frame, a sites(20) through Erlang code re-read a
@@ -216,12 +193,9 @@ class StackTerms {
   void want(uint32_t id) {
     if (index_.count(id) != 0) return;
     Span span{static_cast<uint32_t>(addresses_.size()), 0};
-    if (id != 0) {
-      uint64_t frames[mi::sites::kMaxFrames];
-      span.n =
-          std::min<uint32_t>(abi_->stack(id, frames, mi::sites::kMaxFrames), mi::sites::kMaxFrames);
-      addresses_.insert(addresses_.end(), frames, frames + span.n);
-    }
+    uint64_t frames[mi::sites::kMaxFrames];
+    span.n = mi::sites::stack_frames(abi_, id, frames);
+    addresses_.insert(addresses_.end(), frames, frames + span.n);
     index_.emplace(id, spans_.size());
     spans_.push_back(span);
   }
@@ -252,30 +226,6 @@ class StackTerms {
   std::unordered_map<uint32_t, size_t> index_;
   std::vector<ERL_NIF_TERM> terms_;
 };
-
-// Streams a snapshot into `consume(const mi_abi_entry*, size_t)`. The sink is
-// called from the interposer's C frames (built without exceptions), so no
-// exception may cross them: the first one is kept, later batches are
-// skipped, and it is rethrown here once the interposer has returned.
-template <class F>
-void stream_snapshot(const mi_preload_abi* abi, F&& consume) {
-  struct Ctx {
-    F* consume;
-    std::exception_ptr error;
-  } ctx{&consume, nullptr};
-  abi->snapshot(
-      [](void* p, const mi_abi_entry* e, size_t n) {
-        Ctx& c = *static_cast<Ctx*>(p);
-        if (c.error) return;
-        try {
-          (*c.consume)(e, n);
-        } catch (...) {
-          c.error = std::current_exception();
-        }
-      },
-      &ctx);
-  if (ctx.error) std::rethrow_exception(ctx.error);
-}
 
 uint64_t age_ms(uint64_t now, uint64_t ts) {
   return now > ts ? (now - ts) / 1000000 : 0;
@@ -370,7 +320,7 @@ std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& 
   std::vector<Site> sites;
   sites.reserve(std::min<uint64_t>(st.stacks, 1 << 20) + 16);
   SiteIndex index(st.stack_capacity);
-  stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+  mi::sites::stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
     for (size_t i = 0; i < count; ++i) {
       if (olds != nullptr) olds->offer(e[i]);
       if (e[i].timestamp_ns < since_ns) continue;
@@ -396,8 +346,7 @@ std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& 
 
   std::vector<mi::sites::StackKey> keys(sites.size());
   for (size_t i = 0; i < sites.size(); ++i) keys[i].id = sites[i].stack;
-  mi::sites::canonicalize(keys.data(), keys.size(), fetch_stack, stack_hasher(abi),
-                          const_cast<mi_preload_abi*>(abi));
+  mi::sites::canonicalize(keys.data(), keys.size(), abi);
   std::vector<bool> gone(sites.size(), false);
   for (const mi::sites::StackKey& k : keys) {
     if (k.canonical == k.id) continue;
@@ -594,7 +543,7 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status&) {
       const uint64_t now = abi->now_ns();
       mi::sites::Oldest olds = oldest(n, now, min_age, max_age, min_size);
-      stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+      mi::sites::stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
         for (size_t i = 0; i < count; ++i) olds.offer(e[i]);
       });
       const std::vector<mi_abi_entry> entries = olds.take();
@@ -666,7 +615,7 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       std::vector<ERL_NIF_TERM> frames;
       for (const Site& s : sites) {
         uint64_t pcs[mi::sites::kMaxFrames];
-        const uint32_t depth = stack_frames(abi, s.stack, pcs);
+        const uint32_t depth = mi::sites::stack_frames(abi, s.stack, pcs);
         if (depth == 0) continue;
         frames.clear();
         for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
@@ -698,7 +647,7 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       std::vector<uint32_t> depths(sites.size());
       for (size_t i = 0; i < sites.size(); ++i) {
         uint64_t pcs[mi::sites::kMaxFrames];
-        const uint32_t depth = stack_frames(abi, sites[i].stack, pcs);
+        const uint32_t depth = mi::sites::stack_frames(abi, sites[i].stack, pcs);
         depths[i] = depth;
         for (uint32_t f = 0; f < depth; ++f) {
           auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
@@ -760,7 +709,7 @@ namespace {
 // Stack `id`'s raw return addresses packed as native 64-bit words.
 ERL_NIF_TERM packed_frames(ErlNifEnv* env, const mi_preload_abi* abi, uint32_t id) {
   uint64_t pcs[mi::sites::kMaxFrames];
-  const uint32_t depth = stack_frames(abi, id, pcs);
+  const uint32_t depth = mi::sites::stack_frames(abi, id, pcs);
   ERL_NIF_TERM frames;
   unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
   if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
