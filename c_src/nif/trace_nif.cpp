@@ -20,12 +20,23 @@
 #include "../glibc/resident.h"
 #include "../sites/abi_read.h"
 #include "../sites/oldest.h"
+#include "../sites/site_group.h"
 #include "../sites/stack_merge.h"
 #include "../symbolize/symbolize.h"
 #include "quiet.h"
 #include "term.h"
 
 namespace mi::nif {
+
+using mi::sites::age_ms;
+using mi::sites::group_by_site;
+using mi::sites::kMaxFrames;
+using mi::sites::larger_site;
+using mi::sites::Oldest;
+using mi::sites::rounded;
+using mi::sites::Site;
+using mi::sites::stack_frames;
+using mi::sites::stream_snapshot;
 
 namespace {
 
@@ -193,8 +204,8 @@ class StackTerms {
   void want(uint32_t id) {
     if (index_.count(id) != 0) return;
     Span span{static_cast<uint32_t>(addresses_.size()), 0};
-    uint64_t frames[mi::sites::kMaxFrames];
-    span.n = mi::sites::stack_frames(abi_, id, frames);
+    uint64_t frames[kMaxFrames];
+    span.n = stack_frames(abi_, id, frames);
     addresses_.insert(addresses_.end(), frames, frames + span.n);
     index_.emplace(id, spans_.size());
     spans_.push_back(span);
@@ -226,155 +237,6 @@ class StackTerms {
   std::unordered_map<uint32_t, size_t> index_;
   std::vector<ERL_NIF_TERM> terms_;
 };
-
-uint64_t age_ms(uint64_t now, uint64_t ts) {
-  return now > ts ? (now - ts) / 1000000 : 0;
-}
-
-// The collector of the k oldest blocks whose age (at `now`, in ms) lies in
-// [min_age, max_age], of at least min_size bytes. Blocks allocated after
-// `now` (while the snapshot streams) are 0 ms old.
-mi::sites::Oldest oldest(uint64_t k, uint64_t now, uint64_t min_age, uint64_t max_age,
-                         uint64_t min_size) {
-  constexpr uint64_t kMs = 1000000;
-  // age_ms(now, ts) <= max_age  <=>  ts > now - (max_age + 1) ms
-  const uint64_t span = max_age >= UINT64_MAX / kMs - 1 ? UINT64_MAX : (max_age + 1) * kMs;
-  const uint64_t after = now > span ? now - span + 1 : 0;
-  // age_ms(now, ts) >= min_age  <=>  ts <= now - min_age ms
-  uint64_t before = UINT64_MAX;
-  if (min_age > 0) before = min_age > now / kMs ? 0 : now - min_age * kMs;
-  return mi::sites::Oldest(static_cast<size_t>(std::min<uint64_t>(k, 1 << 20)), after, before,
-                           min_size);
-}
-
-// Live blocks grouped by call site. Sampled entries count 1/p(size)
-// blocks and size/p(size) bytes (common/mi_sampling.h).
-struct Site {
-  uint32_t stack;
-  double count, bytes;
-  uint64_t oldest;
-  bool estimated;
-};
-
-void merge_into(Site& to, const Site& from) {
-  to.count += from.count;
-  to.bytes += from.bytes;
-  to.oldest = std::min(to.oldest, from.oldest);
-  to.estimated = to.estimated || from.estimated;
-}
-
-// Stack id -> index into a vector of sites. Ids are (generation << bits) |
-// slot: a vector indexed by slot answers almost every lookup in one load
-// (a million entries group in a few ms, against ~100 ms through a hash
-// map); a slot seen with two generations (reused during the snapshot) and
-// tables too large for a flat index fall back to the hash map.
-class SiteIndex {
- public:
-  explicit SiteIndex(uint64_t capacity) {
-    if (capacity != 0 && (capacity & (capacity - 1)) == 0 && capacity <= kMaxFlat) {
-      mask_ = capacity - 1;
-      flat_.assign(capacity, Cell{0, kNone});
-    }
-  }
-  // The index stored for id, or kNone.
-  uint32_t find(uint32_t id) const {
-    if (!flat_.empty()) {
-      const Cell& c = flat_[id & mask_];
-      if (c.site != kNone && c.id == id) return c.site;
-    }
-    auto it = other_.find(id);
-    return it == other_.end() ? kNone : it->second;
-  }
-  void add(uint32_t id, uint32_t site) {
-    if (!flat_.empty()) {
-      Cell& c = flat_[id & mask_];
-      if (c.site == kNone) {
-        c = Cell{id, site};
-        return;
-      }
-    }
-    other_.emplace(id, site);
-  }
-  static constexpr uint32_t kNone = UINT32_MAX;
-
- private:
-  static constexpr uint64_t kMaxFlat = uint64_t{1} << 20;
-  struct Cell {
-    uint32_t id, site;
-  };
-  std::vector<Cell> flat_;
-  uint64_t mask_ = 0;
-  std::unordered_map<uint32_t, uint32_t> other_;
-};
-
-// Every live block grouped by call site: by stack id first, then ids with
-// the same frames merged (mi::sites::canonicalize), and ids whose stack is
-// unknown merged into the "no stack" site (stack 0). Inside
-// with_stable_ids, so ids keep their meaning.
-// since_ns > 0 keeps only blocks allocated at or after that instant (on
-// now_ns()'s clock): the delta profiles of trace_pprof.
-// `olds` (when not nullptr) is offered every block on the way: the oldest
-// blocks of the same snapshot.
-std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st,
-                                uint64_t since_ns = 0, mi::sites::Oldest* olds = nullptr) {
-  std::vector<Site> sites;
-  sites.reserve(std::min<uint64_t>(st.stacks, 1 << 20) + 16);
-  SiteIndex index(st.stack_capacity);
-  mi::sites::stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
-    for (size_t i = 0; i < count; ++i) {
-      if (olds != nullptr) olds->offer(e[i]);
-      if (e[i].timestamp_ns < since_ns) continue;
-      uint32_t at = index.find(e[i].stack_id);
-      if (at == SiteIndex::kNone) {
-        at = static_cast<uint32_t>(sites.size());
-        sites.push_back(Site{e[i].stack_id, 0, 0, UINT64_MAX, false});
-        index.add(e[i].stack_id, at);
-      }
-      Site& s = sites[at];
-      if (e[i].flags & MI_ENTRY_SAMPLED) {
-        const mi::sampling::Weight w = mi::sampling::weight(e[i].size, st.sample_bytes);
-        s.count += w.count;
-        s.bytes += w.bytes;
-        s.estimated = true;
-      } else {
-        s.count += 1;
-        s.bytes += static_cast<double>(e[i].size);
-      }
-      s.oldest = std::min(s.oldest, e[i].timestamp_ns);
-    }
-  });
-
-  std::vector<mi::sites::StackKey> keys(sites.size());
-  for (size_t i = 0; i < sites.size(); ++i) keys[i].id = sites[i].stack;
-  mi::sites::canonicalize(keys.data(), keys.size(), abi);
-  std::vector<bool> gone(sites.size(), false);
-  for (const mi::sites::StackKey& k : keys) {
-    if (k.canonical == k.id) continue;
-    const uint32_t from = index.find(k.id);
-    uint32_t to = index.find(k.canonical);
-    if (to == SiteIndex::kNone) {  // an unknown stack, and no block had none
-      to = static_cast<uint32_t>(sites.size());
-      sites.push_back(Site{0, 0, 0, UINT64_MAX, false});
-      gone.push_back(false);
-      index.add(0, to);
-    }
-    merge_into(sites[to], sites[from]);
-    gone[from] = true;
-  }
-  size_t kept = 0;
-  for (size_t i = 0; i < sites.size(); ++i)
-    if (!gone[i]) sites[kept++] = sites[i];
-  sites.resize(kept);
-  return sites;
-}
-
-bool larger_site(const Site& a, const Site& b) {
-  return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
-}
-
-uint64_t rounded(double v) {
-  return static_cast<uint64_t>(std::llround(v));
-}
 
 }  // namespace
 
@@ -542,8 +404,8 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status&) {
       const uint64_t now = abi->now_ns();
-      mi::sites::Oldest olds = oldest(n, now, min_age, max_age, min_size);
-      mi::sites::stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+      Oldest olds = Oldest::by_age(n, now, min_age, max_age, min_size);
+      stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
         for (size_t i = 0; i < count; ++i) olds.offer(e[i]);
       });
       const std::vector<mi_abi_entry> entries = olds.take();
@@ -614,8 +476,8 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       out.reserve(sites.size());
       std::vector<ERL_NIF_TERM> frames;
       for (const Site& s : sites) {
-        uint64_t pcs[mi::sites::kMaxFrames];
-        const uint32_t depth = mi::sites::stack_frames(abi, s.stack, pcs);
+        uint64_t pcs[kMaxFrames];
+        const uint32_t depth = stack_frames(abi, s.stack, pcs);
         if (depth == 0) continue;
         frames.clear();
         for (uint32_t i = 0; i < depth; ++i) frames.push_back(u64(env, pcs[i]));
@@ -646,8 +508,8 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       std::vector<uint32_t> ids;  // every site's location ids, one after the other
       std::vector<uint32_t> depths(sites.size());
       for (size_t i = 0; i < sites.size(); ++i) {
-        uint64_t pcs[mi::sites::kMaxFrames];
-        const uint32_t depth = mi::sites::stack_frames(abi, sites[i].stack, pcs);
+        uint64_t pcs[kMaxFrames];
+        const uint32_t depth = stack_frames(abi, sites[i].stack, pcs);
         depths[i] = depth;
         for (uint32_t f = 0; f < depth; ++f) {
           auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
@@ -708,8 +570,8 @@ ERL_NIF_TERM trace_now(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 namespace {
 // Stack `id`'s raw return addresses packed as native 64-bit words.
 ERL_NIF_TERM packed_frames(ErlNifEnv* env, const mi_preload_abi* abi, uint32_t id) {
-  uint64_t pcs[mi::sites::kMaxFrames];
-  const uint32_t depth = mi::sites::stack_frames(abi, id, pcs);
+  uint64_t pcs[kMaxFrames];
+  const uint32_t depth = stack_frames(abi, id, pcs);
   ERL_NIF_TERM frames;
   unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &frames);
   if (depth != 0) std::memcpy(bytes, pcs, depth * sizeof(uint64_t));
@@ -723,7 +585,7 @@ ERL_NIF_TERM trace_snapshot(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
       const uint64_t now = abi->now_ns();
-      mi::sites::Oldest olds = oldest(olds_n, now, 0, max_age, 0);
+      Oldest olds = Oldest::by_age(olds_n, now, 0, max_age, 0);
       const std::vector<Site> sites = group_by_site(abi, st, 0, &olds);
       std::vector<ERL_NIF_TERM> out;
       out.reserve(sites.size());

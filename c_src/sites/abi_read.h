@@ -2,7 +2,8 @@
 // the one home of the adapters every reader uses (the NIF's queries,
 // sites/site_group, the heap map's forked child): a stack's frames, the
 // interposer's stack hashes when it has them, canonicalize() over its
-// stack table, and a snapshot streamed into a C++ callable.
+// stack table, the age of a timestamp on its clock, and a snapshot
+// streamed into a C++ callable.
 //
 // Header-only, no erl_nif. Everything but stream_snapshot() is callable in
 // the heap map's forked child: no allocation, no lock, no exception.
@@ -56,6 +57,13 @@ inline void canonicalize(StackKey* keys, size_t n, const mi_preload_abi* abi) {
 inline uint32_t stack_frames(const mi_preload_abi* abi, uint32_t id, uint64_t* pcs) {
   if (id == 0) return 0;
   return std::min<uint32_t>(abi->stack(id, pcs, kMaxFrames), kMaxFrames);
+}
+
+// The age in whole ms, at `now_ns`, of a timestamp on the tracker's clock
+// (now_ns(), which entries and regions are stamped with); 0 for one
+// taken after now_ns (a block allocated while a snapshot streams).
+inline uint64_t age_ms(uint64_t now_ns, uint64_t ts_ns) {
+  return now_ns > ts_ns ? (now_ns - ts_ns) / 1000000 : 0;
 }
 
 // Streams every live entry into `consume(const mi_abi_entry*, size_t)`,
