@@ -13,8 +13,10 @@
 
 #include "../common/mi_sampling.h"
 #include "../track/tracker.h"
+#include "track_fixture.h"
 
 using namespace mi::track;
+using mi::test::status_of;
 
 namespace {
 
@@ -27,12 +29,6 @@ uint64_t zero_clock() {
 }
 size_t real_usable(void* p) {
   return ::malloc_usable_size(p);
-}
-
-mi_abi_status status_of(const Tracker& t) {
-  mi_abi_status s{};
-  t.status(&s);
-  return s;
 }
 
 // What the interposer's hooks do around the real calls (preload/hooks.cpp),
