@@ -86,6 +86,25 @@ std::vector<uintptr_t> site_stack(uint64_t i) {
   return {0x400000 + i * 16, 0x500000 + (i % 7) * 16, 0x600000, 0x700000};
 }
 
+// A tracker whose hooks run sweeps: 8 live-table chunks (1 << 13 slots)
+// and one stack-table chunk (256 stacks), so sweeps are wanted from 64
+// stacks on.
+void init_sweeping(Tracker& t) {
+  Config c;
+  c.table_capacity = 1 << 13;
+  c.stack_capacity = 256;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());
+}
+
+// A block of call site `site`, allocated and freed at once: its stack is
+// stored, and no block keeps it.
+void alloc_free(Tracker& t, uint64_t site) {
+  t_fake_stack = site_stack(site);
+  t.on_alloc(MI_FN_MALLOC, addr(0x100000), 8);
+  t.on_free(MI_FN_FREE, addr(0x100000));
+}
+
 }  // namespace
 
 TEST_CASE("tracker: reset frees every stack and reclaim frees unreferenced ones",
@@ -246,22 +265,13 @@ TEST_CASE("tracker: realloc's taken entry keeps its stack through a sweep",
 TEST_CASE("tracker: hooks carry a sweep chunk by chunk; reclaim helps it finish, then runs its own",
           "[track][tracker][reclaim]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 13;  // 8 live-table chunks
-  c.stack_capacity = 256;      // sweeps wanted from 64 stacks on
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  REQUIRE(t.hooks_sweep());
-  auto alloc_free = [&](uint64_t site) {
-    t_fake_stack = site_stack(site);
-    t.on_alloc(MI_FN_MALLOC, addr(0x100000), 8);
-    t.on_free(MI_FN_FREE, addr(0x100000));
-  };
-  for (uint64_t i = 0; i < 63; ++i) alloc_free(i);
+  init_sweeping(t);
+  for (uint64_t i = 0; i < 63; ++i) alloc_free(t, i);
   CHECK(status_of(t).stack_sweeps == 0);
   // The 64th stack makes the table want a sweep: that allocation starts it
   // (barrier, pending ids), the next ones each scan one chunk.
-  alloc_free(63);
-  for (uint64_t i = 0; i < 4; ++i) alloc_free(0);
+  alloc_free(t, 63);
+  for (uint64_t i = 0; i < 4; ++i) alloc_free(t, 0);
   mi_abi_status s = status_of(t);
   CHECK(s.stack_sweeps == 0);  // 4 of 8 scan chunks done, then condemn, finish
   CHECK(s.stacks == 64);
@@ -359,22 +369,13 @@ TEST_CASE("tracker: concurrent recording, freeing and sweeping keep every id's o
 TEST_CASE("tracker: a child forked mid-sweep starts with no sweep and frees what was condemned",
           "[track][tracker][reclaim]") {
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 13;  // 8 live-table chunks
-  c.stack_capacity = 256;      // one stack-table chunk; sweeps wanted from 64 stacks
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  REQUIRE(t.hooks_sweep());
-  auto alloc_free = [&](uint64_t site) {
-    t_fake_stack = site_stack(site);
-    t.on_alloc(MI_FN_MALLOC, addr(0x100000), 8);
-    t.on_free(MI_FN_FREE, addr(0x100000));
-  };
+  init_sweeping(t);
   t_fake_stack = site_stack(5);
   t.on_alloc(MI_FN_MALLOC, addr(0x200000), 8);
   const uint32_t condemned_id = live_of(t).at(0x200000).stack_id;
   t.on_free(MI_FN_FREE, addr(0x200000));
-  for (uint64_t i = 0; i < 64; ++i) alloc_free(i);  // the 64th starts a sweep
-  for (int k = 0; k < 9; ++k) alloc_free(0);        // 8 scan chunks, 1 condemn chunk
+  for (uint64_t i = 0; i < 64; ++i) alloc_free(t, i);  // the 64th starts a sweep
+  for (int k = 0; k < 9; ++k) alloc_free(t, 0);        // 8 scan chunks, 1 condemn chunk
   // The sweep now waits in its finish phase with 63 stacks condemned (all
   // but site 0, interned during the sweep).
   uint64_t f[8];
