@@ -4,11 +4,15 @@ EBIN    := _build/default/lib/mallocinfo/ebin
 TARBALL := mallocinfo.tar.gz
 export MALLOCINFO_TARBALL := $(CURDIR)/$(TARBALL)
 
-.PHONY: deps build demo run test test-c eunit ct soak tarball bench fmt fmt-check lint docs clean
+.PHONY: deps build demo run test test-here test-short test-matrix test-elixir versions test-c test-san \
+        eunit ct soak tarball bench fmt fmt-check lint docs clean
 
-# Install missing Debian packages (docker/packages.txt); a no-op when all are present.
+# Install missing Debian packages (docker/packages.sh: this release's names
+# for docker/packages-short.txt and packages.txt); a no-op when all are
+# present. DEPS=--short: only what the short matrix needs.
+DEPS ?=
 deps:
-	@docker/install-deps.sh
+	@docker/install-deps.sh $(DEPS)
 
 # Compile Erlang and (through rebar.config's pre_hook) the native code.
 build: deps
@@ -34,29 +38,88 @@ run: demo
 	@if [ -t 0 ]; then LD_PRELOAD=$(PRELOAD) erl -pa $(EBIN) $(DEMO_DIR) -eval '$(RUN_EVAL).'; \
 	else LD_PRELOAD=$(PRELOAD) erl -noshell -pa $(EBIN) $(DEMO_DIR) -eval '$(RUN_EVAL), halt().'; fi
 
-# Everything: formatting, xref and dialyzer, Catch2, EUnit, Common Test (release injection). CT's summary is the last line.
-test: build fmt-check lint tarball test-c eunit ct
+# Everything on this machine (formatting, xref and dialyzer, Catch2, the
+# interposer's smoke and stress tests, EUnit, Common Test but the Elixir
+# suite), and meanwhile, in the background, the short matrix on Debian 13
+# and unstable roots (scripts/matrix.sh: their roots are built, then each
+# runs make test-short), whose output follows this machine's, with its
+# "N passed, N failed" as the last line. Inside a matrix root
+# (MALLOCINFO_IN_MATRIX set) only this machine's part runs.
+MATRIX_SHORT := trixie sid
+MATRIX_FULL  := bookworm trixie sid
+test:
+ifeq ($(MALLOCINFO_IN_MATRIX),)
+	@$(MAKE) -s deps
+	@scripts/matrix.sh start short $(MATRIX_SHORT)
+	@$(MAKE) -s test-here || { scripts/matrix.sh stop; exit 1; }
+	@scripts/matrix.sh wait
+else
+	@$(MAKE) -s test-here
+endif
+
+test-here: versions build fmt-check lint tarball test-c eunit ct
+
+# The glibc, OTP and compiler this runs on (first line of each matrix log).
+versions:
+	@printf 'glibc %s, OTP %s, %s\n' "$$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" \
+	  "$$(erl -noshell -eval 'io:put_chars(erlang:system_info(otp_release)), halt().')" \
+	  "$$($${CXX:-g++} --version | head -1)"
+
+# What the short matrix runs in each root: the build with warnings as
+# errors (C++ -Werror through CI=true, Erlang through the test profile),
+# EUnit, and the Common Test suites that read glibc and the VM's insides.
+SHORT_SUITES := test/mallocinfo_trace_SUITE,test/mallocinfo_attach_SUITE,test/mallocinfo_heap_SUITE,test/mallocinfo_report_SUITE
+# A VM that gets SIGTERM stops cleanly and exits 0, so each run must also
+# have printed its summary (the matrix once saw a CT run end that way);
+# a failed test leaves no such line either.
+test-short: versions demo
+	@$(REBAR) as test compile
+	@$(REBAR) eunit | tee _build/eunit-short.log
+	@sed 's/\x1b\[[0-9;]*m//g' _build/eunit-short.log | grep -q '^ *All [0-9]* tests passed'
+	@$(REBAR) ct --suite=$(SHORT_SUITES) | tee _build/ct-short.log
+	@sed 's/\x1b\[[0-9;]*m//g' _build/ct-short.log | grep -q '^All [0-9]* tests passed'
+
+# The whole make test on Debian 12, 13 and unstable, each in its own root
+# (built once, cached outside the clone), plus what make test leaves to it:
+# the sanitizer builds and the Elixir suite. See TESTING.md.
+test-matrix:
+	@scripts/matrix.sh full $(MATRIX_FULL)
 
 test-c: deps
 	@$(MAKE) -s -C c_src -j$(shell nproc) test-bins
-	@$(MAKE) -s -C c_src test test-san test-preload test-attach
+	@$(MAKE) -s -C c_src test test-preload test-attach
+
+# The Catch2 tests under ASan+UBSan and TSan (make soak and make test-matrix).
+test-san: deps
+	@$(MAKE) -s -C c_src -j$(shell nproc) san-bins
+	@$(MAKE) -s -C c_src test-san
 
 eunit: demo
 	@$(REBAR) eunit
 
+# Every Common Test suite but the Elixir one (make test-elixir), which
+# make test-matrix runs on each release.
+CT_SUITES := $(shell ls test/*_SUITE.erl | grep -v elixir | paste -sd, -)
 ct: demo tarball
-	@$(REBAR) ct
+	@$(REBAR) ct --suite=$(CT_SUITES)
+
+# mallocinfo as a Mix dependency, its mix release with the tracker
+# preloaded and an iex session (doc/elixir.md; make test-matrix).
+test-elixir: demo tarball
+	@$(REBAR) ct --suite=test/mallocinfo_elixir_SUITE
 
 # Liveness under load for a minute (issue 15; `make test` runs each for less):
 # threads allocating inside dl_iterate_phdr callbacks and from new call sites
 # under the interposer, 5000 forked children of an attached process calling
 # dlopen, then a preloaded node answering every query during an allocation
-# storm, with a watchdog.
+# storm, with a watchdog; then the Catch2 tests under ASan+UBSan and TSan
+# (make test-san), which make test leaves to make soak and make test-matrix.
 soak: build
 	@$(MAKE) -s -C c_src stress-bin
 	@LD_PRELOAD=$(PRELOAD) MALLOCINFO_TRACE_EXE=stress_loader_lock c_src/build/stress_loader_lock 60
 	@c_src/build/stress_fork_dlopen 5000
 	@MALLOCINFO_STRESS_SECONDS=60 $(REBAR) ct --suite=test/mallocinfo_stress_SUITE
+	@$(MAKE) -s test-san
 
 # Tracker overhead side by side with glibc and heaptrack, then the heap map's
 # dump and render of a 1 GB fragmented heap; results go to BENCHMARKS.md.
@@ -77,14 +140,23 @@ FMT_FILES = $(shell find c_src -path c_src/build -prune -o \( -name '*.cpp' -o -
 fmt:
 	@clang-format -i $(FMT_FILES)
 
+# The tree is formatted by Debian 12's clang-format 14; 19 and 21 (Debian
+# 13, unstable) lay out a few constructs differently, so there the check
+# says it is not this version and passes: Debian 12 machines and the
+# matrix's bookworm root check the format.
+FMT_MAJOR := 14
 fmt-check: deps
-	@clang-format --dry-run --Werror $(FMT_FILES)
+	@v=$$(clang-format --version | sed -n 's/.*version \([0-9]*\).*/\1/p'); \
+	if [ "$$v" = $(FMT_MAJOR) ]; then clang-format --dry-run --Werror $(FMT_FILES); \
+	else echo "fmt-check: clang-format $$v is not $(FMT_MAJOR), which the tree follows: not checked here"; fi
 
 # Static checks of the Erlang side: xref (undefined calls, unused locals,
-# deprecated calls) and dialyzer, both clean.
+# deprecated calls) and dialyzer, both clean; the module graph without a
+# circle (no module calls up into its callers).
 lint: build
 	@$(REBAR) as lint xref
 	@$(REBAR) as lint dialyzer
+	@escript scripts/module_graph.escript _build/lint/lib/mallocinfo/ebin
 
 # Module reference from the public modules' @doc (OTP's edoc), into _build/docs.
 docs: build

@@ -1,9 +1,10 @@
 #!/bin/sh
-# Installs the Debian packages listed in docker/packages.txt that are missing.
-# Does nothing (and needs no network or root) when all are present.
+# Installs the Debian packages mallocinfo needs that are missing, with this
+# release's names (docker/packages.sh; --short: only what the short matrix
+# needs). Does nothing (and needs no network or root) when all are present.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-pkgs=$(grep -v '^#' "$here/packages.txt" | tr -s ' \n' ' ')
+pkgs=$("$here/packages.sh" "$@" | tr '\n' ' ')
 missing=""
 for p in $pkgs; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

@@ -11,11 +11,10 @@
 
 -include_lib("kernel/include/file.hrl").
 
-%% Everything mallocinfo_heapmap_cli reaches. mallocinfo_heap is here for
-%% totals/1 only (both summaries are summed by it); it loads without the
-%% NIF, which only its dump and summary calls need.
+%% Everything mallocinfo_heapmap_cli reaches: the heap map family (none of
+%% it needs the NIF) and the leaves it calls.
 -define(MODULES, [mallocinfo_heapmap_cli, mallocinfo_heapmap, mallocinfo_heapmap_read,
-                  mallocinfo_heapmap_draw, mallocinfo_heapmap_html, mallocinfo_heap,
+                  mallocinfo_heapmap_draw, mallocinfo_heapmap_html, mallocinfo_heapmap_summary,
                   mallocinfo_file, mallocinfo_lib, mallocinfo_png, mallocinfo_text,
                   mallocinfo_units]).
 

@@ -2,8 +2,10 @@
 %%
 %% Every function is safe to call from a remote console on a live node: the
 %% ones that lock malloc arenas, fork or touch files run on dirty schedulers.
-%% Wrong argument types raise `badarg'; runtime conditions return
-%% `{error, Reason}' with a POSIX atom (`enoent', `eacces', ...).
+%% Wrong argument types raise `badarg'; a call that can fail at run time
+%% returns `{ok, Value}' (or `ok') or `{error, Reason}', Reason a POSIX
+%% atom (`enoent', `eacces', ...) or `{wrong_allocator, Which}' (README,
+%% "Results and errors").
 %%
 %% {@link allocator/0} says which allocator serves `malloc' in this process.
 %% The glibc calls below describe glibc's heap only: while another allocator
@@ -14,6 +16,10 @@
 %% Loading this module (`l(mallocinfo).') also loads every other module of
 %% the application, so the whole API works in releases running in embedded
 %% code-loading mode, where nothing is loaded on first call.
+%%
+%% This module is the front door: the glibc calls are done in the internal
+%% `mallocinfo_glibc' (which the rest of the application calls), the report
+%% in {@link mallocinfo_report}.
 -module(mallocinfo).
 
 -on_load(load_siblings/0).
@@ -25,14 +31,10 @@
 
 -export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
--type posix() :: file:posix() | atom().
--type allocator() :: glibc | jemalloc | tcmalloc | mimalloc | unknown.
--type wrong_allocator() :: {wrong_allocator, allocator()}.
--type mallopt_param() :: arena_max | arena_test | mmap_threshold | mmap_max
-                       | trim_threshold | top_pad | perturb.
-
--define(INT_MIN, -16#80000000).
--define(INT_MAX, 16#7fffffff).
+-type posix() :: mallocinfo_glibc:posix().
+-type allocator() :: mallocinfo_glibc:allocator().
+-type wrong_allocator() :: mallocinfo_glibc:wrong_allocator().
+-type mallopt_param() :: mallocinfo_glibc:mallopt_param().
 
 %% @doc Which allocator serves `malloc' in this process: `glibc',
 %% `jemalloc', `tcmalloc' (gperftools), `mimalloc', or `unknown' (another
@@ -45,7 +47,7 @@
 %% and later calls read it.
 -spec allocator() -> allocator().
 allocator() ->
-    mallocinfo_nif:allocator().
+    mallocinfo_glibc:allocator().
 
 %% @doc glibc's `malloc_info(0, ...)' XML written to `Path'. The document is
 %% written to a temporary file in the same directory, synced and renamed
@@ -56,40 +58,32 @@ allocator() ->
 %% socket: refused and left untouched), `enospc', ...
 -spec info(Path :: file:name_all()) -> ok | {error, posix() | wrong_allocator()}.
 info(Path) ->
-    Bin = mallocinfo_lib:path_binary(Path, [Path]),
-    glibc(fun() -> mallocinfo_nif:info_file(Bin) end).
+    mallocinfo_glibc:info(Path).
 
 %% @doc The same XML in memory, without a temporary file.
 -spec info() -> {ok, Xml :: binary()} | {error, posix() | wrong_allocator()}.
 info() ->
-    glibc(fun mallocinfo_nif:info_xml/0).
+    mallocinfo_glibc:info().
 
 %% @doc `malloc_info' parsed into terms with xmerl: per heap (arena) the
 %% free-chunk size classes, `fast'/`rest' free totals, `system' current/max
-%% and `aspace'; then the totals, including `mmap'. `free_bytes' and
+%% and `aspace'; then the totals, including `mmap' (`fast' is zero from
+%% glibc 2.43, which has no fastbins and leaves it out). `free_bytes' and
 %% `in_use_bytes' are derived (`in_use = system current - fast - rest').
 %% If the running release lacks xmerl it is loaded from the OTP installation
 %% when one can be found, else `{error, {missing_application, xmerl}}'.
--spec heaps() -> {ok, mallocinfo_parse:heaps()}
+-spec heaps() -> {ok, mallocinfo_glibc_parse:heaps()}
                | {error, {missing_application, xmerl} | posix() | wrong_allocator()}.
 heaps() ->
-    case mallocinfo_lib:ensure_xmerl() of
-        ok ->
-            case info() of
-                {ok, Xml} -> {ok, mallocinfo_parse:heaps(Xml)};
-                {error, _} = E -> E
-            end;
-        {error, _} = E ->
-            E
-    end.
+    mallocinfo_glibc:heaps().
 
 %% @doc glibc's `malloc_stats()', exactly: its text goes to the node's
 %% standard error (often lost in a release; see {@link log_stats/0}).
 -spec stats() -> ok | {error, wrong_allocator()}.
 stats() ->
-    glibc(fun mallocinfo_nif:malloc_stats/0).
+    mallocinfo_glibc:stats().
 
-%% @doc The figures `malloc_stats()' prints, as terms: per arena
+%% @doc `{ok, Figures}': the figures `malloc_stats()' prints, as terms: per arena
 %% `system_bytes' and `in_use_bytes', their sums under the same names (the
 %% arenas only, as in {@link heaps/0} and the heap map), and
 %% malloc_stats()'s totals, which add the mmapped blocks, as
@@ -97,56 +91,35 @@ stats() ->
 %% process (fork) runs `malloc_stats()' and `mallinfo2()' on the copy, so the
 %% numbers are consistent with each other even while the node allocates.
 %% Returns `{error, enomem | eagain}' if the node cannot fork.
--spec summary() -> mallocinfo_parse:summary() | {error, posix() | wrong_allocator()}.
+-spec summary() -> {ok, mallocinfo_glibc_parse:summary()} | {error, posix() | wrong_allocator()}.
 summary() ->
-    case glibc(fun mallocinfo_nif:stats_text/0) of
-        {ok, Text} -> mallocinfo_parse:stats(Text);
-        {error, _} = E -> E
-    end.
+    mallocinfo_glibc:summary().
 
 %% @doc The lines of `malloc_stats()' sent to `logger' at `info' level, one
 %% event per line, with metadata `#{domain => [mallocinfo]}'. The default
 %% logger primary level is `notice': raise it to `info' to see them.
 -spec log_stats() -> ok | {error, posix() | wrong_allocator()}.
 log_stats() ->
-    case glibc(fun mallocinfo_nif:stats_text/0) of
-        {ok, Text} ->
-            Lines = binary:split(Text, <<"\n">>, [global, trim_all]),
-            lists:foreach(
-              fun(L) ->
-                      logger:info("malloc_stats: ~ts", [L], #{domain => [mallocinfo]})
-              end, Lines);
-        {error, _} = E ->
-            E
-    end.
+    mallocinfo_glibc:log_stats().
 
-%% @doc Every `mallinfo2()' field, as unbounded integers (no 32-bit wrap).
--spec mallinfo() -> #{arena | ordblks | smblks | hblks | hblkhd | usmblks | fsmblks
-                      | uordblks | fordblks | keepcost => non_neg_integer()}
-                  | {error, wrong_allocator()}.
+%% @doc `{ok, Fields}': every `mallinfo2()' field, as unbounded integers
+%% (no 32-bit wrap).
+-spec mallinfo() -> {ok, mallocinfo_glibc:mallinfo()} | {error, wrong_allocator()}.
 mallinfo() ->
-    glibc(fun mallocinfo_nif:mallinfo/0).
+    mallocinfo_glibc:mallinfo().
 
 %% @equiv trim(0)
--spec trim() -> {ok, #{released := boolean(),
-                       rss_before := non_neg_integer() | undefined,
-                       rss_after := non_neg_integer() | undefined}}
-              | {error, wrong_allocator()}.
+-spec trim() -> {ok, mallocinfo_glibc:trimmed()} | {error, wrong_allocator()}.
 trim() ->
-    trim(0).
+    mallocinfo_glibc:trim(0).
 
 %% @doc `malloc_trim(Pad)': return free memory at the top of the heap and
 %% free whole pages inside every arena to the system. `rss_before' and
 %% `rss_after' are the resident set size in bytes (`/proc/self/statm').
 -spec trim(Pad :: non_neg_integer()) ->
-          {ok, #{released := boolean(),
-                 rss_before := non_neg_integer() | undefined,
-                 rss_after := non_neg_integer() | undefined}}
-          | {error, wrong_allocator()}.
-trim(Pad) when is_integer(Pad), Pad >= 0, Pad < 16#10000000000000000 ->
-    glibc(fun() -> mallocinfo_nif:trim(Pad) end);
+          {ok, mallocinfo_glibc:trimmed()} | {error, wrong_allocator()}.
 trim(Pad) ->
-    erlang:error(badarg, [Pad]).
+    mallocinfo_glibc:trim(Pad).
 
 %% @doc `mallopt(3)'. An unknown parameter or a non-integer value raises
 %% `badarg'; a value glibc would ignore or refuse returns `{error, einval}'
@@ -154,45 +127,30 @@ trim(Pad) ->
 %% negative `mmap_max'/`top_pad', `trim_threshold' &lt; -1, anything outside a
 %% C int).
 -spec mallopt(mallopt_param(), integer()) -> ok | {error, einval | wrong_allocator()}.
-mallopt(Param, Value) when is_integer(Value) ->
-    case lists:member(Param, [arena_max, arena_test, mmap_threshold, mmap_max,
-                              trim_threshold, top_pad, perturb]) of
-        false -> erlang:error(badarg, [Param, Value]);
-        true when Value < ?INT_MIN; Value > ?INT_MAX -> {error, einval};
-        true -> glibc(fun() -> mallocinfo_nif:mallopt(Param, Value) end)
-    end;
 mallopt(Param, Value) ->
-    erlang:error(badarg, [Param, Value]).
+    mallocinfo_glibc:mallopt(Param, Value).
 
 %% @doc The version of the loaded shared object.
 -spec version() -> binary().
 version() ->
-    mallocinfo_nif:version().
+    mallocinfo_glibc:version().
 
 %% @doc This process's resident set size in bytes (`/proc/self/statm'),
 %% `undefined' when it cannot be read. One small file read: cheap enough
 %% for a dashboard.
 -spec rss() -> non_neg_integer() | undefined.
 rss() ->
-    mallocinfo_nif:rss().
+    mallocinfo_glibc:rss().
 
 %% @doc The C library's version as it reports it at run time
 %% (`gnu_get_libc_version()', e.g. `<<"2.36">>'), whichever allocator
 %% serves `malloc'.
 -spec libc_version() -> binary().
 libc_version() ->
-    mallocinfo_nif:libc_version().
+    mallocinfo_glibc:libc_version().
 
 %%% ---------------------------------------------------------------------------
 %%% Internals
-
-%% Runs a glibc call only while glibc serves malloc. Arguments are checked
-%% before this (misuse raises whatever the allocator).
-glibc(Call) ->
-    case allocator() of
-        glibc -> Call();
-        Other -> {error, {wrong_allocator, Other}}
-    end.
 
 %% Loads the other modules of the application. In embedded mode the code
 %% server loads nothing on first call, so without this `l(mallocinfo).'

@@ -9,12 +9,66 @@
 %% a writer (the heap map's PNG encoder) calls them from deep inside a
 %% loop, and {@link write_all/3} catches them once for a whole set of
 %% files and cleans up.
+%%
+%% Also the one home of where temporary files go ({@link tmp_dir/1}) and
+%% of the private directory rule ({@link private_dir/3}), for the
+%% profilers' files and the NIF sent to another node.
 -module(mallocinfo_file).
 
 -include_lib("kernel/include/file.hrl").
 
 -export([write_all/3, check_target/1, ensure_dir/1, open_temp/1, write/2, sync/1,
          write_file/2]).
+-export([tmp_dir/0, tmp_dir/1, private_dir/3]).
+
+%% Random names private_dir/3 tries before it gives up: one is taken only
+%% when something made it meanwhile (or planted it).
+-define(PRIVATE_DIR_TRIES, 3).
+
+%% The directory temporary files go under on this node: {@link tmp_dir/1}
+%% of its `TMPDIR'.
+-spec tmp_dir() -> file:filename().
+tmp_dir() ->
+    tmp_dir(os:getenv("TMPDIR")).
+
+%% The directory temporary files go under, from the value of `TMPDIR'
+%% (`os:getenv/1''s answer, on this node or another): that value when set
+%% and not empty, else `/tmp'.
+-spec tmp_dir(string() | false) -> file:filename().
+tmp_dir(Dir) when is_list(Dir), Dir =/= [] -> Dir;
+tmp_dir(_) -> "/tmp".
+
+%% A fresh private directory under `Parent' (mkdtemp's rule): a random
+%% name `Prefix' + 16 hex digits made with make_dir, which fails on
+%% anything that exists, links included (so nothing planted in advance is
+%% used), then mode 0700 before anything is put in it (so no one else can
+%% plant a link in it); removed again when the mode cannot be set.
+%% `File(Function, Args)' runs the file module's calls: `apply(file, ...)'
+%% for this node, an erpc call to make one on another node (its
+%% exceptions are raised as they come). `{error, {make_dir | chmod, Dir,
+%% Posix}}' says which step failed; `eexist' after 3 names taken.
+-spec private_dir(file:filename(), string(), fun((atom(), [term()]) -> term())) ->
+          {ok, file:filename()} | {error, {make_dir | chmod, file:filename(), term()}}.
+private_dir(Parent, Prefix, File) ->
+    private_dir(Parent, Prefix, File, ?PRIVATE_DIR_TRIES).
+
+private_dir(Parent, Prefix, File, Tries) ->
+    Name = Prefix ++ string:lowercase(binary_to_list(binary:encode_hex(rand:bytes(8)))),
+    Dir = filename:join(Parent, Name),
+    case File(make_dir, [Dir]) of
+        ok ->
+            case File(change_mode, [Dir, 8#700]) of
+                ok ->
+                    {ok, Dir};
+                {error, Why} ->
+                    _ = File(del_dir, [Dir]),
+                    {error, {chmod, Dir, Why}}
+            end;
+        {error, eexist} when Tries > 1 ->
+            private_dir(Parent, Prefix, File, Tries - 1);
+        {error, Why} ->
+            {error, {make_dir, Dir, Why}}
+    end.
 
 %% Writes the files `Names' into `Dir' all or nothing. Every name is
 %% checked first ({@link check_target/1}): one that may not be replaced

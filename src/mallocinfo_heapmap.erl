@@ -30,11 +30,11 @@
 -export_type([summary/0, arena_summary/0, totals/0, bad_dump/0, header/0]).
 
 %% One arena's figures: the same type as the live summary's.
--type arena_summary() :: mallocinfo_heap:arena_summary().
+-type arena_summary() :: mallocinfo_heapmap_summary:arena_summary().
 %% The arenas summed: the live summary's type; a dump's has
 %% `tracked_mmap_bytes' and `tracked_mmap_chunks' but not `mmap_bytes' and
 %% `mmap_chunks' (glibc's count, which the file does not hold).
--type totals() :: mallocinfo_heap:totals().
+-type totals() :: mallocinfo_heapmap_summary:totals().
 -type summary() :: #{arenas := [arena_summary()], total := totals()}.
 %% What HEADER says, for reports.
 -type header() :: #{pid := non_neg_integer(), time_ms := non_neg_integer(),

@@ -499,7 +499,8 @@ segment_map(N, #seg{arena = A, base = B, size = Sz, first = F, offset = O, chunk
       pages => Pages, n_pages => NPages}.
 
 %% Per arena the same figures as the live summary (mallocinfo_heap), and
-%% their totals summed by the same function, so the two cannot drift.
+%% their totals summed by the same function (mallocinfo_heapmap_summary),
+%% so the two cannot drift.
 summary(#scan{arenas = Arenas, hdr = #hdr{tracker = Tracker}} = S) ->
     Per = [arena_summary(A, Tracker) || A <- Arenas],
     %% totals/1 takes the tracker's keys from the arenas; a dump with
@@ -508,7 +509,7 @@ summary(#scan{arenas = Arenas, hdr = #hdr{tracker = Tracker}} = S) ->
                  true -> #{live_bytes => 0, live_chunks => 0, unrecorded_bytes => 0};
                  false -> #{}
              end,
-    Total = maps:merge(NoLive, mallocinfo_heap:totals(Per)),
+    Total = maps:merge(NoLive, mallocinfo_heapmap_summary:totals(Per)),
     #{arenas => Per,
       total => Total#{tracked_mmap_bytes => S#scan.mmap_bytes,
                       tracked_mmap_chunks => S#scan.mmap_chunks}}.

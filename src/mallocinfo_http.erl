@@ -115,7 +115,7 @@ start(Opts) when is_map(Opts) ->
     is_integer(Port) andalso Port >= 0 andalso Port =< 65535 andalso inet:is_ip_address(Ip)
         andalso lists:all(fun valid_limit/1, maps:to_list(Limits))
         orelse erlang:error(badarg, [Opts]),
-    case ensure_inets() of
+    case mallocinfo_lib:ensure_app(inets) of
         ok -> start_httpd(Port, Ip, Limits);
         {error, _} = E -> E
     end;
@@ -230,33 +230,6 @@ servers() ->
 httpd_info(Pid) ->
     try httpd:info(Pid, [modules, port]) catch _:_ -> [] end.
 
-%% inets is part of OTP but not of every release: when the release lacks
-%% it, load it from the OTP installation the emulator runs from, every
-%% module at once (embedded mode loads nothing on first call).
-ensure_inets() ->
-    case application:ensure_all_started(inets) of
-        {ok, _} ->
-            ok;
-        {error, _} ->
-            Dirs = mallocinfo_lib:lib_candidates(inets, mallocinfo_lib:otp_roots()),
-            load_inets(Dirs)
-    end.
-
-load_inets([]) ->
-    {error, {missing_application, inets}};
-load_inets([Dir | Rest]) ->
-    Mods = [list_to_atom(filename:basename(F, ".beam"))
-            || F <- filelib:wildcard(filename:join(Dir, "*.beam"))],
-    _ = code:add_pathz(Dir),
-    case code:ensure_modules_loaded(Mods) =:= ok
-        andalso application:ensure_all_started(inets) of
-        {ok, _} ->
-            ok;
-        _ ->
-            _ = code:del_path(Dir),
-            load_inets(Rest)
-    end.
-
 %%% ---------------------------------------------------------------------------
 %%% The httpd callback
 
@@ -367,8 +340,8 @@ params(#{}) ->
 %%% Endpoints ------------------------------------------------------------------
 
 index([]) ->
-    text(200, ["mallocinfo ", mallocinfo:version(), ", allocator ",
-               atom_to_list(mallocinfo:allocator()), "\n\n"
+    text(200, ["mallocinfo ", mallocinfo_glibc:version(), ", allocator ",
+               atom_to_list(mallocinfo_glibc:allocator()), "\n\n"
                "GET /memory.json      the allocator's statistics as JSON\n"
                "GET /mallocinfo.xml   glibc's malloc_info XML\n"
                "GET /heap_profile     heap profiling status\n"
@@ -388,7 +361,7 @@ index(Params) ->
 %% (glibc: mallinfo2, malloc_info parsed, the tracker; tcmalloc: its text
 %% statistics), so it is valid JSON by construction.
 memory_json([]) ->
-    case mallocinfo:allocator() of
+    case mallocinfo_glibc:allocator() of
         jemalloc ->
             case mallocinfo_jemalloc:stats() of
                 {ok, Json} -> {200, [{"Content-Type", "application/json"}], Json};
@@ -404,12 +377,15 @@ memory_json(Params) ->
 memory_document(Allocator) ->
     Tracker = mallocinfo_trace:status(),
     Base = #{allocator => Allocator,
-             rss_bytes => mallocinfo:rss(),
+             rss_bytes => mallocinfo_glibc:rss(),
              tracker => Tracker},
     case Allocator of
         glibc ->
-            Base#{mallinfo2 => mallocinfo:mallinfo(),
-                  malloc_info => case mallocinfo:heaps() of
+            Base#{mallinfo2 => case mallocinfo_glibc:mallinfo() of
+                                   {ok, Mallinfo} -> Mallinfo;
+                                   {error, Reason} -> #{error => reason_text(Reason)}
+                               end,
+                  malloc_info => case mallocinfo_glibc:heaps() of
                                      {ok, Heaps} -> Heaps;
                                      {error, Reason} -> #{error => reason_text(Reason)}
                                  end};
@@ -423,9 +399,9 @@ memory_document(Allocator) ->
     end.
 
 mallocinfo_xml([]) ->
-    case mallocinfo:allocator() of
+    case mallocinfo_glibc:allocator() of
         glibc ->
-            case mallocinfo:info() of
+            case mallocinfo_glibc:info() of
                 {ok, Xml} -> {200, [{"Content-Type", "application/xml"}], Xml};
                 {error, Reason} -> failure("malloc_info", Reason)
             end;
@@ -484,9 +460,9 @@ heap_folded([]) ->
     case mallocinfo_trace:profile_data(#{}) of
         {ok, Data} ->
             %% The total the lines sum to, from the same snapshot.
-            {200, [{"Content-Type", ?TEXT},
-                   {"X-Live-Bytes", integer_to_list(mallocinfo_profile:folded_total(Data))}],
-             mallocinfo_profile:folded(Data)};
+            Total = mallocinfo_trace_profile:folded_total(Data),
+            {200, [{"Content-Type", ?TEXT}, {"X-Live-Bytes", integer_to_list(Total)}],
+             mallocinfo_trace_profile:folded(Data)};
         {error, Reason} ->
             profile_refusal(Reason)
     end;
@@ -505,10 +481,10 @@ flamegraph(Params) ->
             case mallocinfo_trace:folded() of
                 {ok, Folded} ->
                     Title = ["live heap of ", atom_to_list(node()), " (os pid ", os:getpid(), ")"],
-                    Coverage = mallocinfo_flamegraph:coverage(mallocinfo_trace:status(),
-                                                              mallocinfo:rss()),
+                    Coverage = mallocinfo_http_flamegraph:coverage(mallocinfo_trace:status(),
+                                                                   mallocinfo_glibc:rss()),
                     {200, [{"Content-Type", "text/html; charset=utf-8"}],
-                     mallocinfo_flamegraph:page(Folded, Title, Coverage)};
+                     mallocinfo_http_flamegraph:page(Folded, Title, Coverage)};
                 {error, Reason} ->
                     profile_refusal(Reason)
             end;
@@ -518,7 +494,7 @@ flamegraph(Params) ->
     end.
 
 profile_refusal(not_preloaded) ->
-    Own = case mallocinfo:allocator() of
+    Own = case mallocinfo_glibc:allocator() of
               glibc -> "";
               Other -> ["This node's ", atom_to_list(Other), " serves its own heap profile at "
                         "/heap_profile?trigger_dump=true (jeprof / google-pprof text format).\n"]
@@ -530,35 +506,30 @@ profile_refusal(Reason) ->
 
 %%% /heap_profile ----------------------------------------------------------------
 
-%% Who profiles: jemalloc and tcmalloc themselves; under glibc (or an
-%% allocator without a profiler) the tracker, when preloaded.
-profiler() ->
-    case mallocinfo:allocator() of
-        jemalloc -> jemalloc;
-        tcmalloc -> tcmalloc;
-        _ -> tracker
-    end.
-
+%% The profiler's control is mallocinfo_profiler's; here, its HTTP face.
 heap_profile([]) ->
-    text(200, status_text(profiler()));
+    text(200, status_text(mallocinfo_profiler:status()));
 heap_profile([{"active", Value}]) when Value =:= "true"; Value =:= "false" ->
-    Profiler = profiler(),
-    case set_active(Profiler, Value =:= "true") of
-        ok -> text(200, status_text(Profiler));
-        {error, Reason} -> refusal(Profiler, Reason)
+    Result = case Value of
+                 "true" -> mallocinfo_profiler:start();
+                 "false" -> mallocinfo_profiler:stop()
+             end,
+    case Result of
+        ok -> text(200, status_text(mallocinfo_profiler:status()));
+        {error, Reason} -> refusal(mallocinfo_profiler:profiler(), Reason)
     end;
 heap_profile([{"active", _}]) ->
     text(400, "active takes true or false\n");
 heap_profile([{"trigger_dump", "true"}]) ->
-    Profiler = profiler(),
-    case dump(Profiler) of
+    case mallocinfo_profiler:dump() of
         {ok, Profile} ->
-            Name = io_lib:format("heap_profile.~ts.~ts.heap", [os:getpid(), Profiler]),
+            Name = io_lib:format("heap_profile.~ts.~ts.heap",
+                                 [os:getpid(), mallocinfo_profiler:profiler()]),
             {200, [{"Content-Type", "application/octet-stream"},
                    {"Content-Disposition", ["attachment; filename=\"", Name, "\""]}],
              Profile};
         {error, Reason} ->
-            refusal(Profiler, Reason)
+            refusal(mallocinfo_profiler:profiler(), Reason)
     end;
 heap_profile([{"trigger_dump", _}]) ->
     text(400, "trigger_dump takes only true\n");
@@ -567,109 +538,6 @@ heap_profile([{Name, _}]) ->
                "; /heap_profile takes active=true|false or trigger_dump=true\n"]);
 heap_profile([_, _ | _]) ->
     text(400, "one parameter at a time: active=true|false or trigger_dump=true\n").
-
-set_active(jemalloc, Active) ->
-    mallocinfo_jemalloc:profile_active(Active);
-set_active(tcmalloc, true) ->
-    case mallocinfo_tcmalloc:profile_running() of
-        true -> ok;
-        false -> start_tcmalloc_profiler();
-        {error, _} = E -> E
-    end;
-set_active(tcmalloc, false) ->
-    case mallocinfo_tcmalloc:profile_running() of
-        true ->
-            %% not_running: another request stopped it first.
-            Result = case mallocinfo_tcmalloc:profile_stop() of
-                         {error, not_running} -> ok;
-                         Other -> Other
-                     end,
-            remove_tcmalloc_dir(),
-            Result;
-        false -> ok;
-        {error, _} = E -> E
-    end;
-set_active(tracker, Active) ->
-    case {mallocinfo_trace:status(), Active} of
-        {#{preloaded := false, attached_at := undefined}, _} -> {error, not_preloaded};
-        {#{recording := false}, _} -> {error, not_recording};
-        {#{mode := M}, true} when M =:= full; M =:= sample -> ok;
-        {#{}, true} -> mallocinfo_trace:set_mode(resume_mode());
-        %% counters, not off: the blocks recorded so far stay in the table
-        %% (and leave it when freed), as jemalloc keeps its samples while
-        %% prof.active is false.
-        {#{mode := M}, false} when M =:= full; M =:= sample -> mallocinfo_trace:set_mode(counters);
-        {#{}, false} -> ok
-    end.
-
-%% tcmalloc's profiler also writes files of its own, `<prefix>.0001.heap'
-%% and on, each time the HEAP_PROFILE_* thresholds are crossed (every GiB
-%% allocated by default). The prefix points into a directory made fresh for
-%% it (make_dir fails on a name that exists, so nothing planted in advance
-%% is used) with mode 0700, so no one else can plant a symlink in it; the
-%% directory goes when the profiler is stopped here.
-start_tcmalloc_profiler() ->
-    Dir = filename:join(tmp_dir(), io_lib:format("mallocinfo-tcmalloc.~ts.~b",
-                                                 [os:getpid(), rand:uniform(1 bsl 62)])),
-    case make_private_dir(Dir) of
-        ok ->
-            case mallocinfo_tcmalloc:profile_start(filename:join(Dir, "heap")) of
-                ok ->
-                    persistent_term:put({?MODULE, tcmalloc_dir}, Dir),
-                    ok;
-                {error, already_running} ->
-                    %% Another request started it first: what was asked
-                    %% for is done, with that request's directory.
-                    _ = file:del_dir(Dir),
-                    ok;
-                {error, _} = E ->
-                    _ = file:del_dir(Dir),
-                    E
-            end;
-        {error, _} = E ->
-            E
-    end.
-
-%% The directory, mode 0700 before anything is put in it; nothing left
-%% behind when the mode cannot be set.
-make_private_dir(Dir) ->
-    case file:make_dir(Dir) of
-        ok ->
-            case file:change_mode(Dir, 8#700) of
-                ok -> ok;
-                {error, _} = E -> _ = file:del_dir(Dir), E
-            end;
-        {error, _} = E ->
-            E
-    end.
-
-remove_tcmalloc_dir() ->
-    case persistent_term:get({?MODULE, tcmalloc_dir}, undefined) of
-        undefined ->
-            ok;
-        Dir ->
-            _ = file:del_dir_r(Dir),
-            _ = persistent_term:erase({?MODULE, tcmalloc_dir}),
-            ok
-    end.
-
-tmp_dir() ->
-    case os:getenv("TMPDIR") of
-        false -> "/tmp";
-        "" -> "/tmp";
-        Dir -> Dir
-    end.
-
-%% Back to the mode the node was started with, when it recorded blocks.
-resume_mode() ->
-    case os:getenv("MALLOCINFO_TRACE") of
-        "sample" -> sample;
-        _ -> full
-    end.
-
-dump(jemalloc) -> mallocinfo_jemalloc:profile_dump();
-dump(tcmalloc) -> mallocinfo_tcmalloc:profile_dump();
-dump(tracker) -> mallocinfo_trace:heap_profile().
 
 %% Why a tracker that is there records nothing: detached, or preloaded in
 %% an executable MALLOCINFO_TRACE_EXE does not match.
@@ -712,54 +580,49 @@ tracker_hint() ->
      "MALLOC_CONF=\"prof:true,prof_active:false\"."].
 
 %% The status as libmtev shows it: `key: value' lines, then what to do.
-status_text(jemalloc) ->
-    case mallocinfo_jemalloc:profile_status() of
-        #{prof := Prof, active := Active, thread_active_init := Init, lg_sample := Lg} ->
-            ["allocator: jemalloc\n",
-             "opt.prof: ", atom_to_list(Prof), "\n",
-             "prof.active: ", atom_to_list(Active), "\n",
-             "prof.thread_active_init: ", atom_to_list(Init), "\n",
-             "opt.lg_prof_sample: ", integer_to_list(Lg), "\n",
-             case Prof of
-                 true -> usage();
-                 false -> ["\nHeap profiling was not enabled when the node started.\n",
-                           ?MALLOC_CONF_HINT, "\n"]
-             end];
-        {error, Reason} ->
-            ["allocator: jemalloc\nprofiling status unavailable: ", reason_text(Reason), "\n"]
-    end;
-status_text(tcmalloc) ->
-    case mallocinfo_tcmalloc:profile_running() of
-        Running when is_boolean(Running) ->
-            ["allocator: tcmalloc\n",
-             "heap_profiler.running: ", atom_to_list(Running), "\n",
-             "\nGET /heap_profile?active=true        start tcmalloc's heap profiler\n"
-             "GET /heap_profile?active=false       stop it (what it recorded is forgotten)\n"
-             "GET /heap_profile?trigger_dump=true  the profile: google-pprof --text "
-             "<beam.smp> <file>\n"];
-        {error, profiler_not_loaded} ->
-            ["allocator: tcmalloc\nheap_profiler: not loaded (libtcmalloc_minimal has none; "
-             "preload libtcmalloc.so.4 to profile)\n"];
-        {error, Reason} ->
-            ["allocator: tcmalloc\nheap profiler status unavailable: ", reason_text(Reason), "\n"]
-    end;
-status_text(tracker) ->
-    Allocator = atom_to_list(mallocinfo:allocator()),
-    case mallocinfo_trace:status() of
-        #{preloaded := false, attached_at := undefined} ->
-            ["allocator: ", Allocator, "\ntracker: not preloaded\n\n"
-             "No heap profile: the allocator keeps no allocation stacks.\n", tracker_hint(), "\n"];
-        #{recording := false} = S ->
-            ["allocator: ", Allocator, "\ntracker: ", not_recording_text(S), "\n"];
-        #{mode := Mode, live_entries := Live, live_bytes := Bytes, dropped := Dropped} = S ->
-            ["allocator: ", Allocator, "\ntracker: ", tracker_origin(S), ", recording\n",
-             "tracker.mode: ", atom_to_list(Mode), "\n",
-             "tracker.active: ", atom_to_list(Mode =:= full orelse Mode =:= sample), "\n",
-             "tracker.live_blocks: ", integer_to_list(Live), "\n",
-             "tracker.live_bytes: ", integer_to_list(Bytes), "\n",
-             "tracker.dropped: ", integer_to_list(Dropped), "\n",
-             usage()]
-    end.
+status_text(#{profiler := jemalloc, jemalloc := #{prof := Prof, active := Active,
+                                                  thread_active_init := Init,
+                                                  lg_sample := Lg}}) ->
+    ["allocator: jemalloc\n",
+     "opt.prof: ", atom_to_list(Prof), "\n",
+     "prof.active: ", atom_to_list(Active), "\n",
+     "prof.thread_active_init: ", atom_to_list(Init), "\n",
+     "opt.lg_prof_sample: ", integer_to_list(Lg), "\n",
+     case Prof of
+         true -> usage();
+         false -> ["\nHeap profiling was not enabled when the node started.\n",
+                   ?MALLOC_CONF_HINT, "\n"]
+     end];
+status_text(#{profiler := jemalloc, error := Reason}) ->
+    ["allocator: jemalloc\nprofiling status unavailable: ", reason_text(Reason), "\n"];
+status_text(#{profiler := tcmalloc, error := profiler_not_loaded}) ->
+    ["allocator: tcmalloc\nheap_profiler: not loaded (libtcmalloc_minimal has none; "
+     "preload libtcmalloc.so.4 to profile)\n"];
+status_text(#{profiler := tcmalloc, error := Reason}) ->
+    ["allocator: tcmalloc\nheap profiler status unavailable: ", reason_text(Reason), "\n"];
+status_text(#{profiler := tcmalloc, active := Running}) ->
+    ["allocator: tcmalloc\n",
+     "heap_profiler.running: ", atom_to_list(Running), "\n",
+     "\nGET /heap_profile?active=true        start tcmalloc's heap profiler\n"
+     "GET /heap_profile?active=false       stop it (what it recorded is forgotten)\n"
+     "GET /heap_profile?trigger_dump=true  the profile: google-pprof --text "
+     "<beam.smp> <file>\n"];
+status_text(#{profiler := tracker, allocator := Allocator, error := not_preloaded}) ->
+    ["allocator: ", atom_to_list(Allocator), "\ntracker: not preloaded\n\n"
+     "No heap profile: the allocator keeps no allocation stacks.\n", tracker_hint(), "\n"];
+status_text(#{profiler := tracker, allocator := Allocator, error := not_recording,
+              tracker := S}) ->
+    ["allocator: ", atom_to_list(Allocator), "\ntracker: ", not_recording_text(S), "\n"];
+status_text(#{profiler := tracker, allocator := Allocator, active := Active,
+              tracker := #{mode := Mode, live_entries := Live, live_bytes := Bytes,
+                           dropped := Dropped} = S}) ->
+    ["allocator: ", atom_to_list(Allocator), "\ntracker: ", tracker_origin(S), ", recording\n",
+     "tracker.mode: ", atom_to_list(Mode), "\n",
+     "tracker.active: ", atom_to_list(Active), "\n",
+     "tracker.live_blocks: ", integer_to_list(Live), "\n",
+     "tracker.live_bytes: ", integer_to_list(Bytes), "\n",
+     "tracker.dropped: ", integer_to_list(Dropped), "\n",
+     usage()].
 
 usage() ->
     "\nGET /heap_profile?active=true        record allocations\n"

@@ -41,16 +41,19 @@ stats() ->
 summary() ->
     mallocinfo_nif:jemalloc_summary().
 
-%% @doc Heap profiling state: `prof' (`opt.prof': enabled at start),
+%% @doc `{ok, State}', heap profiling's state: `prof' (`opt.prof': enabled at start),
 %% `active' (`prof.active': sampling now), `thread_active_init'
 %% (`prof.thread_active_init': whether new threads sample), `lg_sample'
 %% (log2 of the mean bytes between samples). `{error, profiling_unsupported}'
 %% for a jemalloc built without profiling support.
--spec profile_status() -> #{prof := boolean(), active := boolean(),
-                            thread_active_init := boolean(), lg_sample := integer()}
+-spec profile_status() -> {ok, #{prof := boolean(), active := boolean(),
+                                 thread_active_init := boolean(), lg_sample := integer()}}
                         | {error, error_reason()}.
 profile_status() ->
-    mallocinfo_nif:jemalloc_profile_status().
+    case mallocinfo_nif:jemalloc_profile_status() of
+        #{} = State -> {ok, State};
+        {error, _} = E -> E
+    end.
 
 %% @doc Switches sampling on (`true') or off (`false') at run time
 %% (`prof.active'). `{error, profiling_disabled}' when the process did not
@@ -78,12 +81,8 @@ profile_dump() ->
 %% The directory under which the private one is made, as the NIF wants it:
 %% a binary in the file name encoding, without NUL.
 tmp_dir() ->
-    Dir = case os:getenv("TMPDIR") of
-              false -> "/tmp";
-              "" -> "/tmp";
-              D -> D
-          end,
-    Bin = unicode:characters_to_binary(Dir, unicode, file:native_name_encoding()),
+    Bin = unicode:characters_to_binary(mallocinfo_file:tmp_dir(), unicode,
+                                       file:native_name_encoding()),
     case is_binary(Bin) andalso binary:match(Bin, <<0>>) =:= nomatch of
         true -> Bin;
         false -> <<"/tmp">>

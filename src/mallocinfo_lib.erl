@@ -6,10 +6,8 @@
 %% take them.
 -module(mallocinfo_lib).
 
--export([path_binary/2, path_name/2, app_modules/0, ensure_xmerl/0, load_xmerl/1,
+-export([path_binary/2, path_name/2, app_modules/0, ensure_app/1, ensure_xmerl/0, load_xmerl/1,
          xmerl_candidates/1, lib_candidates/2, otp_roots/0]).
-
--define(XMERL_MODULES, [xmerl_scan, xmerl_lib, xmerl_ucs]).
 
 %% A file name as the NIFs take it: a binary in the native
 %% encoding without NUL bytes; badarg with `Args' otherwise.
@@ -102,43 +100,65 @@ app_modules() ->
                               not lists:prefix("mallocinfo_demo", atom_to_list(M))])
     end.
 
-%% xmerl is part of OTP but not of every release. When it is not loadable
-%% from the code path, look for it in the OTP installation the emulator runs
-%% from, and load all of its modules (embedded mode loads nothing lazily).
--spec ensure_xmerl() -> ok | {error, {missing_application, xmerl}}.
-ensure_xmerl() ->
-    case code:is_loaded(xmerl_scan) of
-        {file, _} ->
+%% xmerl (mallocinfo:heaps/0) and inets (mallocinfo_http) are part of OTP
+%% but not of every release. When the release lacks one, it is looked for
+%% in the OTP installation the emulator runs from and every module of it
+%% is loaded (embedded mode loads nothing lazily). ok when it is usable:
+%% xmerl loaded, inets started.
+-spec ensure_app(xmerl | inets) -> ok | {error, {missing_application, xmerl | inets}}.
+ensure_app(App) when App =:= xmerl; App =:= inets ->
+    case usable(App) of
+        true ->
             ok;
         false ->
-            Dirs = case code:lib_dir(xmerl) of
+            Dirs = case code:lib_dir(App) of
                        {error, _} -> [];
                        D -> [filename:join(D, "ebin")]
-                   end ++ xmerl_candidates(otp_roots()),
-            load_xmerl(Dirs)
-    end.
+                   end ++ lib_candidates(App, otp_roots()),
+            load_app(App, Dirs)
+    end;
+ensure_app(App) ->
+    erlang:error(badarg, [App]).
+
+%% @equiv ensure_app(xmerl)
+-spec ensure_xmerl() -> ok | {error, {missing_application, xmerl}}.
+ensure_xmerl() ->
+    ensure_app(xmerl).
 
 %% Loads xmerl from the first directory that has it.
 -spec load_xmerl([file:filename()]) -> ok | {error, {missing_application, xmerl}}.
 load_xmerl(Dirs) ->
     filenames(Dirs) orelse erlang:error(badarg, [Dirs]),
-    load_xmerl_from(Dirs).
+    load_app(xmerl, Dirs).
 
-load_xmerl_from([]) ->
-    {error, {missing_application, xmerl}};
-load_xmerl_from([Dir | Rest]) ->
+%% Loads App from the first of Dirs that holds its modules and where it
+%% becomes usable; a directory that fails leaves the code path as it was.
+load_app(App, []) ->
+    {error, {missing_application, App}};
+load_app(App, [Dir | Rest]) ->
     Mods = [list_to_atom(filename:basename(F, ".beam"))
             || F <- filelib:wildcard(filename:join(Dir, "*.beam"))],
-    case lists:all(fun(M) -> lists:member(M, Mods) end, ?XMERL_MODULES) of
+    case lists:all(fun(M) -> lists:member(M, Mods) end, needed(App)) of
         false ->
-            load_xmerl_from(Rest);
+            load_app(App, Rest);
         true ->
-            _ = code:add_pathz(Dir),
-            case code:ensure_modules_loaded(Mods) of
-                ok -> ok;
-                {error, _} -> load_xmerl_from(Rest)
+            Added = not lists:member(Dir, code:get_path()) andalso code:add_pathz(Dir) =:= true,
+            case code:ensure_modules_loaded(Mods) =:= ok andalso usable(App) of
+                true ->
+                    ok;
+                false ->
+                    _ = Added andalso code:del_path(Dir),
+                    load_app(App, Rest)
             end
     end.
+
+%% The modules that tell an application's ebin directory.
+needed(xmerl) -> [xmerl_scan, xmerl_lib, xmerl_ucs];
+needed(inets) -> [inets, httpd].
+
+%% xmerl is a library (loaded is usable); httpd runs in inets' processes.
+usable(xmerl) -> code:is_loaded(xmerl_scan) =/= false;
+usable(inets) -> element(1, application:ensure_all_started(inets)) =:= ok.
 
 %% Candidate xmerl ebin directories under the given OTP roots,
 %% newest version first.

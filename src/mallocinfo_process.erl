@@ -87,19 +87,19 @@
 %%% API
 
 %% @equiv inspect_heap(Pid, #{})
--spec inspect_heap(pid()) -> [{term(), non_neg_integer()}] | {error, noproc}.
+-spec inspect_heap(pid()) -> {ok, [{term(), non_neg_integer()}]} | {error, noproc}.
 inspect_heap(Pid) ->
     inspect_heap(Pid, #{}).
 
-%% @doc The terms on `Pid''s heap that can be seen, each with its size in
-%% words (`erts_debug:size/1'), in the original proposal's shape. A term
+%% @doc `{ok, Terms}': the terms on `Pid''s heap that can be seen, each with
+%% its size in words (`erts_debug:size/1'), `{Term, Words}'. A term
 %% larger than `max_words' appears as
 %% `{'$mallocinfo_truncated', Words, Preview}' (a `~P'-style string).
 -spec inspect_heap(pid(), opts()) ->
-          [{term(), non_neg_integer()}] | {error, noproc | remote_error()}.
+          {ok, [{term(), non_neg_integer()}]} | {error, noproc | remote_error()}.
 inspect_heap(Pid, Opts) ->
     case inspect(Pid, Opts) of
-        {ok, Items} -> [{T, W} || #{kind := K, term := T, words := W} <- Items, K =/= omitted];
+        {ok, Items} -> {ok, [{T, W} || #{kind := K, term := T, words := W} <- Items, K =/= omitted]};
         {error, _} = E -> E
     end.
 

@@ -47,11 +47,11 @@ metrics() ->
 %% rather than failing the scrape.
 -spec collect() -> sources().
 collect() ->
-    Allocator = mallocinfo:allocator(),
-    Base = #{allocator => Allocator, rss => mallocinfo:rss()},
+    Allocator = mallocinfo_glibc:allocator(),
+    Base = #{allocator => Allocator, rss => mallocinfo_glibc:rss()},
     Glibc = case Allocator of
-                glibc -> ok_sources([{mallinfo, fun mallocinfo:mallinfo/0},
-                                     {heaps, fun mallocinfo:heaps/0}]);
+                glibc -> ok_sources([{mallinfo, fun mallocinfo_glibc:mallinfo/0},
+                                     {heaps, fun mallocinfo_glibc:heaps/0}]);
                 _ -> #{}
             end,
     Tracker = case mallocinfo_trace:status() of
@@ -67,12 +67,7 @@ collect() ->
     maps:merge(maps:merge(Base, Glibc), maps:merge(Tracker, Jemalloc)).
 
 ok_sources(Readers) ->
-    maps:from_list([{Key, V} || {Key, Read} <- Readers, {ok, V} <- [ok_value(Read())]]).
-
-%% mallinfo/0 returns a bare map; heaps/0 and summary/0 {ok, Map}.
-ok_value({ok, V}) -> {ok, V};
-ok_value(#{} = V) -> {ok, V};
-ok_value({error, _} = E) -> E.
+    maps:from_list([{Key, V} || {Key, Read} <- Readers, {ok, V} <- [Read()]]).
 
 %% @doc Metric families from readings (see {@link collect/0}); keys that
 %% are absent give no families. Families with no samples are left out.

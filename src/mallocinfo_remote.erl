@@ -75,11 +75,14 @@ inject(Node, Timeout) ->
                   {ok, Os} -> Os;
                   {error, {NoCode, no_object_code}} -> throw({inject, {no_object_code, NoCode}})
               end,
-    Tmp = case Call(os, getenv, ["TMPDIR"]) of
-              T when is_list(T), T =/= "" -> T;
-              _ -> "/tmp"
+    Tmp = mallocinfo_file:tmp_dir(Call(os, getenv, ["TMPDIR"])),
+    OnTarget = fun(F, A) -> Call(file, F, A) end,
+    Dir = case mallocinfo_file:private_dir(Tmp, "mallocinfo-", OnTarget) of
+              {ok, Made} -> Made;
+              {error, {make_dir, _, eexist}} -> throw({inject, no_private_dir});
+              {error, {make_dir, _, _} = NotMade} -> throw({inject, NotMade});
+              {error, {chmod, NoMode, Posix}} -> throw({inject, {{chmod, NoMode}, {error, Posix}}})
           end,
-    Dir = private_dir(Call, Tmp, 3),
     try
         Priv = filename:dirname(mallocinfo_nif:so_path()),
         [begin
@@ -115,20 +118,3 @@ inject(Node, Timeout) ->
 must(ok, _) -> ok;
 must({ok, Value}, _) -> Value;
 must(Other, Step) -> throw({inject, {Step, Other}}).
-
-%% mkdtemp over distribution: a fresh random name, created (never reused:
-%% make_dir fails on anything that exists, links included), then 0700.
-private_dir(_Call, _Tmp, 0) ->
-    throw({inject, no_private_dir});
-private_dir(Call, Tmp, Tries) ->
-    Name = "mallocinfo-" ++ string:lowercase(binary_to_list(binary:encode_hex(rand:bytes(8)))),
-    Dir = filename:join(Tmp, Name),
-    case Call(file, make_dir, [Dir]) of
-        ok ->
-            must(Call(file, change_mode, [Dir, 8#700]), {chmod, Dir}),
-            Dir;
-        {error, eexist} ->
-            private_dir(Call, Tmp, Tries - 1);
-        {error, Why} ->
-            throw({inject, {make_dir, Dir, Why}})
-    end.

@@ -186,7 +186,7 @@ gather(Opts) ->
                                                              [{unit, millisecond}])),
       cores => erlang:system_info(logical_processors_online),
       word_size => erlang:system_info(wordsize),
-      libc_version => guard(fun mallocinfo:libc_version/0),
+      libc_version => guard(fun mallocinfo_glibc:libc_version/0),
       smaps => Smaps,
       smaps_rollup => read_proc("smaps_rollup"),
       status => read_proc("status"),
@@ -199,7 +199,7 @@ gather(Opts) ->
       processes => guard(fun top_processes/0),
       ets => guard(fun ets_top/0),
       allocator => allocator(),
-      mallinfo => guard(fun mallocinfo:mallinfo/0),
+      mallinfo => ok_value(guard(fun mallocinfo_glibc:mallinfo/0)),
       libc_summary => libc_summary(),
       heap_map => heap_map(),
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
@@ -219,12 +219,12 @@ culprits(Opts) ->
     case maps:get(interval, Opts, undefined) of
         undefined ->
             case guard(fun() -> mallocinfo_trace:snapshot(Last) end) of
-                #{} = S -> culprits_of([S], undefined);
+                {ok, S} -> culprits_of([S], undefined);
                 Error -> #{rollup => Error}
             end;
         Ms ->
             case guard(fun mallocinfo_trace:snapshot/0) of
-                #{} = S0 -> culprits_of(later_snapshots(S0, Ms, Last), Ms);
+                {ok, S0} -> culprits_of(later_snapshots(S0, Ms, Last), Ms);
                 Error -> #{rollup => Error}
             end
     end.
@@ -235,25 +235,27 @@ later_snapshots(S0, Ms, LastOpts) ->
     timer:sleep(Ms - Ms div 2),
     S2 = mallocinfo_trace:snapshot(LastOpts),
     case {S1, S2} of
-        {#{}, #{}} -> [S0, S1, S2];
+        {{ok, Middle}, {ok, End}} -> [S0, Middle, End];
         _ -> [S0]
     end.
 
 culprits_of(Snaps, Interval) ->
     Last = lists:last(Snaps),
     Rollup = guard(fun() ->
-                           Functions = mallocinfo_trace:sites(infinity, #{by => function,
-                                                                          snapshot => Last,
-                                                                          demangle => true}),
+                           {ok, Functions} = mallocinfo_trace:sites(infinity,
+                                                                    #{by => function,
+                                                                      snapshot => Last,
+                                                                      demangle => true}),
                            #{functions => Functions,
-                             objects => mallocinfo_growth:objects_of(Functions),
+                             objects => mallocinfo_trace_growth:objects_of(Functions),
                              live_bytes => maps:get(live_bytes, Last),
                              live_blocks => maps:get(live_blocks, Last)}
                    end),
     Olds = case Last of
                #{olds := _} ->
-                   guard(fun() -> mallocinfo_trace:olds(?OLDS, #{snapshot => Last,
-                                                                 demangle => true}) end);
+                   ok_value(guard(fun() -> mallocinfo_trace:olds(?OLDS, #{snapshot => Last,
+                                                                          demangle => true})
+                                  end));
                #{} ->
                    {error, snapshot_failed}  % the last of an interval's snapshots failed
            end,
@@ -339,24 +341,29 @@ guard(F) ->
     catch Class:Reason -> {error, {Class, Reason}}
     end.
 
+%% A source's value as the raw data holds it: the value itself, or the
+%% error (mallocinfo_report_build says why a section is unavailable).
+ok_value({ok, Value}) -> Value;
+ok_value({error, _} = E) -> E.
+
 read_proc(Name) ->
     case file:read_file("/proc/self/" ++ Name) of
         {ok, Bin} -> Bin;
         {error, _} = E -> E
     end.
 
-%% `/proc/self/smaps' as mallocinfo_smaps:parse_smaps/1's mappings, or
+%% `/proc/self/smaps' as mallocinfo_report_smaps:parse_smaps/1's mappings, or
 %% why not: the file could not be read, or its text was not what the
 %% parser knows (the resident set then says so, and the rest of the report
 %% goes on).
 parse_smaps(Text) when is_binary(Text) ->
-    try mallocinfo_smaps:parse_smaps(Text)
+    try mallocinfo_report_smaps:parse_smaps(Text)
     catch Class:Reason -> {error, {unexpected_input, {Class, Reason}}}
     end;
 parse_smaps({error, _} = Error) ->
     Error.
 
-%% What confirms glibc's heaps (see mallocinfo_smaps:heap_windows/2):
+%% What confirms glibc's heaps (see mallocinfo_report_smaps:heap_windows/2):
 %% the first bytes at each candidate address, read from /proc/self/mem
 %% (the kernel copies them: nothing in this process can fault), and, for
 %% a mapping that merged with a heap, its resident pages inside the heap
@@ -364,10 +371,10 @@ parse_smaps({error, _} = Error) ->
 %% the report falls back to the heaps' shape and to proportions.
 heap_evidence(Vmas) when is_list(Vmas) ->
     case guard(fun() ->
-                       Candidates = mallocinfo_smaps:heap_candidates(Vmas),
+                       Candidates = mallocinfo_report_smaps:heap_candidates(Vmas),
                        Headers = read_at("/proc/self/mem", [{A, 48} || A <- Candidates]),
-                       Windows = mallocinfo_smaps:heap_windows(Vmas, Headers),
-                       Straddling = mallocinfo_smaps:straddling(Vmas, Windows),
+                       Windows = mallocinfo_report_smaps:heap_windows(Vmas, Headers),
+                       Straddling = mallocinfo_report_smaps:straddling(Vmas, Windows),
                        #{heap_headers => Headers,
                          straddle_rss => maps:from_list(
                                            [{Start, resident_in(Page, Ranges)}
@@ -403,14 +410,14 @@ instrument_call(F) ->
     end.
 
 allocator() ->
-    case guard(fun mallocinfo:allocator/0) of
+    case guard(fun mallocinfo_glibc:allocator/0) of
         A when is_atom(A) -> A;
         _ -> glibc
     end.
 
 libc_summary() ->
-    case guard(fun mallocinfo:summary/0) of
-        #{arenas := _} = S -> S;
+    case guard(fun mallocinfo_glibc:summary/0) of
+        {ok, #{arenas := _} = S} -> S;
         Error -> Error
     end.
 

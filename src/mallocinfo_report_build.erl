@@ -1,8 +1,8 @@
 %% @private The report from raw data, with pure functions only: the
-%% resident set (`/proc' text, parsed and grouped by `mallocinfo_smaps'),
+%% resident set (`/proc' text, parsed and grouped by `mallocinfo_report_smaps'),
 %% the ERTS, libc, native and other-allocator layers, and what each
 %% explains of the resident set; the verdicts on the result come from
-%% `mallocinfo_verdicts'. `mallocinfo_report:collect/0' gathers the raw
+%% `mallocinfo_report_verdicts'. `mallocinfo_report:collect/0' gathers the raw
 %% data and is the only caller; the pieces are exported for EUnit, which
 %% feeds canned `/proc' text (parsed) and crafted maps. Not an API:
 %% arguments are not checked.
@@ -22,7 +22,7 @@
 
 %% @doc The report from the raw data `mallocinfo_report:collect/0'
 %% gathers (see there for the keys). Its `smaps' is already parsed
-%% (`mallocinfo_smaps:parse_smaps/1', or `{error, Why}'): the resident set
+%% (`mallocinfo_report_smaps:parse_smaps/1', or `{error, Why}'): the resident set
 %% and the tracker's regions read that one parse, the same the heap
 %% evidence was found in.
 -spec build(map()) -> mallocinfo_report:report().
@@ -33,7 +33,7 @@ build(Raw) ->
     Base = maps:merge(maps:with([node, os_pid, otp_release, time, libc_version, allocator], Raw),
                       maps:from_list([{K, section(F, Raw)} || {K, F} <- Sections])),
     R = maps:merge(Base, account(Base)),
-    R#{verdicts => mallocinfo_verdicts:verdicts(R)}.
+    R#{verdicts => mallocinfo_report_verdicts:verdicts(R)}.
 
 %% Input this code did not expect (another OTP, another kernel) costs one
 %% section, never the report: the operator still gets the rest.
@@ -47,7 +47,8 @@ section(F, Raw) ->
 
 resident(#{smaps := Vmas} = Raw) when is_list(Vmas) ->
     #{groups := Groups} = Grouped =
-        mallocinfo_smaps:group_mappings(Vmas, maps:with([heap_headers, straddle_rss], Raw)),
+        mallocinfo_report_smaps:group_mappings(Vmas,
+                                               maps:with([heap_headers, straddle_rss], Raw)),
     Total = lists:sum([Rss || #{rss := Rss} <- maps:values(Groups)]),
     Rollup = fields_or_empty(maps:get(smaps_rollup, Raw, undefined)),
     Status = fields_or_empty(maps:get(status, Raw, undefined)),
@@ -68,7 +69,7 @@ resident(#{smaps := {error, Why}}) ->
 resident(_) ->
     {unavailable, no_smaps, <<"/proc/self/smaps is needed (Linux, /proc mounted)">>}.
 
-fields_or_empty(Bin) when is_binary(Bin) -> mallocinfo_smaps:parse_fields(Bin);
+fields_or_empty(Bin) when is_binary(Bin) -> mallocinfo_report_smaps:parse_fields(Bin);
 fields_or_empty(_) -> #{}.
 
 
@@ -466,7 +467,7 @@ mappings(#{trace_status := #{preloaded := true, mode := Mode}, regions := {ok, R
            smaps := Vmas})
   when is_list(Vmas), (Mode =:= full orelse Mode =:= sample) ->
     Known = [R || #{start := _, length := _, resident := _} = R <- Regions],
-    Kinds = mallocinfo_smaps:anon_kinds(Vmas, [S || #{start := S} <- Known]),
+    Kinds = mallocinfo_report_smaps:anon_kinds(Vmas, [S || #{start := S} <- Known]),
     Owned = [{owner(R), Kind, Res, L}
              || {#{length := L, resident := Res} = R, Kind} <- lists:zip(Known, Kinds),
                 Kind =/= none],
@@ -516,59 +517,92 @@ owner(_) ->
 %% size, so the unaccounted figure is a lower bound: memory mapped behind
 %% ERTS's back can hide in the part of ERTS's mappings that is not resident.
 %% With the tracker's regions (mappings/1) the anonymous memory is split by
-%% address instead: ERTS's and each call site's regions are exact, libc's
+%% address first: ERTS's and each call site's regions are exact, libc's
 %% mmapped blocks and another allocator claim what is left, and the rest
-%% is unaccounted: an exact figure, no longer a lower bound.
-account(#{resident := #{groups := _}, mappings := #{} = M} = R) ->
-    account_exact(R, M);
+%% is unaccounted: an exact figure, no longer a lower bound. One sequence
+%% of claims for both, so a new layer is added once.
 account(#{resident := #{groups := G, rss := Rss}} = R) ->
     Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
-    Anon = Rss_(anon),
     #{heaps := Heaps, libc_arena := LibcArena, libc_mmap := LibcMmap, tracker := Tracker,
       other_alloc := OtherAlloc} = claims(R),
-    ErtsMmap = case maps:get(erts, R) of
-                   #{mmap_bytes := E} when is_integer(E) -> E;
-                   _ -> 0
-               end,
-    NoReserve = Rss_(noreserve),
+    %% With the tracker's regions the accounting is exact: they claim
+    %% their bytes first, by address.
+    Regions = regions(R, Rss_),
+    Exact = Regions =/= none,
+    {InAnon, InNr, ErtsRegions} = case Regions of
+                                      none -> {0, 0, 0};
+                                      Claimed -> Claimed
+                                  end,
+    Anon = Rss_(anon) - InAnon,
+    NoReserve = Rss_(noreserve) - InNr,
     %% The tracker's tables are NORESERVE mappings. libc's mmapped blocks
     %% and another allocator's resident bytes are resident figures (jemalloc
     %% maps NORESERVE where the kernel overcommits, so it may claim either
-    %% kind); ERTS's figure is what it mapped (virtual), so ERTS takes what
-    %% is left of the anonymous memory, up to that.
+    %% kind); ERTS's figure is what it mapped (virtual), so without regions
+    %% ERTS takes what is left of the anonymous memory, up to that.
     TrackerPart = min(NoReserve, Tracker),
     MmapPart = min(Anon, LibcMmap),
     OtherFromNoReserve = min(NoReserve - TrackerPart, OtherAlloc),
     OtherFromAnon = min(Anon - MmapPart, OtherAlloc - OtherFromNoReserve),
-    ErtsPart = min(Anon - MmapPart - OtherFromAnon, ErtsMmap),
+    ErtsMmap = case maps:get(erts, R) of
+                   #{mmap_bytes := EM} when is_integer(EM) -> EM;
+                   _ -> 0
+               end,
+    ErtsFromAnon = case Exact of
+                       false -> min(Anon - MmapPart - OtherFromAnon, ErtsMmap);
+                       true -> 0
+                   end,
+    Sites = [{mapped_sites, InAnon + InNr - ErtsRegions} || Exact],
     Attributed = [{files, Rss_(files)}, {jit, Rss_(jit)}, {stacks, Rss_(stacks)},
                   {special, Rss_(special)},
                   {libc_heaps, min(Heaps, LibcArena)},
                   {tracker_tables, TrackerPart},
-                  {erts_carriers, ErtsPart},
-                  {libc_mmap, MmapPart},
-                  {other_allocator, OtherFromNoReserve + OtherFromAnon}],
+                  {erts_carriers, ErtsRegions + ErtsFromAnon}]
+        ++ Sites ++
+        [{libc_mmap, MmapPart},
+         {other_allocator, OtherFromNoReserve + OtherFromAnon}],
     Mapped = lists:sum([Rss_(K) || K <- maps:keys(G)]),
     Unaccounted = max(0, Mapped - lists:sum([B || {_, B} <- Attributed])),
-    #{attributed => Attributed,
-      %% Anonymous memory (not NORESERVE, not glibc heaps) nothing claims.
-      anon_unclaimed => Anon - MmapPart - OtherFromAnon - ErtsPart,
-      %% What the other allocator claims of the NORESERVE memory.
-      noreserve_other => OtherFromNoReserve,
-      %% How much of ERTS's claim is not backed by resident memory: up to
-      %% this much of what is unaccounted could be hidden in it.
-      erts_slack_bytes => max(0, ErtsMmap - ErtsPart),
-      unaccounted_bytes => Unaccounted,
-      unaccounted_percent => percent(Unaccounted, Mapped),
-      rss_for_accounting => Mapped,
-      headline_rss => Rss};
+    ExactKeys = case Exact of
+                    true -> #{mapped_sites => maps:get(sites, maps:get(mappings, R)),
+                              exact => true};
+                    false -> #{}
+                end,
+    ExactKeys#{attributed => Attributed,
+               %% Anonymous memory (not NORESERVE, not glibc heaps) nothing
+               %% claims.
+               anon_unclaimed => Anon - MmapPart - OtherFromAnon - ErtsFromAnon,
+               %% What the other allocator (and the regions) claim of the
+               %% NORESERVE memory.
+               noreserve_other => OtherFromNoReserve + InNr,
+               %% How much of ERTS's claim is not backed by resident memory:
+               %% up to this much of what is unaccounted could be hidden in
+               %% it (none when the regions say where ERTS's memory is).
+               erts_slack_bytes => case Exact of
+                                       false -> max(0, ErtsMmap - ErtsFromAnon);
+                                       true -> 0
+                                   end,
+               unaccounted_bytes => Unaccounted,
+               unaccounted_percent => percent(Unaccounted, Mapped),
+               rss_for_accounting => Mapped,
+               headline_rss => Rss};
 account(_) ->
     #{attributed => [], anon_unclaimed => undefined, erts_slack_bytes => undefined,
       unaccounted_bytes => undefined, unaccounted_percent => undefined}.
 
-%% What each layer says it holds, for both accountings: the glibc heaps'
-%% resident bytes and libc's, the tracker's and another allocator's own
-%% figures (0 where a layer has none).
+%% The tracker's regions' resident bytes in the anonymous and NORESERVE
+%% groups, capped by their Rss (mincore reads them a moment after smaps),
+%% and ERTS's part of them; `none' without regions (mappings/1).
+regions(#{mappings := #{erts := Erts, anon := Anon, noreserve := NoReserve}}, Rss_) ->
+    InAnon = min(Rss_(anon), Anon),
+    InNr = min(Rss_(noreserve), NoReserve),
+    {InAnon, InNr, min(InAnon + InNr, Erts)};
+regions(_, _) ->
+    none.
+
+%% What each layer says it holds: the glibc heaps' resident bytes and
+%% libc's, the tracker's and another allocator's own figures (0 where a
+%% layer has none).
 claims(#{resident := #{groups := G}} = R) ->
     Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
     #{heaps => Rss_(main_heap) + Rss_(arenas),
@@ -582,45 +616,6 @@ claims(#{resident := #{groups := G}} = R) ->
                          #{resident := OR} when is_integer(OR) -> OR;
                          _ -> 0
                      end}.
-
-account_exact(#{resident := #{groups := G, rss := Rss}} = R,
-              #{erts := Erts, sites := Sites, anon := AnonRegions, noreserve := NrRegions}) ->
-    Rss_ = fun(K) -> maps:get(rss, maps:get(K, G)) end,
-    #{heaps := Heaps, libc_arena := LibcArena, libc_mmap := LibcMmap, tracker := Tracker,
-      other_alloc := OtherAlloc} = claims(R),
-    %% The regions' resident bytes (mincore, read a moment after smaps) are
-    %% capped by their groups' Rss.
-    InAnon = min(Rss_(anon), AnonRegions),
-    InNr = min(Rss_(noreserve), NrRegions),
-    Regions = InAnon + InNr,
-    ErtsPart = min(Regions, Erts),
-    SitesPart = Regions - ErtsPart,
-    Anon = Rss_(anon) - InAnon,
-    NoReserve = Rss_(noreserve) - InNr,
-    TrackerPart = min(NoReserve, Tracker),
-    MmapPart = min(Anon, LibcMmap),
-    OtherFromNoReserve = min(NoReserve - TrackerPart, OtherAlloc),
-    OtherFromAnon = min(Anon - MmapPart, OtherAlloc - OtherFromNoReserve),
-    Attributed = [{files, Rss_(files)}, {jit, Rss_(jit)}, {stacks, Rss_(stacks)},
-                  {special, Rss_(special)},
-                  {libc_heaps, min(Heaps, LibcArena)},
-                  {tracker_tables, TrackerPart},
-                  {erts_carriers, ErtsPart},
-                  {mapped_sites, SitesPart},
-                  {libc_mmap, MmapPart},
-                  {other_allocator, OtherFromNoReserve + OtherFromAnon}],
-    Mapped = lists:sum([Rss_(K) || K <- maps:keys(G)]),
-    Unaccounted = max(0, Mapped - lists:sum([B || {_, B} <- Attributed])),
-    #{attributed => Attributed,
-      anon_unclaimed => Anon - MmapPart - OtherFromAnon,
-      noreserve_other => OtherFromNoReserve + InNr,
-      mapped_sites => Sites,
-      exact => true,
-      erts_slack_bytes => 0,
-      unaccounted_bytes => Unaccounted,
-      unaccounted_percent => percent(Unaccounted, Mapped),
-      rss_for_accounting => Mapped,
-      headline_rss => Rss}.
 
 percent(_, 0) -> 0.0;
 percent(Part, Whole) -> round(Part * 1000 / Whole) / 10.

@@ -127,8 +127,8 @@ section_resident(#{resident := Res} = R) ->
      para(io_lib:format("RSS ~ts (peak ~ts), PSS ~ts: anonymous ~ts, file ~ts, shmem ~ts, swap ~ts",
                         [B(rss), B(peak), B(pss), B(anonymous), B(file), B(shmem), B(swap)])),
      io_lib:format("~b mappings, by kind:~n", [maps:get(mappings, Res, 0)]),
-     [group_line(mallocinfo_verdicts:part_label(K), Bytes, maps:get(K, Notes, ""))
-      || {K, Bytes} <- mallocinfo_verdicts:resident_parts(R),
+     [group_line(mallocinfo_report_verdicts:part_label(K), Bytes, maps:get(K, Notes, ""))
+      || {K, Bytes} <- mallocinfo_report_verdicts:resident_parts(R),
          Bytes > 0 orelse not lists:member(K, Optional)],
      [para(io_lib:format("(the kernel's RSS counts ~ts of JIT code twice: its executable and "
                          "writable views map the same pages)", [bytes(Twice)])) || Twice > 0],
@@ -560,7 +560,7 @@ short_bytes(B) -> bytes(B).
 bytes(B) -> mallocinfo_units:bytes(B).
 count(N) -> mallocinfo_units:count(N).
 age(Ms) -> mallocinfo_units:age(Ms).
-culprit(Stack) -> mallocinfo_verdicts:culprit(Stack).
-rss(R) -> mallocinfo_verdicts:rss(R).
-proc_name(Name) -> mallocinfo_verdicts:proc_name(Name).
+culprit(Stack) -> mallocinfo_report_verdicts:culprit(Stack).
+rss(R) -> mallocinfo_report_verdicts:rss(R).
+proc_name(Name) -> mallocinfo_report_verdicts:proc_name(Name).
 name(Name) -> mallocinfo_text:name(Name).

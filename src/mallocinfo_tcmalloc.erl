@@ -73,10 +73,14 @@ profile_dump() ->
 profile_stop() ->
     mallocinfo_nif:tcmalloc_profile_stop().
 
-%% @doc Whether the heap profiler is running (`IsHeapProfilerRunning').
--spec profile_running() -> boolean() | {error, error_reason()}.
+%% @doc `{ok, Running}': whether the heap profiler is running
+%% (`IsHeapProfilerRunning').
+-spec profile_running() -> {ok, boolean()} | {error, error_reason()}.
 profile_running() ->
-    mallocinfo_nif:tcmalloc_profile_running().
+    case mallocinfo_nif:tcmalloc_profile_running() of
+        Running when is_boolean(Running) -> {ok, Running};
+        {error, _} = E -> E
+    end.
 
 prefix_binary(Prefix) ->
     case mallocinfo_lib:path_binary(Prefix, [Prefix]) of

@@ -6,7 +6,10 @@
 %% (doc/attach.md). Without either, every call but
 %% {@link status/0}, {@link attach/0}, {@link preload_path/0} and
 %% {@link preload_env/0} returns `{error, not_preloaded}'. Queries walk the live table on dirty schedulers
-%% and never stall allocating threads (the table is lock-free).
+%% and never stall allocating threads (the table is lock-free). They
+%% return `{ok, Value}' or `{error, Reason}' (README, "Results and
+%% errors"); {@link diff/2} and {@link growth_of/1}, pure functions of
+%% snapshots in hand, their value.
 -module(mallocinfo_trace).
 
 -export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, mappings/1, mappings/2, heap_profile/0, stats/0,
@@ -37,7 +40,7 @@
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
 -type label() :: native | erts | self.
--type snapshot() :: mallocinfo_growth:snapshot().
+-type snapshot() :: mallocinfo_trace_growth:snapshot().
 -type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     count_delta := integer(), bytes_delta := integer(),
                     change := appeared | vanished | changed, estimated := boolean(),
@@ -114,7 +117,7 @@ set_mode(Mode) ->
     erlang:error(badarg, [Mode]).
 
 %% @equiv olds(N, #{})
--spec olds(non_neg_integer()) -> [old()] | {error, not_preloaded | not_recording | eagain}.
+-spec olds(non_neg_integer()) -> {ok, [old()]} | {error, not_preloaded | not_recording | eagain}.
 olds(N) ->
     olds(N, #{}).
 
@@ -129,7 +132,7 @@ olds(N) ->
 %% blocks are that snapshot's oldest (its first `N'), so they agree with
 %% its sites and totals; `demangle' is then the only other option.
 -spec olds(non_neg_integer(), opts() | #{snapshot => snapshot(), demangle => boolean()}) ->
-          [old()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [old()]} | {error, not_preloaded | not_recording | eagain}.
 olds(N, #{snapshot := S} = Opts) when is_integer(N), N >= 0, N < 1 bsl 64 ->
     #{demangle := D} = options(maps:remove(snapshot, Opts), [demangle], [N, Opts]),
     case S of
@@ -141,8 +144,9 @@ olds(N, #{snapshot := S} = Opts) when is_integer(N), N >= 0, N < 1 bsl 64 ->
                    catch error:_ -> erlang:error(badarg, [N, Opts])
                    end,
             length(Rows) =:= min(N, length(Olds)) orelse erlang:error(badarg, [N, Opts]),
-            Stacks = symbolize_stacks([F || #{frames := F} <- Rows], D),
-            [(maps:remove(frames, R))#{stack => maps:get(F, Stacks)} || #{frames := F} = R <- Rows];
+            Stacks = mallocinfo_trace_culprits:symbolize_stacks([F || #{frames := F} <- Rows], D),
+            {ok, [(maps:remove(frames, R))#{stack => maps:get(F, Stacks)}
+                  || #{frames := F} = R <- Rows]};
         _ ->
             erlang:error(badarg, [N, Opts])
     end;
@@ -150,12 +154,12 @@ olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} = O =
         options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
     MaxAge = min(maps:get(max_age_ms, O, 1 bsl 62), 1 bsl 62),
-    unwrap(mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge));
+    mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge);
 olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
 %% @equiv sites(N, #{})
--spec sites(non_neg_integer()) -> [site()] | {error, not_preloaded | not_recording | eagain}.
+-spec sites(non_neg_integer()) -> {ok, [site()]} | {error, not_preloaded | not_recording | eagain}.
 sites(N) ->
     sites(N, #{}).
 
@@ -188,7 +192,7 @@ sites(N) ->
 -spec sites(non_neg_integer() | infinity,
             opts() | #{by => stack | function | object, snapshot => snapshot(),
                        demangle => boolean()}) ->
-          [site()] | [rollup()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [site()] | [rollup()]} | {error, not_preloaded | not_recording | eagain}.
 sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     {By, Rest0} = take_by(Opts, [N, Opts]),
     {Snap, Rest} = case Rest0 of
@@ -201,18 +205,19 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     case By of
         _ when Snap =/= undefined ->
             Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
-            take(N, mallocinfo_growth:rollup(By, Raw, culprits(Raw, D)));
+            {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
         stack ->
             Limit = case N of infinity -> 1 bsl 62; _ -> N end,
             case mallocinfo_nif:trace_sites(Limit, D) of
-                {ok, Sites} -> [S#{label => stack_label(Stack)} || #{stack := Stack} = S <- Sites];
+                {ok, Sites} ->
+                    {ok, [S#{label => mallocinfo_trace_culprits:stack_label(Stack)}
+                          || #{stack := Stack} = S <- Sites]};
                 {error, _} = E -> E
             end;
         _ ->
             case mallocinfo_nif:trace_snapshot(0, 0) of
                 {ok, {_Mode, _Now, Raw, []}} ->
-                    Culprits = culprits(Raw, D),
-                    take(N, mallocinfo_growth:rollup(By, Raw, Culprits));
+                    {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
                 {error, _} = E ->
                     E
             end
@@ -250,7 +255,7 @@ take_by(_, Args) ->
 %% {@link diff/2}; {@link growth/2} takes them for you. A snapshot is
 %% meaningful on the node (OS process) that took it: its stacks are
 %% addresses there.
--spec snapshot() -> snapshot() | {error, not_preloaded | not_recording | eagain}.
+-spec snapshot() -> {ok, snapshot()} | {error, not_preloaded | not_recording | eagain}.
 snapshot() ->
     snapshot(#{}).
 
@@ -260,7 +265,7 @@ snapshot() ->
 %% older than `max_age_ms' when given. The report takes one snapshot this
 %% way, so its call sites, totals and oldest blocks are of one instant.
 -spec snapshot(#{olds => non_neg_integer(), max_age_ms => non_neg_integer()}) ->
-          snapshot() | {error, not_preloaded | not_recording | eagain}.
+          {ok, snapshot()} | {error, not_preloaded | not_recording | eagain}.
 snapshot(Opts) when is_map(Opts) ->
     maps:foreach(fun(K, V) when (K =:= olds orelse K =:= max_age_ms), is_integer(V), V >= 0 -> ok;
                     (_, _) -> erlang:error(badarg, [Opts])
@@ -272,11 +277,11 @@ snapshot(Opts) when is_map(Opts) ->
             Meta = #{node => node(), os_pid => os:getpid(),
                      time_ms => erlang:system_time(millisecond),
                      monotonic_ms => erlang:monotonic_time(millisecond)},
-            mallocinfo_growth:snapshot(Mode, {Now, Raw},
-                                       case maps:is_key(olds, Opts) of
-                                           true -> Meta#{olds => Olds};
-                                           false -> Meta
-                                       end);
+            {ok, mallocinfo_trace_growth:snapshot(Mode, {Now, Raw},
+                                                  case maps:is_key(olds, Opts) of
+                                                      true -> Meta#{olds => Olds};
+                                                      false -> Meta
+                                                  end)};
         {error, _} = E ->
             E
     end;
@@ -304,8 +309,8 @@ diff(Old, New, Opts) ->
         false -> erlang:error(badarg, [Old, New, Opts])
     end,
     #{demangle := D} = O = options(Opts, [demangle, limit], [Old, New, Opts]),
-    Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:diff(Old, New)),
-    symbolized(Rows, D).
+    Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:diff(Old, New)),
+    mallocinfo_trace_culprits:symbolized(Rows, D).
 
 %% @doc The call sites whose live bytes grew in every interval between
 %% `Snapshots' (two or more {@link snapshot/0}s of this node, oldest
@@ -318,7 +323,8 @@ growth_of(Snapshots, Opts) when is_list(Snapshots) ->
         false -> erlang:error(badarg, [Snapshots, Opts])
     end,
     #{demangle := D} = O = options(Opts, [demangle, limit], [Snapshots, Opts]),
-    symbolized(take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snapshots)), D);
+    Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snapshots)),
+    mallocinfo_trace_culprits:symbolized(Rows, D);
 growth_of(Snapshots, Opts) ->
     erlang:error(badarg, [Snapshots, Opts]).
 
@@ -329,7 +335,7 @@ growth_of(Snapshots) ->
 
 %% @equiv growth(IntervalMs, Samples, #{})
 -spec growth(pos_integer(), pos_integer()) ->
-          [grower()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [grower()]} | {error, not_preloaded | not_recording | eagain}.
 growth(IntervalMs, Samples) ->
     growth(IntervalMs, Samples, #{}).
 
@@ -343,7 +349,7 @@ growth(IntervalMs, Samples) ->
 %% not returned. `Opts': `demangle', `limit'. Lasts about
 %% `IntervalMs * (Samples - 1)'.
 -spec growth(pos_integer(), pos_integer(), #{demangle => boolean(), limit => non_neg_integer()}) ->
-          [grower()] | {error, not_preloaded | not_recording | eagain}.
+          {ok, [grower()]} | {error, not_preloaded | not_recording | eagain}.
 growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
                                        IntervalMs =< 16#ffffffff,
                                        is_integer(Samples), Samples >= 2,
@@ -353,8 +359,8 @@ growth(IntervalMs, Samples, Opts) when is_integer(IntervalMs), IntervalMs > 0,
         {error, _} = E ->
             E;
         Snaps ->
-            Rows = take(maps:get(limit, O, infinity), mallocinfo_growth:growth(Snaps)),
-            symbolized(Rows, D)
+            Rows = take(maps:get(limit, O, infinity), mallocinfo_trace_growth:growth(Snaps)),
+            {ok, mallocinfo_trace_culprits:symbolized(Rows, D)}
     end;
 growth(IntervalMs, Samples, Opts) ->
     erlang:error(badarg, [IntervalMs, Samples, Opts]).
@@ -364,8 +370,8 @@ snapshots(_, 0, Acc) ->
 snapshots(IntervalMs, Left, Acc) ->
     _ = Acc =/= [] andalso timer:sleep(IntervalMs),
     case snapshot() of
-        {error, _} = E -> E;
-        S -> snapshots(IntervalMs, Left - 1, [S | Acc])
+        {ok, S} -> snapshots(IntervalMs, Left - 1, [S | Acc]);
+        {error, _} = E -> E
     end.
 
 %% What diff/2, growth_of/1 and sites/2 read of a snapshot, all checked: a
@@ -383,107 +389,9 @@ is_site(Frames, {C, B, E}) ->
 is_site(_, _) ->
     false.
 
-%% Rows with packed frames get `stack', `culprit' and `label'; their stacks
-%% symbolized in one batch.
-symbolized(Rows, Demangle) ->
-    Stacks = symbolize_stacks([F || #{frames := F} <- Rows], Demangle),
-    [begin
-         Stack = maps:get(F, Stacks),
-         (maps:remove(frames, R))#{stack => Stack,
-                                   culprit => mallocinfo_growth:culprit(Stack),
-                                   label => stack_label(Stack)}
-     end || #{frames := F} = R <- Rows].
-
-stack_label(Stack) ->
-    Self = lists:any(fun(#{object := O}) -> mallocinfo_growth:self_object(O) end, Stack),
-    mallocinfo_growth:label(mallocinfo_growth:culprit(Stack), Self).
-
-%% #{PackedFrames => [frame()]}, one symbolizer batch.
-symbolize_stacks(FramesList, Demangle) ->
-    Addresses = lists:usort(lists:append([mallocinfo_growth:addresses(F) || F <- FramesList])),
-    Symbols = maps:from_list(lists:zip(Addresses,
-                                       mallocinfo_nif:trace_symbolize(Addresses, Demangle))),
-    maps:from_list([{F, [maps:get(A, Symbols) || A <- mallocinfo_growth:addresses(F)]}
-                    || F <- FramesList]).
-
-%% #{PackedFrames => {Label, CulpritFrame | undefined}} for every raw site.
-%% Depth by depth: each round symbolizes (in one batch) frame I of every
-%% stack whose frames so far were all allocator frames, so the usual stack
-%% costs one or two lookups, not its whole depth. Whether a stack is
-%% mallocinfo's own is read from the address ranges of mallocinfo's
-%% objects, without symbols, walking the packed frames in place (20,000
-%% stacks of depth 32 are 640,000 addresses: no list of them is built).
-culprits(Raw, Demangle) ->
-    Ranges = self_ranges(),
-    Found = culprit_rounds([{F, 0} || {_, _, _, F} <- Raw], Demangle, #{}, #{}),
-    maps:map(fun(F, Frame) ->
-                     {mallocinfo_growth:label(Frame, Ranges =/= [] andalso in_ranges(F, Ranges)),
-                      Frame}
-             end, Found).
-
-%% Pending: [{Frames, ByteOffsetOfTheNextFrame}]; First: the first frame
-%% of each stack seen so far (the culprit when every frame is an allocator
-%% frame).
-culprit_rounds([], _, _, Found) ->
-    Found;
-culprit_rounds(Pending, Demangle, First, Found0) ->
-    {Done, Live} = lists:partition(fun({F, Off}) -> Off >= byte_size(F) end, Pending),
-    Found1 = lists:foldl(fun({F, _}, Acc) -> Acc#{F => maps:get(F, First, undefined)} end,
-                         Found0, Done),
-    Want = lists:usort([frame_at(F, Off) || {F, Off} <- Live]),
-    Symbols = case Want of
-                  [] -> #{};
-                  _ -> maps:from_list(lists:zip(Want, mallocinfo_nif:trace_symbolize(Want, Demangle)))
-              end,
-    {Next, First1, Found2} =
-        lists:foldl(
-          fun({F, Off}, {N, Fi, Fo}) ->
-                  Frame = maps:get(frame_at(F, Off), Symbols),
-                  Fi1 = case Off of 0 -> Fi#{F => Frame}; _ -> Fi end,
-                  case mallocinfo_growth:allocator_frame(Frame) of
-                      false -> {N, Fi1, Fo#{F => Frame}};
-                      true -> {[{F, Off + 8} | N], Fi1, Fo}
-                  end
-          end, {[], First, Found1}, Live),
-    culprit_rounds(Next, Demangle, First1, Found2).
-
-frame_at(F, Off) ->
-    <<_:Off/binary, A:64/native, _/binary>> = F,
-    A.
-
-%% Address ranges of mallocinfo's own objects in this process, the
-%% mappings of one object merged.
-self_ranges() ->
-    case file:read_file("/proc/self/maps") of
-        {ok, Maps} ->
-            Ranges = lists:sort(
-                       [{binary_to_integer(Lo, 16), binary_to_integer(Hi, 16)}
-                        || Line <- binary:split(Maps, <<"\n">>, [global]),
-                           [Range, _Perms, _Off, _Dev, _Inode, Path | _] <-
-                               [binary:split(Line, <<" ">>, [global, trim_all])],
-                           mallocinfo_growth:self_object(Path),
-                           [Lo, Hi] <- [binary:split(Range, <<"-">>)]]),
-            merge_ranges(Ranges);
-        {error, _} ->
-            []
-    end.
-
-merge_ranges([{L1, H1}, {L2, H2} | Rest]) when L2 =< H1 -> merge_ranges([{L1, max(H1, H2)} | Rest]);
-merge_ranges([R | Rest]) -> [R | merge_ranges(Rest)];
-merge_ranges([]) -> [].
-
-%% True when an address packed in Frames is in one of Ranges.
-in_ranges(<<A:64/native, Rest/binary>>, Ranges) ->
-    in_any(A, Ranges) orelse in_ranges(Rest, Ranges);
-in_ranges(<<>>, _) ->
-    false.
-
-in_any(A, [{Lo, Hi} | Rest]) -> (A >= Lo andalso A < Hi) orelse in_any(A, Rest);
-in_any(_, []) -> false.
-
 %% @equiv mappings(N, #{})
 -spec mappings(non_neg_integer()) ->
-          [mapping()] | {error, not_preloaded | not_recording | enotsup}.
+          {ok, [mapping()]} | {error, not_preloaded | not_recording | enotsup}.
 mappings(N) ->
     mappings(N, #{}).
 
@@ -512,7 +420,7 @@ mappings(N) ->
 %% in the table. `{error, enotsup}'
 %% from an interposer older than this function.
 -spec mappings(non_neg_integer(), opts() | #{by => stack | function | object}) ->
-          [mapping()] | {error, not_preloaded | not_recording | enotsup}.
+          {ok, [mapping()]} | {error, not_preloaded | not_recording | enotsup}.
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
     By = case maps:get(by, Opts, stack) of
              B when B =:= stack; B =:= function; B =:= object -> B;
@@ -520,8 +428,7 @@ mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_map(Opts) ->
          end,
     #{demangle := D} = options(maps:remove(by, Opts), [demangle], [N, Opts]),
     case mallocinfo_nif:trace_regions(D) of
-        {ok, Regions} when By =:= stack -> lists:sublist(rollup(stack, Regions), N);
-        {ok, Regions} -> lists:sublist(culprit_rollup(By, Regions), N);
+        {ok, Regions} -> {ok, lists:sublist(mallocinfo_trace_culprits:mappings(By, Regions), N)};
         {error, _} = E -> E
     end;
 mappings(N, Opts) when is_integer(N), N >= 0, N < 1 bsl 64, is_list(Opts) ->
@@ -551,7 +458,8 @@ heap_profile() ->
             %% Read after the snapshot, so every object a stack points
             %% into is mapped (unless unloaded in between).
             case file:read_file("/proc/self/maps") of
-                {ok, Maps} -> {ok, iolist_to_binary(mallocinfo_pprof:heap_profile(Sites, Maps))};
+                {ok, Maps} ->
+                    {ok, iolist_to_binary(mallocinfo_trace_pprof:heap_profile(Sites, Maps))};
                 {error, _} = E -> E
             end;
         {error, _} = E ->
@@ -588,7 +496,7 @@ pprof() ->
           {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
 pprof(Opts) ->
     case profile_data(Opts) of
-        {ok, Data} -> {ok, mallocinfo_profile:pprof(Data)};
+        {ok, Data} -> {ok, mallocinfo_trace_profile:pprof(Data)};
         {error, _} = E -> E
     end.
 
@@ -606,11 +514,11 @@ folded() ->
           {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
 folded(Opts) ->
     case profile_data(Opts) of
-        {ok, Data} -> {ok, iolist_to_binary(mallocinfo_profile:folded(Data))};
+        {ok, Data} -> {ok, iolist_to_binary(mallocinfo_trace_profile:folded(Data))};
         {error, _} = E -> E
     end.
 
-%% @private The snapshot both formats are made of (mallocinfo_profile:data()).
+%% @private The snapshot both formats are made of (mallocinfo_trace_profile:data()).
 profile_data(Opts) when is_map(Opts) ->
     case maps:keys(Opts) -- [demangle, seconds] of
         [] -> ok;
@@ -673,8 +581,8 @@ profile_data(Demangle, SinceNs, Start, Seconds) ->
 %% live tracked bytes and entries, dropped, plus `mallinfo2()' under
 %% `mallinfo' (`{error, {wrong_allocator, Which}}' there when the interposer
 %% forwards to another allocator than glibc, see
-%% {@link mallocinfo:allocator/0}).
--spec stats() -> map() | {error, not_preloaded}.
+%% {@link mallocinfo_glibc:allocator/0}).
+-spec stats() -> {ok, map()} | {error, not_preloaded}.
 stats() ->
     case status() of
         #{preloaded := false, attached_at := undefined} ->
@@ -682,15 +590,19 @@ stats() ->
         Status ->
             Keys = [mode, recording, calls, bytes_allocated, bytes_freed, live_bytes,
                     live_entries, dropped, frees_untracked, stacks],
-            (maps:with(Keys, Status))#{mallinfo => mallocinfo:mallinfo()}
+            Mallinfo = case mallocinfo_glibc:mallinfo() of
+                           {ok, M} -> M;
+                           {error, _} = E -> E
+                       end,
+            {ok, (maps:with(Keys, Status))#{mallinfo => Mallinfo}}
     end.
 
 %% @doc Forgets every recorded live block (e.g. after start-up, to see only
 %% what is allocated from now on), then frees every stored call stack (as
-%% {@link reclaim/0}). Returns how many blocks were forgotten.
--spec reset() -> non_neg_integer() | {error, not_preloaded | not_recording}.
+%% {@link reclaim/0}). `{ok, Forgotten}': how many blocks were forgotten.
+-spec reset() -> {ok, non_neg_integer()} | {error, not_preloaded | not_recording}.
 reset() ->
-    unwrap(mallocinfo_nif:trace_reset()).
+    mallocinfo_nif:trace_reset().
 
 %% @equiv attach(#{})
 -spec attach() -> ok | {error, attach_error()}.
@@ -755,17 +667,17 @@ knobs() ->
 detach() ->
     mallocinfo_nif:trace_detach().
 
-%% @doc Frees every stored call stack that no live block uses any more, now,
-%% and returns how many. The tracker also does this by itself as its stack
+%% @doc Frees every stored call stack that no live block uses any more, now:
+%% `{ok, Freed}', how many. The tracker also does this by itself as its stack
 %% table fills (see `stacks_reclaimed' and `stack_sweeps' in
 %% {@link status/0}); this call is for tests and for an operator who wants
 %% the table compact before a long quiet period. It waits (on a dirty
 %% scheduler, up to 5 s) while other `sites'/`olds'/`heap_profile' calls
 %% are reading stacks. `{error, enotsup}' when the preloaded interposer is
 %% older than this function.
--spec reclaim() -> non_neg_integer() | {error, not_preloaded | not_recording | enotsup}.
+-spec reclaim() -> {ok, non_neg_integer()} | {error, not_preloaded | not_recording | enotsup}.
 reclaim() ->
-    unwrap(mallocinfo_nif:trace_reclaim()).
+    mallocinfo_nif:trace_reclaim().
 
 %% @doc Absolute path of the interposer shared object.
 -spec preload_path() -> file:filename().
@@ -817,57 +729,6 @@ env_value(V, glob, Opts) when is_list(V), V =/= [] ->
     end;
 env_value(_, _, Opts) ->
     erlang:error(badarg, [Opts]).
-
-%% Regions (mallocinfo_nif:trace_regions/1) to mapping() rows, largest
-%% first. `stack': one row per call stack (frames compared by address).
-rollup(stack, Regions) ->
-    Groups = lists:foldl(
-               fun(#{stack := Stack} = R, Acc) ->
-                       Key = [A || #{address := A} <- Stack],
-                       maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
-                                        add_region(R, #{stack => Stack, count => 0, bytes => 0,
-                                                        resident => 0, flags => [],
-                                                        oldest_age_ms => 0}),
-                                        Acc)
-               end, #{}, Regions),
-    lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
-
-%% `function' and `object': by the frame that called mmap (the culprit, as
-%% for malloc's sites), labelled erts / self / native as sites/2 does.
-culprit_rollup(By, Regions) ->
-    Groups = lists:foldl(
-               fun(#{stack := Stack} = R, Acc) ->
-                       Culprit = mallocinfo_growth:culprit(Stack),
-                       Self = lists:any(fun(#{object := O}) -> mallocinfo_growth:self_object(O) end,
-                                        Stack),
-                       Label = mallocinfo_growth:label(Culprit, Self),
-                       {Key, Row0} = mapping_key(By, Label, Culprit),
-                       maps:update_with(Key, fun(Row) -> add_region(R, Row) end,
-                                        add_region(R, Row0#{count => 0, bytes => 0, resident => 0,
-                                                            flags => [], oldest_age_ms => 0}),
-                                        Acc)
-               end, #{}, Regions),
-    lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A >= B end, maps:values(Groups)).
-
-mapping_key(_, Label, undefined) ->
-    {{Label, none}, #{label => Label, object => undefined}};
-mapping_key(object, Label, #{object := O}) ->
-    {{Label, O}, #{label => Label, object => O}};
-mapping_key(function, Label, #{object := O} = F) ->
-    Name = maps:get(symbol, F, undefined),
-    Key = case Name of
-              undefined -> {Label, O, maps:get(address, F)};
-              _ -> {Label, O, Name}
-          end,
-    {Key, #{label => Label, object => O, function => Name, frame => F}}.
-
-add_region(#{length := L, resident := Res, flags := F, age_ms := Age},
-           #{count := C, bytes := B, resident := R0, flags := F0, oldest_age_ms := O} = Row) ->
-    Row#{count := C + 1, bytes := B + L, resident := R0 + Res,
-         flags := lists:usort(F ++ F0), oldest_age_ms := max(O, Age)}.
-
-unwrap({ok, V}) -> V;
-unwrap({error, _} = E) -> E.
 
 options(Opts, Allowed, Args) when is_list(Opts) ->
     Map = try maps:from_list([case O of

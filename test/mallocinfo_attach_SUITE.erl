@@ -54,8 +54,12 @@ start_peer(Config, Env) ->
 call(Config, M, F, A) ->
     mi_ct:call(Config, M, F, A).
 
+ok_call(Config, M, F, A) ->
+    mi_ct:ok_call(Config, M, F, A).
+
 sites(Config, Symbol) ->
-    [S || #{stack := [#{symbol := Sym} | _]} = S <- call(Config, mallocinfo_trace, sites, [50]),
+    [S || #{stack := [#{symbol := Sym} | _]} = S
+              <- ok_call(Config, mallocinfo_trace, sites, [50]),
           Sym =:= Symbol].
 
 %%% Cases --------------------------------------------------------------------
@@ -205,7 +209,7 @@ preloaded_refuses(Config) ->
 bad_arguments(Config) ->
     Bad = [[#{mode => off}], [#{mode => loud}], [#{bogus => 1}], [#{table_size => 1}],
            [#{stack_depth => 129}], [#{sample_bytes => 0}], [[{mode, full}]], [full]],
-    [?assertMatch({'EXIT', {badarg, _}}, (catch call(Config, mallocinfo_trace, attach, A)))
+    [?assertMatch({'EXIT', {badarg, _}}, mi_ct:caught(fun() -> call(Config, mallocinfo_trace, attach, A) end))
      || A <- Bad],
     ?assertMatch(#{attached := false}, call(Config, mallocinfo_trace, status, [])).
 
@@ -248,7 +252,7 @@ downstream_after_attach(Config) ->
     {module, mi_attach_a} = call(Config, code, ensure_loaded, [mi_attach_a]),
     ok = call(Config, mi_attach_a, leak, [100, 64]),
     ?assertMatch(#{live_entries := L, calls := #{malloc := M}} when L >= 100 andalso M >= 100,
-                 call(Config, mallocinfo_trace, stats, [])),
+                 ok_call(Config, mallocinfo_trace, stats, [])),
     Metrics = iolist_to_binary(call(Config, mallocinfo_prom, metrics, [])),
     ?assertNotEqual(nomatch, binary:match(Metrics, <<"mallocinfo_tracker_live_blocks ">>)),
     {ok, #{port := Port}} = call(Config, mallocinfo_http, start, []),
@@ -280,17 +284,17 @@ never_shows_itself(Config) ->
     Dump = "/heap_profile?trigger_dump=true",
     Paths = [Dump, "/debug/pprof/heap", "/heap.folded", "/flamegraph.html", "/metrics"],
     Ask = fun() ->
-                  S0 = call(Config, mallocinfo_trace, snapshot, [#{olds => 20}]),
-                  #{sites => call(Config, mallocinfo_trace, sites, [1000]),
-                    functions => call(Config, mallocinfo_trace, sites,
-                                      [infinity, #{by => function}]),
-                    olds => call(Config, mallocinfo_trace, olds, [1000]),
-                    snapshot_olds => call(Config, mallocinfo_trace, olds,
-                                          [20, #{snapshot => S0}]),
+                  S0 = ok_call(Config, mallocinfo_trace, snapshot, [#{olds => 20}]),
+                  #{sites => ok_call(Config, mallocinfo_trace, sites, [1000]),
+                    functions => ok_call(Config, mallocinfo_trace, sites,
+                                         [infinity, #{by => function}]),
+                    olds => ok_call(Config, mallocinfo_trace, olds, [1000]),
+                    snapshot_olds => ok_call(Config, mallocinfo_trace, olds,
+                                             [20, #{snapshot => S0}]),
                     diff => call(Config, mallocinfo_trace, diff,
-                                 [S0, call(Config, mallocinfo_trace, snapshot, [])]),
-                    growth => call(Config, mallocinfo_trace, growth, [20, 3]),
-                    mappings => call(Config, mallocinfo_trace, mappings, [1000]),
+                                 [S0, ok_call(Config, mallocinfo_trace, snapshot, [])]),
+                    growth => ok_call(Config, mallocinfo_trace, growth, [20, 3]),
+                    mappings => ok_call(Config, mallocinfo_trace, mappings, [1000]),
                     pprof => call(Config, mallocinfo_trace, pprof, []),
                     folded => call(Config, mallocinfo_trace, folded, []),
                     heap_profile => call(Config, mallocinfo_trace, heap_profile, []),

@@ -30,18 +30,20 @@ excluded_modules() ->
                               "exit status 2 (and halts the VM), tested by mallocinfo_heapmap_SUITE"},
      {mallocinfo_report_build, "@private: the report's pure internals, exported for their EUnit "
                                "tests; mallocinfo_report:collect/0 is their only caller"},
-     {mallocinfo_smaps, "@private: /proc text parsed and grouped for the report, exported for "
-                        "its EUnit tests; mallocinfo_report and mallocinfo_report_build call it "
-                        "with text they read and mappings it parsed"},
-     {mallocinfo_verdicts, "@private: the report's verdict rules, exported for their EUnit "
-                           "tests; mallocinfo_report_build and mallocinfo_report_text call them "
-                           "with the report they built"},
-     {mallocinfo_protobuf, "@private wire-format encoder: mallocinfo_profile is its only caller, "
-                           "with values it made; EUnit in mallocinfo_profile_tests"},
-     {mallocinfo_profile, "@private: the profiles' pure internals, fed only by mallocinfo_trace "
-                          "with the NIF's snapshot; EUnit in mallocinfo_profile_tests"},
-     {mallocinfo_flamegraph, "@private: the flame graph page, made only by mallocinfo_http from "
-                             "mallocinfo_trace:folded/0's text"},
+     {mallocinfo_report_smaps, "@private: /proc text parsed and grouped for the report, "
+                               "exported for its EUnit tests; mallocinfo_report and "
+                               "mallocinfo_report_build call it with text they read and "
+                               "mappings it parsed"},
+     {mallocinfo_report_verdicts, "@private: the report's verdict rules, exported for their "
+                                  "EUnit tests; mallocinfo_report_build and "
+                                  "mallocinfo_report_text call them with the report they built"},
+     {mallocinfo_protobuf, "@private wire-format encoder: mallocinfo_trace_profile is its only "
+                           "caller, with values it made; EUnit in mallocinfo_trace_profile_tests"},
+     {mallocinfo_trace_profile, "@private: the profiles' pure internals, fed only by "
+                                "mallocinfo_trace with the NIF's snapshot; EUnit in "
+                                "mallocinfo_trace_profile_tests"},
+     {mallocinfo_http_flamegraph, "@private: the flame graph page, made only by mallocinfo_http "
+                                  "from mallocinfo_trace:folded/0's text"},
      {mallocinfo_remote, "@private: loads mallocinfo over distribution for mallocinfo_report "
                          "and mallocinfo_process, which checked the node and timeout first"},
      {mallocinfo_heapmap_read, "@private: the dump reader; mallocinfo_heapmap checks the path "
@@ -53,9 +55,11 @@ excluded_modules() ->
                                "the reader and the drawer made"},
      {mallocinfo_file, "@private: the heap map's file writing; its callers pass names they "
                        "checked; EUnit in mallocinfo_files_tests"},
-     {mallocinfo_growth, "@private: the pure parts of growth and roll-ups, exported for their "
-                         "EUnit tests; mallocinfo_trace and mallocinfo_report check arguments "
-                         "before calling them"}].
+     {mallocinfo_trace_culprits, "@private: the culprit engine and the roll-ups; "
+                                 "mallocinfo_trace checks every argument before calling it"},
+     {mallocinfo_trace_growth, "@private: the pure parts of growth and roll-ups, exported for "
+                               "their EUnit tests; mallocinfo_trace and mallocinfo_report check "
+                               "arguments before calling them"}].
 
 %% {Module, Function, Arity, Position, Reason}: a position that accepts any
 %% term. Every other position of that function is still checked.
@@ -104,7 +108,7 @@ cases(S) ->
               #{by => function, min_age_ms => 1}],
     %% A snapshot as mallocinfo_trace:snapshot/0 makes it (this node is not
     %% tracked: an empty one).
-    Snap = mallocinfo_growth:snapshot(full, {0, []}, #{node => node(), os_pid => "1",
+    Snap = mallocinfo_trace_growth:snapshot(full, {0, []}, #{node => node(), os_pid => "1",
                                                        time_ms => 0, monotonic_ms => 0}),
     %% Forged: the shape of a snapshot, with what diff/2, growth_of/1 and
     %% sites/2 compute with made wrong (issue 28: badmatch and badarith).
@@ -116,7 +120,7 @@ cases(S) ->
               Snap#{sites => #{Site => {-1, 8, false}}},
               Snap#{sites => #{Site => {1, x, false}}},
               Snap#{sites => #{Site => {1, 8.0, false}}},
-              Snap#{sites => #{Site => {1, 8, maybe}}},
+              Snap#{sites => #{Site => {1, 8, 'maybe'}}},
               Snap#{monotonic_ms => later},
               Snap#{monotonic_ms => 1.5}],
     NotSnap = junk() ++ [maps:remove(sites, Snap), Snap#{sites => junk},
@@ -159,6 +163,7 @@ cases(S) ->
      {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
                                           <<"junk">>, [""]]}]},
      {mallocinfo_lib, load_xmerl, [{[], [junk, [a | b], ["ok" | b], [junk], [-1], {a}, <<"x">>]}]},
+     {mallocinfo_lib, ensure_app, [{xmerl, [junk, tools, "xmerl", <<"inets">>, 1, {a}, [a | b]]}]},
      {mallocinfo_lib, lib_candidates, [{xmerl, ["xmerl", <<"xmerl">>, 1, {a}]},
                                    {[], [junk, [a | b], [junk], {a}]}]},
      %% mallocinfo_heap
@@ -206,9 +211,9 @@ cases(S) ->
                                  [{a, b}, [a | b], [1 | 2], self(), make_ref(), fun() -> ok end,
                                   <<255>>, #{1 => 2}, #{{a} => 1}, [{a, b}], #{a => {b}},
                                   <<1:1>>]}]},
-     %% mallocinfo_parse
-     {mallocinfo_parse, stats, [{<<"">>, [junk, "text", [a | b], {a, b}, -1, #{}]}]},
-     {mallocinfo_parse, heaps, [{<<"<malloc version=\"1\"></malloc>">>,
+     %% mallocinfo_glibc_parse
+     {mallocinfo_glibc_parse, stats, [{<<"">>, [junk, "text", [a | b], {a, b}, -1, #{}]}]},
+     {mallocinfo_glibc_parse, heaps, [{<<"<malloc version=\"1\"></malloc>">>,
                                  [junk, "<malloc/>", [a | b], {a, b}, -1, #{}]}]},
      %% mallocinfo_png
      {mallocinfo_png, open, [{Png, junk() ++ [Png#{width => 0}, Png#{height => -1},
@@ -231,8 +236,8 @@ cases(S) ->
                                                  Image#{color_type => junk}]},
                               {0, [junk, -1, 1, 1.5, [a | b], <<0>>]},
                               {0, [junk, -1, 1, 1.5, [a | b], <<0>>]}]},
-     %% mallocinfo_pprof
-     {mallocinfo_pprof, heap_profile,
+     %% mallocinfo_trace_pprof
+     {mallocinfo_trace_pprof, heap_profile,
       [{[{1, 8, [16#1000]}], [junk, [a | b], [{1, 8, [16#1000]} | b], [junk], [{1, 8}],
                               [{-1, 8, [1]}], [{1, -8, [1]}], [{1, 8, [-1]}], [{1, 8, [a | b]}],
                               [{1, 8, [1 bsl 64]}], [{1, 8, junk}], {a, b}, <<"s">>]},
@@ -288,7 +293,7 @@ cases(S) ->
                                 [#{snapshot => Snap}, #{snapshot => junk},
                                  #{snapshot => Snap#{olds => junk}},
                                  #{snapshot => Snap#{olds => [junk]}},
-                                 #{snapshot => Snap#{olds => [{1, 2, 3, maybe, <<>>}]}},
+                                 #{snapshot => Snap#{olds => [{1, 2, 3, 'maybe', <<>>}]}},
                                  #{snapshot => Snap#{olds => []}, min_size => 1},
                                  #{snapshot => Snap#{olds => []}, demangle => 1}]}]},
      {mallocinfo_trace, snapshot, [{#{}, not_opts() ++ [#{olds => -1}, #{olds => junk},
@@ -329,7 +334,11 @@ cases(S) ->
     %% cases for each function it still has.
     Old = mallocinfo_proc:module_info(exports),
     Cases ++ [{mallocinfo_proc, F, A} || {mallocinfo_process, F, A} <- Cases,
-                                         lists:member({F, length(A)}, Old)].
+                                         lists:member({F, length(A)}, Old)]
+    %% The internal homes of public functions that delegate to them: the
+    %% same cases, so the checks are theirs, not the delegations'.
+        ++ [{mallocinfo_glibc, F, A} || {mallocinfo, F, A} <- Cases, F =/= report]
+        ++ [{mallocinfo_heapmap_summary, totals, A} || {mallocinfo_heap, totals, A} <- Cases].
 
 not_pid() ->
     [junk, [a | b], {a, b}, -1, <<"<0.1.0>">>, "<0.1.0>", #{}, make_ref(), hd(erlang:ports())].

@@ -153,15 +153,17 @@ release_starts_preloaded(Config) ->
 %% Every site is asked for, so the answer does not hang on the leak's rank.
 rpc_names_the_leak(Config) ->
     Sites = rpc_term(Config, ?APP,
-                     io_lib:format("_ = :mallocinfo_trace.reset(); "
+                     io_lib:format("{:ok, _} = :mallocinfo_trace.reset(); "
                                    ":ok = MiElixirApp.Leak.leak(~b, ~b); "
-                                   ":mallocinfo_trace.sites(100000)", [?RPC_BLOCKS, ?RPC_SIZE])),
+                                   "{:ok, sites} = :mallocinfo_trace.sites(100000); sites",
+                                   [?RPC_BLOCKS, ?RPC_SIZE])),
     [Site] = leak_sites(Sites),
     ct:pal("leak site: ~p", [Site]),
     ?assertMatch(#{count := ?RPC_BLOCKS, bytes := ?RPC_BLOCKS * ?RPC_SIZE, estimated := false}, Site),
     #{stack := [#{object := Object} | _]} = Site,
     ?assertEqual(<<"mi_elixir_leak.so">>, filename:basename(Object)),
-    After = rpc_term(Config, ?APP, ":ok = MiElixirApp.Leak.release(); :mallocinfo_trace.sites(100000)"),
+    After = rpc_term(Config, ?APP, ":ok = MiElixirApp.Leak.release(); "
+                                   "{:ok, sites} = :mallocinfo_trace.sites(100000); sites"),
     ?assertEqual([], leak_sites(After)).
 
 %% :mallocinfo.info/1 takes an Elixir string (a binary) and a charlist; the
@@ -199,7 +201,7 @@ remote_iex_session(Config) ->
     type(Console, ":mallocinfo_trace.status() |> Map.take([:preloaded, :recording, :mode])",
          "^%\\{mode: :full, preloaded: true, recording: true\\}$"),
     type(Console, io_lib:format("MiElixirApp.Leak.leak(~b, ~b)", [?IEX_BLOCKS, ?IEX_SIZE]), "^:ok$"),
-    type(Console, ":mallocinfo_trace.sites(5) |> Enum.find(&match?(%{stack: [%{symbol: "
+    type(Console, ":mallocinfo_trace.sites(5) |> elem(1) |> Enum.find(&match?(%{stack: [%{symbol: "
          "\"mi_elixir_leak_here\"} | _]}, &1)) |> Map.take([:count, :bytes])",
          io_lib:format("^%\\{bytes: ~b, count: ~b\\}$", [?IEX_BLOCKS * ?IEX_SIZE, ?IEX_BLOCKS])),
     Report = type(Console, ":mallocinfo.report()", "^:ok$"),
@@ -357,7 +359,7 @@ wait_gone(Pid, N) ->
 stop_leftover(Config, App, Node) ->
     case file:read_file(pid_file(Config, App)) of
         {ok, Pid} ->
-            _ = catch rel(Config, App, ["stop"]),
+            _ = mi_ct:caught(fun() -> rel(Config, App, ["stop"]) end),
             case wait_gone(binary_to_list(Pid), 100) of
                 ok -> ok;
                 {error, still_running} -> kill_if_ours(binary_to_list(Pid), Node)
@@ -401,8 +403,8 @@ xml_matches_mallinfo(_Config, _Xml, _Form, 0) ->
     ct:fail(xml_never_matched_mallinfo);
 xml_matches_mallinfo(Config, Xml, Form, Tries) ->
     Arena = rpc_term(Config, ?APP,
-                     io_lib:format(":ok = :mallocinfo.info(" ++ Form ++ "); :mallocinfo.mallinfo().arena",
-                                   [Xml])),
+                     io_lib:format(":ok = :mallocinfo.info(" ++ Form ++ "); "
+                                   "{:ok, m} = :mallocinfo.mallinfo(); m.arena", [Xml])),
     {Doc, _} = xmerl_scan:file(Xml, [{quiet, true}]),
     #xmlElement{name = malloc, content = Content} = Doc,
     [Current] = [list_to_integer(V)

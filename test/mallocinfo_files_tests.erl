@@ -285,10 +285,81 @@ open_temp_refuses_existing_names_test() ->
     with_targets(
       fun(Dir, Targets) ->
               [?assertEqual({Kind, {posix, eexist}},
-                            {Kind, catch mallocinfo_file:open_temp(Path)})
+                            {Kind, mi_ct:caught(fun() -> mallocinfo_file:open_temp(Path) end)})
                || {Kind, Path, _} <- Targets],
               Plain = filename:join(Dir, "plain"),
               ok = file:write_file(Plain, <<"kept">>),
-              ?assertEqual({posix, eexist}, catch mallocinfo_file:open_temp(Plain)),
+              ?assertEqual({posix, eexist},
+                           mi_ct:caught(fun() -> mallocinfo_file:open_temp(Plain) end)),
               ?assertEqual({ok, <<"kept">>}, file:read_file(Plain))
       end).
+
+%%% Temporary directories ------------------------------------------------------
+
+%% $TMPDIR when set and not empty, else /tmp: the rule of the profilers'
+%% files and of the NIF sent to another node.
+tmp_dir_test() ->
+    ?assertEqual("/tmp", mallocinfo_file:tmp_dir(false)),
+    ?assertEqual("/tmp", mallocinfo_file:tmp_dir("")),
+    ?assertEqual("/var/tmp/x", mallocinfo_file:tmp_dir("/var/tmp/x")),
+    ?assertEqual(mallocinfo_file:tmp_dir(os:getenv("TMPDIR")), mallocinfo_file:tmp_dir()).
+
+%% A fresh directory of mode 0700 under the parent, a new random name each
+%% time.
+private_dir_test() ->
+    with_targets(
+      fun(Dir, _) ->
+              Local = fun(F, A) -> apply(file, F, A) end,
+              {ok, One} = mallocinfo_file:private_dir(Dir, "mi-test-", Local),
+              {ok, Two} = mallocinfo_file:private_dir(Dir, "mi-test-", Local),
+              ?assertNotEqual(One, Two),
+              [begin
+                   ?assertEqual(Dir, filename:dirname(D)),
+                   ?assertMatch("mi-test-" ++ _, filename:basename(D)),
+                   ?assertEqual(8 + 16, length(filename:basename(D))),
+                   {ok, #file_info{type = directory, mode = Mode}} = file:read_link_info(D),
+                   ?assertEqual(8#700, Mode band 8#777)
+               end || D <- [One, Two]],
+              ?assertMatch({error, {make_dir, _, enoent}},
+                           mallocinfo_file:private_dir(filename:join(Dir, "missing"), "mi-",
+                                                       Local))
+      end).
+
+%% A name that exists (made meanwhile, or planted) is never used: another
+%% random name is tried, three in all; a directory whose mode cannot be
+%% set is removed again.
+private_dir_refusals_test() ->
+    with_targets(
+      fun(Dir, _) ->
+              Self = self(),
+              Planted = fun(make_dir, [D]) -> Self ! {tried, D}, {error, eexist};
+                           (F, A) -> apply(file, F, A)
+                        end,
+              ?assertMatch({error, {make_dir, _, eexist}},
+                           mallocinfo_file:private_dir(Dir, "mi-", Planted)),
+              ?assertEqual(3, length(lists:usort(tried([])))),
+              %% The third try succeeds after two planted names.
+              Counter = counters:new(1, []),
+              TwoPlanted = fun(make_dir, [D]) ->
+                                   counters:add(Counter, 1, 1),
+                                   case counters:get(Counter, 1) of
+                                       N when N =< 2 -> {error, eexist};
+                                       _ -> file:make_dir(D)
+                                   end;
+                              (F, A) -> apply(file, F, A)
+                           end,
+              {ok, Made} = mallocinfo_file:private_dir(Dir, "mi-", TwoPlanted),
+              ?assertEqual(3, counters:get(Counter, 1)),
+              ?assert(filelib:is_dir(Made)),
+              NoMode = fun(change_mode, _) -> {error, eperm};
+                          (F, A) -> apply(file, F, A)
+                       end,
+              {error, {chmod, Gone, eperm}} = mallocinfo_file:private_dir(Dir, "mi-", NoMode),
+              ?assertEqual(Dir, filename:dirname(Gone)),
+              ?assertNot(filelib:is_dir(Gone))
+      end).
+
+tried(Names) ->
+    receive {tried, Name} -> tried([Name | Names])
+    after 0 -> Names
+    end.

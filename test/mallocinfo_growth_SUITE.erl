@@ -58,6 +58,9 @@ start_peer(Config, Args, Env) ->
 call(Config, M, F, A) ->
     mi_ct:call(Config, M, F, A).
 
+ok_call(Config, M, F, A) ->
+    mi_ct:ok_call(Config, M, F, A).
+
 top_symbol(#{stack := [#{symbol := S} | _]}) -> S;
 top_symbol(_) -> undefined.
 
@@ -75,10 +78,10 @@ not_preloaded(_Config) ->
 %% A leak between two snapshots is the first row of diff/2, exact; freed,
 %% it is the last row of the next diff, as vanished.
 diff_puts_the_leak_first(Config) ->
-    S0 = call(Config, mallocinfo_trace, snapshot, []),
+    S0 = ok_call(Config, mallocinfo_trace, snapshot, []),
     ?assertMatch(#{mode := full, live_bytes := L, live_blocks := N} when L > 0 andalso N > 0, S0),
     ok = call(Config, mi_growth_nif, leak, [1000, 1000]),
-    S1 = call(Config, mallocinfo_trace, snapshot, []),
+    S1 = ok_call(Config, mallocinfo_trace, snapshot, []),
     [First | _] = Diff = call(Config, mallocinfo_trace, diff, [S0, S1]),
     ct:pal("first row: ~p", [First]),
     ?assertMatch(#{count := 1000, bytes := 1000000, count_delta := 1000,
@@ -88,7 +91,7 @@ diff_puts_the_leak_first(Config) ->
     Deltas = [D || #{bytes_delta := D} <- Diff],
     ?assertEqual(lists:reverse(lists:sort(Deltas)), Deltas),
     ok = call(Config, mi_growth_nif, release, []),
-    S2 = call(Config, mallocinfo_trace, snapshot, []),
+    S2 = ok_call(Config, mallocinfo_trace, snapshot, []),
     Diff2 = call(Config, mallocinfo_trace, diff, [S1, S2, #{demangle => true}]),
     ?assertMatch(#{count := 0, bytes := 0, count_delta := -1000, bytes_delta := -1000000,
                    change := vanished}, lists:last(Diff2)),
@@ -102,7 +105,7 @@ diff_puts_the_leak_first(Config) ->
 growth_leak_not_cache(Config) ->
     Ticker = call(Config, erlang, spawn, [mallocinfo_growth_SUITE_helper, tick, [0]]),
     try
-        Growers = call(Config, mallocinfo_trace, growth, [300, 4]),
+        Growers = ok_call(Config, mallocinfo_trace, growth, [300, 4]),
         ct:pal("growers: ~p", [[maps:without([stack], G) || G <- Growers]]),
         [Leak] = rows_for(<<"mi_growth_leak_here">>, Growers),
         ?assertMatch(#{samples := 4, label := native, estimated := false}, Leak),
@@ -123,10 +126,10 @@ rollups_exact(Config) ->
     ok = call(Config, mi_growth_nif, via, [0, 100, 64]),
     ok = call(Config, mi_growth_nif, via, [1, 50, 64]),
     ok = call(Config, mi_growth_nif, dup, [30, 32]),
-    S = call(Config, mallocinfo_trace, snapshot, []),
+    S = ok_call(Config, mallocinfo_trace, snapshot, []),
     #{live_bytes := Live, live_blocks := Blocks} = S,
-    ByFun = call(Config, mallocinfo_trace, sites, [infinity, #{by => function, snapshot => S}]),
-    ByObj = call(Config, mallocinfo_trace, sites, [infinity, #{by => object, snapshot => S}]),
+    ByFun = ok_call(Config, mallocinfo_trace, sites, [infinity, #{by => function, snapshot => S}]),
+    ByObj = ok_call(Config, mallocinfo_trace, sites, [infinity, #{by => object, snapshot => S}]),
     [?assertEqual({Live, Blocks}, {lists:sum([B || #{bytes := B} <- Rows]),
                                    lists:sum([C || #{count := C} <- Rows])})
      || Rows <- [ByFun, ByObj]],
@@ -143,7 +146,7 @@ rollups_exact(Config) ->
     ?assertEqual(lists:reverse(lists:sort(Bytes)), Bytes),
     %% Live, without a snapshot: the same rows for the NIF (nothing else
     %% allocates from it).
-    Live2 = call(Config, mallocinfo_trace, sites, [infinity, [{by, function}]]),
+    Live2 = ok_call(Config, mallocinfo_trace, sites, [infinity, [{by, function}]]),
     ?assertEqual(Fun(<<"mi_growth_culprit">>),
                  [R || #{function := <<"mi_growth_culprit">>} = R <- Live2]),
     ok = call(Config, mi_growth_nif, release, []).
@@ -151,8 +154,8 @@ rollups_exact(Config) ->
 %% The VM's own malloc (erts_sys_alloc and friends in beam.smp) is labelled
 %% erts in every view; mallocinfo's own allocations are labelled self.
 erts_is_labelled(Config) ->
-    ByFun = call(Config, mallocinfo_trace, sites, [infinity, #{by => function}]),
-    Beam = [R || #{object := O} = R <- ByFun, mallocinfo_growth:emulator_object(O)],
+    ByFun = ok_call(Config, mallocinfo_trace, sites, [infinity, #{by => function}]),
+    Beam = [R || #{object := O} = R <- ByFun, mallocinfo_trace_growth:emulator_object(O)],
     ct:pal("beam rows: ~p", [lists:sublist(Beam, 5)]),
     ?assertNotEqual([], Beam),
     ?assertEqual([], [R || #{label := L} = R <- Beam, L =/= erts]),
@@ -162,11 +165,11 @@ erts_is_labelled(Config) ->
     ?assertEqual([], [R || #{label := self} = R <- ByFun]),
     ?assertMatch(#{self := #{calls := C}} when C > 0, call(Config, mallocinfo_trace, status, [])),
     ?assertEqual([], [R || #{label := native, object := O} = R <- ByFun,
-                           mallocinfo_growth:self_object(O)]),
-    Stacks = call(Config, mallocinfo_trace, sites, [200]),
+                           mallocinfo_trace_growth:self_object(O)]),
+    Stacks = ok_call(Config, mallocinfo_trace, sites, [200]),
     ?assertEqual([], [S || #{label := erts, stack := St} = S <- Stacks,
-                           not mallocinfo_growth:emulator_object(
-                                 maps:get(object, mallocinfo_growth:culprit(St)))]).
+                           not mallocinfo_trace_growth:emulator_object(
+                                 maps:get(object, mallocinfo_trace_growth:culprit(St)))]).
 
 report_interval_calls_leak(Config) ->
     Ticker = call(Config, erlang, spawn, [mallocinfo_growth_SUITE_helper, leak_mib, []]),
@@ -255,10 +258,10 @@ cluster_interval(Config) ->
 %% In sample mode a diff's figures are differences of estimates, and say
 %% so: 20,000 blocks of 1000 bytes sampled at a mean of 64 KiB.
 sample_diff_is_estimated(Config) ->
-    S0 = call(Config, mallocinfo_trace, snapshot, []),
+    S0 = ok_call(Config, mallocinfo_trace, snapshot, []),
     ?assertMatch(#{mode := sample}, S0),
     ok = call(Config, mi_growth_nif, leak, [20000, 1000]),
-    S1 = call(Config, mallocinfo_trace, snapshot, []),
+    S1 = ok_call(Config, mallocinfo_trace, snapshot, []),
     [Leak] = rows_for(<<"mi_growth_leak_here">>, call(Config, mallocinfo_trace, diff, [S0, S1])),
     ct:pal("sampled leak: ~p", [maps:without([stack], Leak)]),
     #{estimated := true, change := appeared, bytes_delta := B, count_delta := C} = Leak,

@@ -67,7 +67,7 @@ agrees_with_glibc(Config) ->
     ?assertEqual(maps:get(uordblks, M), maps:get(in_use_bytes, T)),
     ?assertEqual(maps:get(fsmblks, M), maps:get(fast, maps:get(by_kind, T))),
     %% Per arena against malloc_info's XML of the same snapshot.
-    #{heaps := Heaps} = mallocinfo_parse:heaps(Xml),
+    #{heaps := Heaps} = mallocinfo_glibc_parse:heaps(Xml),
     ?assertEqual(length(Heaps), length(Arenas)),
     lists:foreach(
       fun({H, A}) ->

@@ -338,7 +338,7 @@ glibc_endpoints(Config) ->
 
     Xml = ok_body(Config, "/mallocinfo.xml", "application/xml"),
     ?assertMatch(<<"<malloc version=\"1\">", _/binary>>, Xml),
-    ?assertMatch(#{heaps := [_ | _]}, mallocinfo_parse:heaps(Xml)),
+    ?assertMatch(#{heaps := [_ | _]}, mallocinfo_glibc_parse:heaps(Xml)),
 
     {Names, Values} = metrics(Config),
     ?assertEqual(1, maps:get({<<"mallocinfo_allocator_info">>, #{<<"allocator">> => <<"glibc">>}},
@@ -627,7 +627,7 @@ tracker_profile(Config) ->
     ?assertEqual(maps:get(total, P), sums(P)),
     ?assert(has_record(P, 1000, 100000)),
     named_by(Config, "jeprof", "tracker.heap", Profile, 100000),
-    named_by(Config, "google-pprof", "tracker.heap", Profile, 100000),
+    named_by(Config, mi_ct:pprof(), "tracker.heap", Profile, 100000),
     ok = pcall(Config, mi_prof_nif, release, []),
     ?assertNot(has_record(mi_heap_profile:parse(dump(Config)), 1000, 100000)).
 
@@ -772,7 +772,7 @@ tcmalloc_endpoints(Config) ->
     P = mi_heap_profile:parse(Profile),
     ?assertMatch(#{format := legacy}, P),
     ?assert(has_record(P, 1000, 100000)),
-    named_by(Config, "google-pprof", "tcmalloc.heap", Profile, 100000),
+    named_by(Config, mi_ct:pprof(), "tcmalloc.heap", Profile, 100000),
     Off = ok_body(Config, "/heap_profile?active=false", "text/plain; charset=utf-8"),
     contains(Off, <<"heap_profiler.running: false\n">>),
     ?assertEqual({ok, []}, file:list_dir(?config(tmp, Config))),

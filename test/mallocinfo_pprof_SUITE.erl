@@ -77,6 +77,9 @@ start_peer(Config, Env) ->
 call(Config, M, F, A) ->
     mi_ct:call(Config, M, F, A).
 
+ok_call(Config, M, F, A) ->
+    mi_ct:ok_call(Config, M, F, A).
+
 get(Config, Path) ->
     Url = url(Config, Path),
     {ok, {{_, Code, _}, Headers, Body}} =
@@ -259,7 +262,7 @@ sample_mode(Config) ->
     ?assertEqual(4096, maps:get(period, P)),
     [#{bytes := Est, count := N}] =
         [S || #{stack := [#{symbol := <<"mi_pprof_leak_here">>} | _]} = S
-                  <- call(Config, mallocinfo_trace, sites, [1000])],
+                  <- ok_call(Config, mallocinfo_trace, sites, [1000])],
     Leaf = [V || #{values := V, leaf := <<"mi_pprof_leak_here">>} <- maps:get(samples, P)],
     ?assertEqual([[N, Est, N, Est]], Leaf),
     %% 2000 blocks of 10000 bytes, each sampled with p = 1 - e^(-10000/4096)
@@ -331,11 +334,11 @@ small_leak_on_top(Config) ->
     ok = call(Config, mallocinfo_trace, set_mode, [full]),
     ok = call(Config, mi_pprof_nif, leak, [1000, 333]),
     %% Every view once first: whatever they cache is there for the second.
-    _ = call(Config, mallocinfo_trace, sites, [10]),
+    {ok, _} = call(Config, mallocinfo_trace, sites, [10]),
     {200, _, _} = get(Config, "/flamegraph.html?view=function"),
     ?assertMatch([#{count := 1000, bytes := 333000, estimated := false,
                     stack := [#{symbol := <<"mi_pprof_leak_here">>} | _]}],
-                 call(Config, mallocinfo_trace, sites, [1])),
+                 ok_call(Config, mallocinfo_trace, sites, [1])),
     [{Top, Flat, _} | _] = go_top(Config, url(Config, "/debug/pprof/heap")),
     ?assertEqual({<<"mi_pprof_leak_here">>, 333000}, {Top, Flat}),
     Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
@@ -373,7 +376,7 @@ flamegraph_prototype_names(Config) ->
     Folded = [[N, " (", N, ".so);", N, " (libx.so) ", integer_to_list(1000 * I), "\n"]
               || {I, N} <- lists:zip(lists:seq(1, length(Names)), Names)],
     File = filename:join(scratch(Config, "prototype"), "flamegraph.html"),
-    ok = file:write_file(File, mallocinfo_flamegraph:page(Folded, "prototype names")),
+    ok = file:write_file(File, mallocinfo_http_flamegraph:page(Folded, "prototype names")),
     [begin
          Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                                  "'file://" ++ File ++ "?view=" ++ View ++ "'"]),

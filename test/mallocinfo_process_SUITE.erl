@@ -54,7 +54,7 @@ gen_server_state_and_dictionary(_Config) ->
     %% once init/1 has answered, which on a busy machine can be before the
     %% server reaches its receive.
     ok = wait_waiting(Pid, 5000),
-    Heap = mallocinfo_process:inspect_heap(Pid, ?SYS(#{})),
+    {ok, Heap} = mallocinfo_process:inspect_heap(Pid, ?SYS(#{})),
     ct:pal("~p", [Heap]),
     ?assert(lists:member({State, erts_debug:size(State)}, Heap)),
     [?assert(lists:member({KV, erts_debug:size(KV)}, Heap)) || KV <- Dict],
@@ -97,7 +97,7 @@ blocked_in_long_call(_Config) ->
     Test = self(),
     spawn(fun() -> Test ! {released, gen_server:call(Pid, {block, Test}, infinity)} end),
     receive {blocked, Pid} -> ok end,
-    Heap = mallocinfo_process:inspect_heap(Pid, ?SYS(#{})),
+    {ok, Heap} = mallocinfo_process:inspect_heap(Pid, ?SYS(#{})),
     ct:pal("blocked: ~p", [Heap]),
     %% Only this process releases the server: inspect_heap/1 returned while
     %% it was still in its callback, so it did not wait for it; and nothing
@@ -150,7 +150,7 @@ refc_binaries(_Config) ->
 
 self_pid(_Config) ->
     put(mi_self_test, {some, value}),
-    Heap = mallocinfo_process:inspect_heap(self()),
+    {ok, Heap} = mallocinfo_process:inspect_heap(self()),
     ?assert(lists:member({{mi_self_test, {some, value}},
                           erts_debug:size({mi_self_test, {some, value}})}, Heap)),
     erase(mi_self_test).
@@ -242,7 +242,7 @@ remote_pid(_Config) ->
         {ok, Pid} = erpc:call(Node, mi_test_server, start,
                               [{remote_state, 42}, [{remote_key, lists:seq(1, 10)}]]),
         ?assertEqual(Node, node(Pid)),
-        Heap = mallocinfo_process:inspect_heap(Pid, ?SYS(#{})),
+        {ok, Heap} = mallocinfo_process:inspect_heap(Pid, ?SYS(#{})),
         ?assert(lists:member({{remote_key, lists:seq(1, 10)},
                               erts_debug:size({remote_key, lists:seq(1, 10)})}, Heap)),
         ?assert(lists:member({{remote_state, 42}, 3}, Heap)),

@@ -41,7 +41,7 @@ name_text_test() ->
     ?assertEqual(" (rabbit_prequeue:init/1)", T({rabbit_prequeue, init, 1})),
     ?assertEqual(" ({rabbit_amqqueue_process,{resource,<<\"/\">>,queue,<<\"q1\">>}})",
                  T({rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}})),
-    ?assertEqual(T({a, b, 1}), lists:flatten(mallocinfo_verdicts:proc_name({a, b, 1}))),
+    ?assertEqual(T({a, b, 1}), lists:flatten(mallocinfo_report_verdicts:proc_name({a, b, 1}))),
     ?assertEqual(" ({a,b,c})", T({a, b, c})).
 
 small_heap_is_not_garbage_test() ->
@@ -108,9 +108,11 @@ old_name_test() ->
     P = spawn(fun() -> put(k, lists:seq(1, 100)), Self ! {ready, self()}, receive stop -> ok end end),
     receive {ready, P} -> ok end,
     try
-        New = mallocinfo_process:inspect_heap(P),
+        %% The old name keeps 0.1.0's result: the list, not {ok, List}.
+        {ok, New} = mallocinfo_process:inspect_heap(P),
         ?assertMatch([{{k, [1 | _]}, _}], New),
-        ?assertEqual(New, mallocinfo_proc:inspect_heap(P))
+        ?assertEqual(New, mallocinfo_proc:inspect_heap(P)),
+        ?assertEqual(New, mallocinfo_proc:inspect_heap(P, #{}))
     after
         P ! stop
     end,

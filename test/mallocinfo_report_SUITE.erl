@@ -29,7 +29,7 @@ init_per_testcase(_, Config) ->
     Config.
 
 end_per_testcase(_, Config) ->
-    [catch peer:stop(P) || P <- proplists:get_value(peers, Config, [])],
+    [mi_ct:caught(fun() -> peer:stop(P) end) || P <- proplists:get_value(peers, Config, [])],
     ok.
 
 ebin() ->
@@ -160,7 +160,7 @@ mapped_by_nif_is_attributed(Config) ->
         R0 = Call(mallocinfo_report, collect, []),
         Bytes = 128 * ?MiB,
         {ok, Address} = Call(mi_mmap_nif, map, [Bytes]),
-        Mappings = Call(mallocinfo_trace, mappings, [5]),
+        {ok, Mappings} = Call(mallocinfo_trace, mappings, [5]),
         #{stack := _} = hd(Mappings),
         ct:pal("mappings: ~p", [Mappings]),
         [Row] = [M || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = M <- Mappings],
@@ -185,18 +185,17 @@ mapped_by_nif_is_attributed(Config) ->
         ?assert(Res >= Bytes - ?MiB),
         ok = Call(mi_mmap_nif, unreserve, []),
         %% The same region by function and by object, with exact bytes.
-        [FnRow] = [M || #{function := <<"mi_map_private_region">>} = M
-                            <- Call(mallocinfo_trace, mappings, [5, #{by => function}])],
+        {ok, ByFunction} = Call(mallocinfo_trace, mappings, [5, #{by => function}]),
+        [FnRow] = [M || #{function := <<"mi_map_private_region">>} = M <- ByFunction],
         ?assertMatch(#{label := native, count := 1, bytes := Bytes}, FnRow),
-        [ObjRow] = [M || #{object := O} = M <- Call(mallocinfo_trace, mappings,
-                                                     [10, #{by => object}]),
-                         O =:= Obj],
+        {ok, ByObject} = Call(mallocinfo_trace, mappings, [10, #{by => object}]),
+        [ObjRow] = [M || #{object := O} = M <- ByObject, O =:= Obj],
         ?assertMatch(#{label := native, count := 1, bytes := Bytes}, ObjRow),
 
         %% smaps is parsed once per report, here too, where the regions'
         %% attribution (mappings/1) reads it besides the heap evidence and
         %% the resident set.
-        Parse = {mallocinfo_smaps, parse_smaps, 1},
+        Parse = {mallocinfo_report_smaps, parse_smaps, 1},
         1 = Call(erlang, trace_pattern, [Parse, true, [call_count]]),
         R1 = Call(mallocinfo_report, collect, []),
         ?assertEqual({call_count, 1}, Call(erlang, trace_info, [Parse, call_count])),
@@ -217,16 +216,18 @@ mapped_by_nif_is_attributed(Config) ->
         A = maps:get(attributed, R1),
         ?assert(proplists:get_value(erts_carriers, A) > 0),
         ?assertEqual(proplists:get_value(erts_carriers, A),
-                     proplists:get_value(erts_mapped, mallocinfo_verdicts:resident_parts(R1))),
+                     proplists:get_value(erts_mapped,
+                                         mallocinfo_report_verdicts:resident_parts(R1))),
         ?assertEqual(nomatch, string:find(Text, "ERTS carriers, mseg cache (est.)")),
         ?assertNotEqual(nomatch, string:find(Text, "ERTS carriers (by address)")),
         %% The parts sum to the mapped RSS, each page once.
         ?assertEqual(maps:get(rss_for_accounting, R1),
-                     lists:sum([B || {_, B} <- mallocinfo_verdicts:resident_parts(R1)])),
+                     lists:sum([B || {_, B} <- mallocinfo_report_verdicts:resident_parts(R1)])),
         ok = Call(mi_mmap_nif, unmap, []),
         %% Unmapped: gone from the mappings.
+        {ok, Left} = Call(mallocinfo_trace, mappings, [50]),
         ?assertEqual([], [M || #{stack := [#{symbol := <<"mi_map_private_region">>} | _]} = M
-                                   <- Call(mallocinfo_trace, mappings, [50])])
+                                   <- Left])
     after
         peer:stop(Peer)
     end.
@@ -256,7 +257,7 @@ odd_names(Config) ->
         Bad = <<"bad", 255, 254, "utf8">>,
         Ansi = <<"ansi\e[31mRED\e]0;pwned-title", 7, "\e[2Jend">>,
         %% The symbolizer gives the names as they are, object included.
-        Sites = Call(mallocinfo_trace, sites, [10]),
+        {ok, Sites} = Call(mallocinfo_trace, sites, [10]),
         Symbols = [S || #{stack := Stack} <- Sites, #{symbol := S} <- Stack],
         ?assert(lists:member(Bad, Symbols) andalso lists:member(Ansi, Symbols)),
         Objects = [O || #{stack := Stack} <- Sites, #{symbol := S, object := O} <- Stack,
@@ -297,10 +298,10 @@ odd_names(Config) ->
         ?assert(has(unicode:characters_to_binary(Report), <<"map\\x1B[5m\\x9Bblink">>)),
         %% The profiles and roll-ups are made (their formats carry bytes).
         [?assertMatch({ok, _}, Call(mallocinfo_trace, F, [])) || F <- [pprof, folded, heap_profile]],
-        [_ | _] = Call(mallocinfo_trace, sites, [10, #{by => function}]),
-        [_ | _] = Call(mallocinfo_trace, mappings, [5]),
+        {ok, [_ | _]} = Call(mallocinfo_trace, sites, [10, #{by => function}]),
+        {ok, [_ | _]} = Call(mallocinfo_trace, mappings, [5]),
         {ok, Folded} = Call(mallocinfo_trace, folded, []),
-        _ = iolist_to_binary(Call(mallocinfo_flamegraph, page, [Folded, <<"odd">>]))
+        _ = iolist_to_binary(Call(mallocinfo_http_flamegraph, page, [Folded, <<"odd">>]))
     after
         peer:stop(Peer)
     end.
@@ -386,7 +387,7 @@ cluster(Config) ->
         ?assertNotEqual(nomatch, string:find(Row(B), "injected")),
         ?assertNotEqual(nomatch, string:find(Row(C), "unreachable"))
     after
-        [catch peer:stop(P) || P <- Peers]
+        [mi_ct:caught(fun() -> peer:stop(P) end) || P <- Peers]
     end.
 
 %%% Helpers ------------------------------------------------------------------

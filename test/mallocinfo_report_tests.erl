@@ -2,15 +2,15 @@
 %% mallocinfo_report_text, mallocinfo_units) on canned input: erts_alloc
 %% figures, build/1 on canned raw data (mi_report_data's /proc text), the
 %% verdicts of built reports, units and the 80-column text. The /proc
-%% parsing itself: mallocinfo_smaps_tests; each verdict rule on crafted
-%% reports: mallocinfo_verdicts_tests.
+%% parsing itself: mallocinfo_report_smaps_tests; each verdict rule on crafted
+%% reports: mallocinfo_report_verdicts_tests.
 -module(mallocinfo_report_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -include("mi_report_data.hrl").
 
 -define(R, mallocinfo_report_build).
--define(V, mallocinfo_verdicts).
+-define(V, mallocinfo_report_verdicts).
 -define(TEXT, mallocinfo_report_text).
 
 -import(mi_report_data, [vma/6, vma/7, smaps/0, quiet/0, frame/2, site/4, with_site/1]).
@@ -122,7 +122,7 @@ arena_max_test() ->
 raw() ->
     #{node => 'canned@host', os_pid => 42, otp_release => <<"25">>, time => <<"now">>,
       cores => 2, libc_version => <<"2.36">>, allocator => glibc,
-      smaps => mallocinfo_smaps:parse_smaps(smaps()),
+      smaps => mallocinfo_report_smaps:parse_smaps(smaps()),
       smaps_rollup => <<"Rss:  210000 kB\nPss:  200000 kB\n">>,
       status => <<"VmRSS:\t210000 kB\nRssAnon:\t 190000 kB\n">>,
       memory => #{total => 40 * ?MiB, processes => 10 * ?MiB, system => 30 * ?MiB,
@@ -162,7 +162,8 @@ build_accounting_test() ->
     ?assertEqual(10 * ?MiB, maps:get(erts_carriers, A)),
     %% What is mapped, each page once: the kernel's sum counts the JIT's
     %% 4000 KiB mapped in both views twice.
-    Mapped = lists:sum([Rss || #{rss := Rss} <- mallocinfo_smaps:parse_smaps(smaps())]) - 4000 * ?KiB,
+    Mapped = lists:sum([Rss || #{rss := Rss} <- mallocinfo_report_smaps:parse_smaps(smaps())])
+        - 4000 * ?KiB,
     ?assertEqual(Mapped, maps:get(rss_for_accounting, R)),
     ?assertEqual(4100 * ?KiB, maps:get(jit, A)),
     Unaccounted = Mapped - lists:sum(maps:values(A)),
@@ -294,8 +295,8 @@ build_without_smaps_test() ->
 %% recording them: mallocinfo_report_SUITE) read that one parse. Counted
 %% with call_count tracing on this node's real report.
 smaps_parsed_once_per_report_test() ->
-    MFA = {mallocinfo_smaps, parse_smaps, 1},
-    {module, _} = code:ensure_loaded(mallocinfo_smaps),
+    MFA = {mallocinfo_report_smaps, parse_smaps, 1},
+    {module, _} = code:ensure_loaded(mallocinfo_report_smaps),
     1 = erlang:trace_pattern(MFA, true, [call_count]),
     try
         R = mallocinfo_report:collect(),
@@ -321,7 +322,7 @@ quiet_raw() ->
                vma(?H + ?W + 8 * ?MiB, ?H + ?W + 16 * ?MiB, "r-xs", "/memfd:vmem (deleted)", 6000,
                    3000, "rd ex sh mr mw me ms"),
                vma(16#7ffc00000000, 16#7ffc00021000, "rw-p", "[stack]", 132, "rd wr mr mw me gd ac")]),
-    (raw())#{smaps := mallocinfo_smaps:parse_smaps(Smaps),
+    (raw())#{smaps := mallocinfo_report_smaps:parse_smaps(Smaps),
              smaps_rollup := <<"Rss: 55472 kB\n">>,
              status := <<"VmRSS: 55472 kB\n">>,
              mallinfo := #{arena => 3 * ?MiB, uordblks => 3 * ?MiB, fordblks => 0,

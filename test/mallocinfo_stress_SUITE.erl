@@ -74,7 +74,7 @@ init_per_testcase(_, Config) ->
 %% A frozen peer may not stop: it is killed by its OS pid after 15 s.
 end_per_testcase(_, Config) ->
     Peer = ?config(peer, Config),
-    {Pid, Ref} = spawn_monitor(fun() -> catch peer:stop(Peer) end),
+    {Pid, Ref} = spawn_monitor(fun() -> mi_ct:caught(fun() -> peer:stop(Peer) end) end),
     receive
         {'DOWN', Ref, process, Pid, _} -> ok
     after 15000 ->
@@ -124,7 +124,8 @@ watch(Config, Deadline, State) ->
             maps:get(threads, State, []);
         false ->
             Asked = now_ms(),
-            Answer = catch peer:call(?config(peer, Config), mi_stress, progress, [], 1000),
+            Answer = mi_ct:caught(
+                       fun() -> peer:call(?config(peer, Config), mi_stress, progress, [], 1000) end),
             timer:sleep(max(0, 1000 - (now_ms() - Asked))),
             watch(Config, Deadline, check(Config, update(Answer, now_ms(), State)))
     end.
@@ -168,7 +169,7 @@ check(Config, #{now := Now, answer := Answer, query := {_, QueryAt}} = State) ->
 
 %% A call after the storm, under the same rule: no answer in time is a hang.
 guarded(Config, What, M, F, A, Timeout) ->
-    case catch peer:call(?config(peer, Config), M, F, A, Timeout) of
+    case mi_ct:caught(fun() -> peer:call(?config(peer, Config), M, F, A, Timeout) end) of
         {'EXIT', Reason} -> frozen(Config, {What, Reason});
         Result -> Result
     end.

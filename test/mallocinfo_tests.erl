@@ -129,7 +129,7 @@ xmerl_candidates_test() ->
 %%% summary/0, stats/0, log_stats/0 ------------------------------------------
 
 summary_test() ->
-    S = mallocinfo:summary(),
+    {ok, S} = mallocinfo:summary(),
     #{arenas := Arenas, system_bytes := Sys, in_use_bytes := Used,
       system_incl_mmap_bytes := SysAll, in_use_incl_mmap_bytes := UsedAll,
       mmap_regions := Regions, mmap_bytes := MmapBytes,
@@ -190,7 +190,7 @@ collect_log(Acc) ->
 %%% mallinfo/0, trim/0,1, mallopt/2, version/0 -------------------------------
 
 mallinfo_test() ->
-    M = mallocinfo:mallinfo(),
+    {ok, M} = mallocinfo:mallinfo(),
     Keys = [arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks,
             fordblks, keepcost],
     ?assertEqual(lists:sort(Keys), lists:sort(maps:keys(M))),

@@ -43,6 +43,9 @@ start_peer(Config, Opts) ->
 call(Config, M, F, A) ->
     mi_ct:call(Config, M, F, A).
 
+ok_call(Config, M, F, A) ->
+    mi_ct:ok_call(Config, M, F, A).
+
 %% The frame a leak site starts with.
 leak_sites(Sites) ->
     [S || #{stack := [#{symbol := <<"mi_test_leak_here">>} | _]} = S <- Sites].
@@ -89,13 +92,13 @@ status_when_preloaded(Config) ->
     ?assert(TB >= 32 * Cap andalso TB < 33 * Cap),
     ?assert(Live > 0),
     ?assert(maps:get(malloc, Calls) > 0),
-    Stats = call(Config, mallocinfo_trace, stats, []),
+    Stats = ok_call(Config, mallocinfo_trace, stats, []),
     ?assertMatch(#{mallinfo := #{arena := _}, calls := #{free := _}, live_bytes := _}, Stats).
 
 sites_name_the_leak(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     ok = call(Config, mi_leaky_nif, leak, [1000, 100]),
-    Sites = call(Config, mallocinfo_trace, sites, [10]),
+    Sites = ok_call(Config, mallocinfo_trace, sites, [10]),
     [Site] = leak_sites(Sites),
     ct:pal("leak site: ~p", [Site]),
     ?assertMatch(#{count := 1000, bytes := 100000, estimated := false}, Site),
@@ -106,44 +109,44 @@ sites_name_the_leak(Config) ->
     Bytes = [B || #{bytes := B} <- Sites],
     ?assertEqual(lists:reverse(lists:sort(Bytes)), Bytes),
     ok = call(Config, mi_leaky_nif, release, []),
-    ?assertEqual([], leak_sites(call(Config, mallocinfo_trace, sites, [10]))).
+    ?assertEqual([], leak_sites(ok_call(Config, mallocinfo_trace, sites, [10]))).
 
 olds_age(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     ok = call(Config, mi_leaky_nif, leak, [10, 77777]),
-    Olds1 = call(Config, mallocinfo_trace, olds, [5, #{min_size => 77777}]),
+    Olds1 = ok_call(Config, mallocinfo_trace, olds, [5, #{min_size => 77777}]),
     ?assertEqual(5, length(Olds1)),
     [#{size := 77777, age_ms := Age1, stack := [#{symbol := <<"mi_test_leak_here">>} | _]} | _] = Olds1,
     timer:sleep(300),
-    [#{age_ms := Age2} | _] = call(Config, mallocinfo_trace, olds, [5, [{min_size, 77777}]]),
+    [#{age_ms := Age2} | _] = ok_call(Config, mallocinfo_trace, olds, [5, [{min_size, 77777}]]),
     ?assert(Age2 >= Age1 + 250),
     %% Oldest first.
-    Ages = [A || #{age_ms := A} <- call(Config, mallocinfo_trace, olds, [50])],
+    Ages = [A || #{age_ms := A} <- ok_call(Config, mallocinfo_trace, olds, [50])],
     ?assertEqual(lists:reverse(lists:sort(Ages)), Ages),
-    ?assertEqual([], call(Config, mallocinfo_trace, olds, [5, #{min_age_ms => 3600000}])),
+    ?assertEqual([], ok_call(Config, mallocinfo_trace, olds, [5, #{min_age_ms => 3600000}])),
     ok = call(Config, mi_leaky_nif, release, []).
 
 reset_clears(Config) ->
     ok = call(Config, mi_leaky_nif, leak, [500, 64]),
-    N = call(Config, mallocinfo_trace, reset, []),
+    N = ok_call(Config, mallocinfo_trace, reset, []),
     ?assert(N >= 500),
-    ?assertEqual([], leak_sites(call(Config, mallocinfo_trace, sites, [100]))),
+    ?assertEqual([], leak_sites(ok_call(Config, mallocinfo_trace, sites, [100]))),
     #{live_entries := Live} = call(Config, mallocinfo_trace, status, []),
     ?assert(Live < 500),
     ok = call(Config, mi_leaky_nif, release, []).
 
 set_mode_live(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     ok = call(Config, mallocinfo_trace, set_mode, [counters]),
     ?assertMatch(#{mode := counters}, call(Config, mallocinfo_trace, status, [])),
     #{calls := #{malloc := M0}} = call(Config, mallocinfo_trace, status, []),
     ok = call(Config, mi_leaky_nif, leak, [300, 32]),
     #{calls := #{malloc := M1}} = call(Config, mallocinfo_trace, status, []),
     ?assert(M1 - M0 >= 300),
-    ?assertEqual([], leak_sites(call(Config, mallocinfo_trace, sites, [100]))),
+    ?assertEqual([], leak_sites(ok_call(Config, mallocinfo_trace, sites, [100]))),
     ok = call(Config, mallocinfo_trace, set_mode, [full]),
     ok = call(Config, mi_leaky_nif, leak, [200, 32]),
-    [#{count := 200, bytes := 6400}] = leak_sites(call(Config, mallocinfo_trace, sites, [100])),
+    [#{count := 200, bytes := 6400}] = leak_sites(ok_call(Config, mallocinfo_trace, sites, [100])),
     ok = call(Config, mallocinfo_trace, set_mode, [off]),
     ?assertMatch(#{mode := off, live_entries := 0}, call(Config, mallocinfo_trace, status, [])),
     ok = call(Config, mallocinfo_trace, set_mode, [full]),
@@ -155,7 +158,7 @@ sample_mode_estimates(Config) ->
     ?assertMatch(#{mode := sample, sample_bytes := 65536},
                  call(Config, mallocinfo_trace, status, [])),
     ok = call(Config, mi_leaky_nif, leak, [20000, 1000]),
-    [Site] = leak_sites(call(Config, mallocinfo_trace, sites, [100])),
+    [Site] = leak_sites(ok_call(Config, mallocinfo_trace, sites, [100])),
     ct:pal("sampled site: ~p", [maps:without([stack], Site)]),
     #{count := C, bytes := B, estimated := true} = Site,
     ?assert(abs(C - 20000) < 5000),
@@ -168,20 +171,20 @@ bad_arguments(Config) ->
            {olds, [1, [bogus]]}, {olds, [1, not_opts]}, {sites, [1.0]},
            {sites, [1, #{demangle => yes}]}, {preload_env, [#{bogus => 1}]}],
     [?assertMatch({'EXIT', {badarg, _}},
-                  (catch call(Config, mallocinfo_trace, F, A)))
+                  mi_ct:caught(fun() -> call(Config, mallocinfo_trace, F, A) end))
      || {F, A} <- Bad],
-    ?assertMatch([_ | _], call(Config, mallocinfo_trace, sites, [1, [demangle]])).
+    ?assertMatch([_ | _], ok_call(Config, mallocinfo_trace, sites, [1, [demangle]])).
 
 %% sites(20) and olds(20) over a table holding a million live entries: the
 %% answers are exact; the time is reported (BENCHMARKS.md), not asserted.
 million_entries(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     ok = call(Config, mi_leaky_nif, leak, [1000000, 16]),
     #{live_entries := Live, dropped := Dropped} = call(Config, mallocinfo_trace, status, []),
     ?assertEqual(0, Dropped),
     ?assert(Live >= 1000000),
-    {TSites, Sites} = timer:tc(fun() -> call(Config, mallocinfo_trace, sites, [20]) end),
-    {TOlds, Olds} = timer:tc(fun() -> call(Config, mallocinfo_trace, olds, [20]) end),
+    {TSites, Sites} = timer:tc(fun() -> ok_call(Config, mallocinfo_trace, sites, [20]) end),
+    {TOlds, Olds} = timer:tc(fun() -> ok_call(Config, mallocinfo_trace, olds, [20]) end),
     [#{count := 1000000, bytes := 16000000}] = leak_sites(Sites),
     ?assertEqual(20, length(Olds)),
     ct:pal("million_entries: live ~p, sites(20) ~p ms, olds(20) ~p ms",
@@ -195,7 +198,7 @@ million_entries(Config) ->
 %% in small steps), drops none, and names a leak that starts afterwards
 %% exactly.
 stack_table_cycles(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     #{stack_capacity := Cap, stacks_dropped := 0} = call(Config, mallocinfo_trace, status, []),
     ?assertEqual(65536, Cap),
     {T, ok} = timer:tc(fun() -> call(Config, mi_leaky_nif, paths, [0, 10 * Cap, 0, 16]) end),
@@ -209,7 +212,7 @@ stack_table_cycles(Config) ->
     ?assert(Sweeps >= 9 * 4),
     ?assert(Stacks < Cap div 2),
     ok = call(Config, mi_leaky_nif, leak, [1000, 100]),
-    [Site] = leak_sites(call(Config, mallocinfo_trace, sites, [10])),
+    [Site] = leak_sites(ok_call(Config, mallocinfo_trace, sites, [10])),
     ?assertMatch(#{count := 1000, bytes := 100000, estimated := false}, Site),
     ?assertMatch(#{stacks_dropped := 0}, call(Config, mallocinfo_trace, status, [])),
     ok = call(Config, mi_leaky_nif, release, []).
@@ -219,11 +222,11 @@ stack_table_cycles(Config) ->
 %% table stored some stack twice, sites/1 shows each call site once, with
 %% all its blocks.
 racing_threads_one_site(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     #{stacks := Before} = call(Config, mallocinfo_trace, status, []),
     ok = call(Config, mi_leaky_nif, race_paths, [4, 2000, 2, 16]),
     #{stacks := After} = call(Config, mallocinfo_trace, status, []),
-    Paths = path_sites(call(Config, mallocinfo_trace, sites, [100000])),
+    Paths = path_sites(ok_call(Config, mallocinfo_trace, sites, [100000])),
     ct:pal("stacks stored: ~p more for 2000 call sites", [After - Before]),
     ?assertEqual(2000, length(Paths)),
     ?assertEqual([{8, 128}], lists:usort([{C, B} || #{count := C, bytes := B} <- Paths])),
@@ -239,7 +242,7 @@ racing_threads_one_site(Config) ->
 %% in one batch that reads /proc/self/maps once. Times are reported (doc/tracking.md,
 %% BENCHMARKS.md), not asserted.
 sites_full_stack_table(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     %% The ten first: a table this full drops some new stacks.
     ok = call(Config, mi_leaky_nif, paths_jit, [100000, 10, 100, 40000]),
     ok = call(Config, mi_leaky_nif, paths, [0, 64000, 8, 16]),
@@ -249,9 +252,9 @@ sites_full_stack_table(Config) ->
     ?assert(Live >= 512000),
     Stats = fun() -> call(Config, mallocinfo_nif, trace_symbolizer_stats, []) end,
     Before = Stats(),
-    {T1, Sites} = timer:tc(fun() -> call(Config, mallocinfo_trace, sites, [20]) end),
+    {T1, Sites} = timer:tc(fun() -> ok_call(Config, mallocinfo_trace, sites, [20]) end),
     After = Stats(),
-    {T2, _} = timer:tc(fun() -> call(Config, mallocinfo_trace, sites, [20]) end),
+    {T2, _} = timer:tc(fun() -> ok_call(Config, mallocinfo_trace, sites, [20]) end),
     Delta = maps:map(fun(K, V) -> V - maps:get(K, Before) end, After),
     Frames = lists:sum([length(St) || #{stack := St} <- Sites]),
     ct:pal("sites(20) over ~p stacks, ~p live blocks: ~p ms (cold symbolizer), ~p ms (warm); "
@@ -273,15 +276,15 @@ sites_full_stack_table(Config) ->
 
 %% reclaim/0 and the status keys that count reclamation.
 reclaim_and_status(Config) ->
-    _ = call(Config, mallocinfo_trace, reset, []),
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
     #{stacks_reclaimed := R0, stack_sweeps := W0} = call(Config, mallocinfo_trace, status, []),
     ok = call(Config, mi_leaky_nif, paths, [0, 500, 1, 16]),
     ok = call(Config, mi_leaky_nif, release, []),
-    N = call(Config, mallocinfo_trace, reclaim, []),
+    N = ok_call(Config, mallocinfo_trace, reclaim, []),
     ?assert(N >= 500),
     #{stacks_reclaimed := R1, stack_sweeps := W1} = call(Config, mallocinfo_trace, status, []),
     ?assert(R1 - R0 >= N),
     ?assert(W1 > W0),
     %% Nothing new is unreferenced: a second reclaim frees only what the
     %% node itself allocated and freed meanwhile.
-    ?assert(call(Config, mallocinfo_trace, reclaim, []) < 500).
+    ?assert(ok_call(Config, mallocinfo_trace, reclaim, []) < 500).

@@ -2,9 +2,9 @@
 %% data directory, peer nodes (with or without the interposer) that see
 %% mallocinfo and the suite's priv_dir, and a distributed CT node.
 -module(mi_ct).
--export([ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
+-export([caught/1, pprof/0, ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
          compile_module/2, compile_module/3, include_dir/1, start_peer/2, start_peer/3, stop_peer/1, call/4,
-         project_root/0, tarball/0, demo_dir/0]).
+         project_root/0, tarball/0, demo_dir/0, ok_call/4]).
 
 -include_lib("common_test/include/ct.hrl").
 
@@ -17,11 +17,25 @@ ensure_distributed() ->
     case node() of
         nonode@nohost ->
             _ = os:cmd("epmd -daemon"),
+            %% epmd -daemon returns before it listens: on a machine where
+            %% no epmd ran yet, net_kernel would find none (nodistribution).
+            ok = epmd_listening(200),
             Name = list_to_atom("mi_ct_" ++ os:getpid()),
             {ok, _} = net_kernel:start([Name, shortnames]),
             ok;
         _ ->
             ok
+    end.
+
+epmd_listening(0) ->
+    {error, epmd_not_listening};
+epmd_listening(Tries) ->
+    case erl_epmd:names() of
+        {ok, _} ->
+            ok;
+        {error, _} ->
+            timer:sleep(50),
+            epmd_listening(Tries - 1)
     end.
 
 %% @equiv build_nif(Config, Name, "")
@@ -111,6 +125,12 @@ stop_peer(Config) ->
 call(Config, M, F, A) ->
     peer:call(?config(peer, Config), M, F, A, 120000).
 
+%% call/4 of a call that must succeed: its value, out of {ok, Value} (a
+%% badmatch with the error otherwise).
+ok_call(Config, M, F, A) ->
+    {ok, Value} = call(Config, M, F, A),
+    Value.
+
 %% The project's top directory (the one with the Makefile and c_src/),
 %% found upwards from mallocinfo's build directory.
 project_root() ->
@@ -156,4 +176,26 @@ tarball() ->
                 true -> filename:join(Root, "mallocinfo.tar.gz");
                 false -> ct:fail({make_tarball, Out})
             end
+    end.
+
+%% What `catch F()' gave, without it (deprecated in OTP 29): the value, a
+%% thrown term, {'EXIT', {Reason, Stack}} for an error, {'EXIT', Reason}
+%% for an exit.
+-spec caught(fun(() -> term())) -> term().
+caught(F) ->
+    try F()
+    catch
+        throw:T -> T;
+        error:R:S -> {'EXIT', {R, S}};
+        exit:R -> {'EXIT', R}
+    end.
+
+%% The reader of gperftools' heap profiles: google-pprof, or where the
+%% release has none (gperftools 2.18, Debian unstable, dropped it) jeprof,
+%% jemalloc's fork of the same script, which reads that format too.
+-spec pprof() -> string().
+pprof() ->
+    case os:find_executable("google-pprof") of
+        false -> "jeprof";
+        _ -> "google-pprof"
     end.

@@ -1,5 +1,5 @@
-%% Canned input for the report's EUnit tests (mallocinfo_smaps_tests,
-%% mallocinfo_report_tests, mallocinfo_verdicts_tests): /proc/self/smaps
+%% Canned input for the report's EUnit tests (mallocinfo_report_smaps_tests,
+%% mallocinfo_report_tests, mallocinfo_report_verdicts_tests): /proc/self/smaps
 %% text as the kernel prints it, and a finished report in which no verdict
 %% rule has evidence, for the rules and the text to be tried on.
 -module(mi_report_data).

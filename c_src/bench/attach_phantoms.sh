@@ -22,7 +22,7 @@ cat >"$tmp/phantoms.erl" <<'ERL'
 -module(phantoms).
 -export([run/1]).
 
-in_stack(Sites, Parts) ->
+in_stack({ok, Sites}, Parts) ->
     lists:sum([C || #{count := C, stack := St} <- Sites,
                     lists:any(fun(#{object := O}) ->
                                       lists:any(fun(P) -> binary:match(O, P) =/= nomatch end, Parts)

@@ -14,11 +14,23 @@ namespace mi::heapwalk {
 
 using detail::arena_at;
 
-bool pt::supported_glibc(const char* version) {
+const pt::Layout* pt::layout_for(const char* version) {
   unsigned major = 0, minor = 0;
-  if (version == nullptr || std::sscanf(version, "%u.%u", &major, &minor) != 2) return false;
-  // 2.35 added heap_info.pagesize; the layout is unchanged through 2.40.
-  return major == 2 && minor >= 35 && minor <= 40;
+  if (version == nullptr || std::sscanf(version, "%u.%u", &major, &minor) != 2 || major != 2)
+    return nullptr;
+  // 2.35 added heap_info.pagesize; 2.42 changed the tcache, 2.43 dropped
+  // the fastbins (ptmalloc.h). A later release may move anything: refused
+  // until its sources were read.
+  if (minor >= 35 && minor <= 41) return &kLayout235;
+  if (minor == 42) return &kLayout242;
+  if (minor == 43) return &kLayout243;
+  return nullptr;
+}
+
+bool pt::fits_tcache_bin(const Layout& l, size_t bin, uint64_t size) {
+  if (bin < l.tcache_small_bins) return size == bin_chunk_size(bin);
+  if (bin >= l.tcache_bins || size < bin_chunk_size(l.tcache_small_bins)) return false;
+  return (size >> (10 + (bin - l.tcache_small_bins))) == 1;
 }
 
 namespace detail {
@@ -28,23 +40,23 @@ namespace {
 // The malloc_state signature: every bin pair is either empty (both links
 // point at the pair's own bin header) or two 16-aligned chunk pointers
 // outside the structure; top is set. `w` is a copy of the candidate.
-bool looks_like_arena(uint64_t addr, const uint64_t* w) {
-  const uint64_t top = w[pt::kArenaTop / 8];
+bool looks_like_arena(const pt::Layout& l, uint64_t addr, const uint64_t* w) {
+  const uint64_t top = w[l.arena_top / 8];
   if (top == 0 || (top & (pt::kAlign - 1)) != 0) return false;
-  const uint64_t next = w[pt::kArenaNext / 8];
+  const uint64_t next = w[l.arena_next / 8];
   if (next == 0 || (next & 7) != 0) return false;
   unsigned empty = 0;
   for (size_t k = 0; k < pt::kNBinPairs; ++k) {
-    const uint64_t fd = w[pt::kArenaBins / 8 + 2 * k];
-    const uint64_t bk = w[pt::kArenaBins / 8 + 2 * k + 1];
-    const uint64_t self = addr + pt::kArenaBins + 16 * k - 16;
+    const uint64_t fd = w[l.arena_bins / 8 + 2 * k];
+    const uint64_t bk = w[l.arena_bins / 8 + 2 * k + 1];
+    const uint64_t self = addr + l.arena_bins + 16 * k - 16;
     if (fd == self || bk == self) {
       if (fd != bk) return false;
       ++empty;
       continue;
     }
     if (fd == 0 || bk == 0 || (fd & 15) != 0 || (bk & 15) != 0) return false;
-    if ((fd >= addr && fd < addr + pt::kArenaSize) || (bk >= addr && bk < addr + pt::kArenaSize))
+    if ((fd >= addr && fd < addr + l.arena_size) || (bk >= addr && bk < addr + l.arena_size))
       return false;
   }
   return empty > 0;
@@ -52,10 +64,10 @@ bool looks_like_arena(uint64_t addr, const uint64_t* w) {
 
 }  // namespace
 
-bool arena_at(uint64_t addr) {
-  uint64_t w[pt::kArenaSize / 8];
-  std::memcpy(w, reinterpret_cast<const void*>(addr), sizeof w);
-  return looks_like_arena(addr, w);
+bool arena_at(const pt::Layout& l, uint64_t addr) {
+  uint64_t w[pt::kMaxArenaSize / 8];
+  std::memcpy(w, reinterpret_cast<const void*>(addr), l.arena_size);
+  return looks_like_arena(l, addr, w);
 }
 
 }  // namespace detail
@@ -96,18 +108,18 @@ bool safe_read(uint64_t addr, uint64_t* out) {
 // addition, a contiguous sbrk heap ends with top exactly at the current
 // break (a foreign sbrk() breaks only that). A copy of the signature
 // shifted by one bin pair (possible with large fastbins) fails both.
-int plausible_main_arena(uint64_t a) {
+int plausible_main_arena(const pt::Layout& l, uint64_t a) {
   uint64_t next = 0;
-  if (!safe_read(a + pt::kArenaNext, &next)) return 0;
+  if (!safe_read(a + l.arena_next, &next)) return 0;
   for (int steps = 0; next != a; ++steps) {
     const uint64_t heap = next - pt::kHeapInfoBytes;
     uint64_t ar = 0;
     if (steps > 4096 || (heap & (pt::kHeapMax - 1)) != 0 || !safe_read(heap, &ar) || ar != next ||
-        !safe_read(next + pt::kArenaNext, &next))
+        !safe_read(next + l.arena_next, &next))
       return 0;
   }
   uint64_t system = 0, top = 0, top_hdr = 0, flags = 0;
-  if (!safe_read(a + pt::kArenaSystemMem, &system) || !safe_read(a + pt::kArenaTop, &top) ||
+  if (!safe_read(a + l.arena_system_mem, &system) || !safe_read(a + l.arena_top, &top) ||
       !safe_read(a, &flags))
     return 0;
   if (system == 0 || ((flags >> 32) & pt::kNonContiguousBit) != 0) return 2;
@@ -117,7 +129,8 @@ int plausible_main_arena(uint64_t a) {
 
 }  // namespace
 
-uint64_t find_main_arena() {
+uint64_t find_main_arena(const pt::Layout& l) {
+  // One glibc per process, so one layout: the cache holds for every call.
   static std::atomic<uint64_t> cached{0};
   uint64_t found = cached.load(std::memory_order_acquire);
   if (found != 0) return found;
@@ -131,9 +144,9 @@ uint64_t find_main_arena() {
   for (int attempt = 0; attempt < 5 && found == 0; ++attempt) {
     int count[3] = {0, 0, 0};
     uint64_t match[3] = {0, 0, 0};
-    for (uint64_t a = (d.lo + 7) & ~7ull; a + pt::kArenaSize <= d.hi; a += 8) {
-      if (!arena_at(a)) continue;
-      const int score = plausible_main_arena(a);
+    for (uint64_t a = (d.lo + 7) & ~7ull; a + l.arena_size <= d.hi; a += 8) {
+      if (!arena_at(l, a)) continue;
+      const int score = plausible_main_arena(l, a);
       for (int k = 1; k <= score; ++k) {
         ++count[k];
         match[k] = a;

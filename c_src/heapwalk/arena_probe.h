@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ptmalloc.h"
+
 namespace mi::heapwalk::detail {
 
 // Unchecked reads of this process's memory at `addr`.
@@ -29,21 +31,23 @@ inline uint16_t rd16(uint64_t addr) {
   return v;
 }
 
-// Whether `addr` holds something with the malloc_state signature (every bin
-// pair empty or two 16-aligned chunk pointers outside the structure, top
-// set). May fault if `addr` is not readable for ptmalloc.h's kArenaSize.
-bool arena_at(uint64_t addr);
+// Whether `addr` holds something with the malloc_state signature of layout
+// `l` (every bin pair empty or two 16-aligned chunk pointers outside the
+// structure, top set). May fault if `addr` is not readable for
+// l.arena_size bytes.
+bool arena_at(const pt::Layout& l, uint64_t addr);
 
 }  // namespace mi::heapwalk::detail
 
 namespace mi::heapwalk {
 
 // Where main_arena lives, found from this process without debug symbols:
-// the 8-byte-aligned spot of libc's writable data whose 127 bin pairs are
-// each either empty (pointing at themselves) or a pair of chunk pointers.
-// 0 when not found. Cached after the first success. Thread-safe. For the
-// parent (heapwalk.cpp), before it forks.
-uint64_t find_main_arena();
+// the 8-byte-aligned spot of libc's writable data whose 127 bin pairs (at
+// layout `l`'s offsets: pt::layout_for(this glibc)) are each either empty
+// (pointing at themselves) or a pair of chunk pointers. 0 when not found.
+// Cached after the first success. Thread-safe. For the parent
+// (heapwalk.cpp), before it forks.
+uint64_t find_main_arena(const pt::Layout& l);
 
 }  // namespace mi::heapwalk
 

@@ -67,10 +67,44 @@ volatile int g_reply_fd = -1;
   ::_exit(4);
 }
 
+// A word of this process read without faulting (an address not yet known
+// to lie in a heap segment): 0 when it is not readable.
+uint64_t safe_word(uint64_t addr) {
+  uint64_t v = 0;
+  iovec local{&v, sizeof v};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof v};
+  if (::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) != sizeof v) return 0;
+  return v;
+}
+
+// From 2.42, length + num_slots of every tcache bin of one tcache: all
+// equal to mp_.tcache_count (at least 1: a tcache exists only then), but
+// for at most one bin one off.
+bool one_fill_count(const uint32_t* totals, size_t n) {
+  size_t best = 0, best_votes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    size_t votes = 0;
+    for (size_t j = 0; j < n; ++j) votes += totals[j] == totals[i];
+    if (votes > best_votes) {
+      best = i;
+      best_votes = votes;
+    }
+  }
+  const uint32_t fill = totals[best];
+  if (fill == 0) return false;
+  size_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (totals[i] == fill) continue;
+    if (totals[i] + 1 != fill && totals[i] != fill + 1) return false;
+    ++off;
+  }
+  return off <= 1;
+}
+
 class Child {
  public:
-  Child(const DumpOptions& o, int file_fd, uint64_t main_arena, pid_t pid)
-      : opt_(o), out_(file_fd), main_arena_(main_arena), pid_(pid) {}
+  Child(const DumpOptions& o, const pt::Layout& l, int file_fd, uint64_t main_arena, pid_t pid)
+      : opt_(o), l_(l), out_(file_fd), main_arena_(main_arena), pid_(pid) {}
 
   // Walks, writes, fills reply; returns a ChildStatus.
   uint32_t run(ReplyHeader& h);
@@ -91,6 +125,7 @@ class Child {
   bool scan_segments();
   bool collect_fastbins();
   bool collect_tcaches();
+  bool mmapped_entry(uint64_t mem, uint64_t& size) const;
   bool collect_tracker();
   const Seg* seg_of(uint64_t chunk) const;
   bool write_dump();
@@ -98,6 +133,7 @@ class Child {
   bool write_mmaps();
 
   const DumpOptions& opt_;
+  const pt::Layout& l_;
   Writer out_;
   uint64_t main_arena_;
   pid_t pid_;
@@ -122,16 +158,15 @@ class Child {
 };
 
 bool Child::find_arenas() {
-  if (!arena_at(main_arena_)) return fail(kUnsupported, "main_arena");
+  if (!arena_at(l_, main_arena_)) return fail(kUnsupported, "main_arena");
   arenas_[n_arenas_++] = main_arena_;
-  for (uint64_t a = rd(main_arena_ + pt::kArenaNext); a != main_arena_;
-       a = rd(a + pt::kArenaNext)) {
+  for (uint64_t a = rd(main_arena_ + l_.arena_next); a != main_arena_; a = rd(a + l_.arena_next)) {
     if (n_arenas_ == kMaxArenas) return fail(kWalkFailed, "arena_list");
     // A non-main arena sits right after the heap_info of its first heap.
     const uint64_t heap = a - pt::kHeapInfoBytes;
     if ((heap & (pt::kHeapMax - 1)) != 0 || rd(heap + pt::kHeapInfoArPtr) != a)
       return fail(kUnsupported, "heap_info");
-    if (!arena_at(a)) return fail(kUnsupported, "arena");
+    if (!arena_at(l_, a)) return fail(kUnsupported, "arena");
     arenas_[n_arenas_++] = a;
   }
   return true;
@@ -140,8 +175,8 @@ bool Child::find_arenas() {
 bool Child::find_segments() {
   for (size_t i = 0; i < n_arenas_; ++i) {
     const uint64_t a = arenas_[i];
-    const uint64_t top = rd(a + pt::kArenaTop);
-    const uint64_t system = rd(a + pt::kArenaSystemMem);
+    const uint64_t top = rd(a + l_.arena_top);
+    const uint64_t system = rd(a + l_.arena_system_mem);
     sums[i].index = static_cast<uint32_t>(i);
     sums[i].address = a;
     sums[i].system_bytes = system;
@@ -174,7 +209,7 @@ bool Child::find_segments() {
       const bool holds_arena = h + pt::kHeapInfoBytes == a;
       if (k == n - 1 && !holds_arena) return fail(kUnsupported, "first_heap");
       total += size;
-      if (!segs_.push(Seg{h, h + size, pt::first_chunk_of_heap(h, holds_arena),
+      if (!segs_.push(Seg{h, h + size, pt::first_chunk_of_heap(l_, h, holds_arena),
                           static_cast<uint32_t>(i), 0}))
         return fail(kOsError, "mmap");
     }
@@ -199,12 +234,21 @@ const Seg* Child::seg_of(uint64_t chunk) const {
   return it;
 }
 
+// Whether `mem` is the user memory of a chunk glibc mmapped, read without
+// faulting; its size in `size`.
+bool Child::mmapped_entry(uint64_t mem, uint64_t& size) const {
+  const uint64_t hdr = safe_word(mem - 8);
+  if ((hdr & pt::kIsMmapped) == 0) return false;
+  size = hdr & ~pt::kFlagBits;
+  return true;
+}
+
 // Calls f(address, size, kind) for each chunk of `s` in address order, where
 // kind is what the chunk headers alone say (in_use, free, top or meta).
 // Fails on any chunk that does not fit ptmalloc's invariants.
 template <class F>
 bool Child::walk(const Seg& s, F&& f) {
-  const uint64_t top = rd(arenas_[s.arena] + pt::kArenaTop);
+  const uint64_t top = rd(arenas_[s.arena] + l_.arena_top);
   uint64_t p = s.first;
   while (p < s.end) {
     if (p + pt::kChunkHeader > s.end) return fail(kWalkFailed, "chunk_overrun");
@@ -252,8 +296,7 @@ bool Child::scan_segments() {
     bool ok = true;
     if (!walk(s, [&](uint64_t p, uint64_t size, hd::Kind k) {
           ++scanned_;
-          if (k == hd::kInUse && size == pt::kTcacheStructChunk && !tcache_candidates_.push(p))
-            ok = false;
+          if (k == hd::kInUse && size == l_.tcache_chunk && !tcache_candidates_.push(p)) ok = false;
         }))
       return false;
     if (!ok) return fail(kOsError, "mmap");
@@ -263,8 +306,8 @@ bool Child::scan_segments() {
 
 bool Child::collect_fastbins() {
   for (size_t i = 0; i < n_arenas_; ++i) {
-    for (size_t b = 0; b < pt::kNFastbins; ++b) {
-      uint64_t p = rd(arenas_[i] + pt::kArenaFastbins + 8 * b);
+    for (size_t b = 0; b < l_.n_fastbins; ++b) {
+      uint64_t p = rd(arenas_[i] + l_.arena_fastbins + 8 * b);
       for (uint64_t steps = 0; p != 0; ++steps) {
         const Seg* s = seg_of(p);
         if (s == nullptr || s->arena != i || (p & (pt::kAlign - 1)) != 0 ||
@@ -280,12 +323,16 @@ bool Child::collect_fastbins() {
 
 // A thread's tcache is an ordinary in-use chunk; it is told apart from data
 // that merely has its size by following every bin: each chain must be a
-// NULL-terminated list of chunks of the bin's size inside a heap, each
-// carrying the process-wide tcache key, about counts[i] long. "About":
-// tcache_put/tcache_get update entries[i] and counts[i] in two unlocked
-// stores, and fork() may freeze another thread between them, so a chain
-// one entry longer or shorter than its count is accepted. Anything else is
-// not a tcache, and its chunks stay in_use.
+// NULL-terminated list of chunks that fit the bin (one size per small bin;
+// per large bin, a power-of-two range sorted by size), inside a heap, each
+// carrying the process-wide tcache key, and its length must agree with
+// the bin's count. Up to 2.41 that is counts[i], the entries in the bin;
+// from 2.42 num_slots[i] is what the bin may still take, so length +
+// num_slots[i] is mp_.tcache_count, the same for every bin. "Agree":
+// tcache_put/tcache_get update the list and the count in two unlocked
+// stores, and fork() may freeze another thread between them, so one bin
+// may be one entry off. Anything else is not a tcache, and its chunks stay
+// in_use.
 bool Child::collect_tcaches() {
   bool have_key = false;
   uint64_t key = 0;
@@ -295,29 +342,50 @@ bool Child::collect_tcaches() {
     bool valid = true;
     uint64_t candidate_key = key;
     bool candidate_has_key = have_key;
-    for (size_t b = 0; b < pt::kTcacheBins && valid; ++b) {
+    uint32_t totals[pt::kMaxTcacheBins] = {};  // length + num_slots (2.42+)
+    for (size_t b = 0; b < l_.tcache_bins && valid; ++b) {
       const uint32_t count = rd16(mem + 2 * b);
-      uint64_t e = rd(mem + pt::kTcacheEntriesOffset + 8 * b);
+      // Up to 2.41 a chain may be one longer than its count; from 2.42 the
+      // count says nothing alone (checked across bins below).
+      const uint64_t max_length = l_.tcache_free_slots ? scanned_ : count + 1u;
+      uint64_t e = rd(mem + l_.tcache_entries + 8 * b);
       uint32_t length = 0;
+      uint64_t last_size = 0;
       for (; e != 0; ++length) {
         const Seg* s = e >= pt::kChunkHeader ? seg_of(e - pt::kChunkHeader) : nullptr;
-        if (length > count || s == nullptr || (e & (pt::kAlign - 1)) != 0 ||
-            (rd(e - 8) & ~pt::kFlagBits) != pt::bin_chunk_size(b)) {
+        uint64_t size = 0, next = 0;
+        if (length >= max_length || (e & (pt::kAlign - 1)) != 0) {
           valid = false;
           break;
         }
-        const uint64_t entry_key = rd(e + 8);
-        if (candidate_has_key && entry_key != candidate_key) {
+        if (s != nullptr) {
+          size = rd(e - 8) & ~pt::kFlagBits;
+        } else if (!(l_.mmap_trailer && b >= l_.tcache_small_bins && mmapped_entry(e, size))) {
+          // 2.43 lets a large bin hold an mmapped chunk, outside every heap.
           valid = false;
           break;
         }
+        const uint64_t entry_key = s != nullptr ? rd(e + 8) : safe_word(e + 8);
+        if (!pt::fits_tcache_bin(l_, b, size) || size < last_size ||
+            (candidate_has_key && entry_key != candidate_key)) {
+          valid = false;
+          break;
+        }
+        last_size = size;
         candidate_key = entry_key;
         candidate_has_key = true;
-        if (!cached_.push(Cached{e - pt::kChunkHeader, hd::kTcache})) return fail(kOsError, "mmap");
-        e = pt::reveal(e, rd(e));
+        if (s != nullptr && !cached_.push(Cached{e - pt::kChunkHeader, hd::kTcache}))
+          return fail(kOsError, "mmap");
+        next = s != nullptr ? rd(e) : safe_word(e);
+        e = pt::reveal(e, next);
       }
-      if (valid && length + 1 < count) valid = false;
+      if (!valid) break;
+      if (l_.tcache_free_slots)
+        totals[b] = length + count;
+      else if (length + 1 < count)
+        valid = false;
     }
+    if (valid && l_.tcache_free_slots) valid = one_fill_count(totals, l_.tcache_bins);
     if (!valid) {
       cached_.truncate(mark);
     } else if (candidate_has_key) {
@@ -528,7 +596,9 @@ bool Child::write_mmaps() {
     iovec remote{reinterpret_cast<void*>(l.addr - 8), sizeof hdr};
     if (::process_vm_readv(self, &local, 1, &remote, 1, 0) != sizeof hdr) continue;
     if ((hdr & pt::kIsMmapped) == 0) continue;
-    const uint64_t size = hdr & ~pt::kFlagBits;
+    // The bytes mapped from the chunk on, on every release: 2.43 keeps a
+    // header after the chunk, outside its size.
+    const uint64_t size = (hdr & ~pt::kFlagBits) + (l_.mmap_trailer ? pt::kChunkHeader : 0);
     words_.push(l.addr - pt::kChunkHeader);
     words_.push(hd::chunk_word(size, hd::kMmap, static_cast<uint16_t>(l.site)));
     ++mmap_chunks_;
@@ -558,7 +628,7 @@ bool Child::write_dump() {
   size_t next_seg = 0;
   for (size_t i = 0; i < n_arenas_; ++i) {
     const uint64_t a = arenas_[i];
-    const uint64_t top = rd(a + pt::kArenaTop);
+    const uint64_t top = rd(a + l_.arena_top);
     out_.record(hd::kArenaRec, 4 + 4 + 8 * 4);
     out_.u32(static_cast<uint32_t>(i));
     out_.u32(i == 0 ? 1 : 0);
@@ -605,8 +675,8 @@ uint32_t Child::run(ReplyHeader& h) {
 
 }  // namespace
 
-[[noreturn]] void child_main(const DumpOptions& opt, int file_fd, int reply_fd, FILE* xml,
-                             uint64_t main_arena, pid_t parent) {
+[[noreturn]] void child_main(const DumpOptions& opt, const pt::Layout& layout, int file_fd,
+                             int reply_fd, FILE* xml, uint64_t main_arena, pid_t parent) {
   g_reply_fd = reply_fd;
   // The child never execs, so O_CLOEXEC does not apply: close every
   // descriptor of the node (sockets, ports, other dumps' pipes) so that it
@@ -648,7 +718,7 @@ uint32_t Child::run(ReplyHeader& h) {
       ::mmap(nullptr, sizeof(Child), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) ::_exit(5);
   const uint64_t t0 = mono_ns();
-  Child* c = new (mem) Child(opt, file_fd, main_arena, parent);
+  Child* c = new (mem) Child(opt, layout, file_fd, main_arena, parent);
   ReplyHeader h;
   h.status = c->run(h);
   h.walk_ns = mono_ns() - t0;

@@ -12,14 +12,16 @@
 #include <cstdio>
 
 #include "dump_types.h"
+#include "ptmalloc.h"
 
 namespace mi::heapwalk::detail {
 
-// `file_fd` may be -1 (summary only), `xml` nullptr (no malloc_info).
-// Call only in the child of fork(). Exit status: 0 reply sent, 4 fault,
-// 5 no memory for the walk, 6 the reply could not be written.
-[[noreturn]] void child_main(const DumpOptions& opt, int file_fd, int reply_fd, FILE* xml,
-                             uint64_t main_arena, pid_t parent);
+// `layout` is this glibc's (pt::layout_for), `file_fd` may be -1 (summary
+// only), `xml` nullptr (no malloc_info). Call only in the child of fork().
+// Exit status: 0 reply sent, 4 fault, 5 no memory for the walk, 6 the
+// reply could not be written.
+[[noreturn]] void child_main(const DumpOptions& opt, const pt::Layout& layout, int file_fd,
+                             int reply_fd, FILE* xml, uint64_t main_arena, pid_t parent);
 
 }  // namespace mi::heapwalk::detail
 

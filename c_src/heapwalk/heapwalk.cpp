@@ -99,8 +99,9 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
                 DumpResult& out) {
   out = DumpResult{};
   const char* version = ::gnu_get_libc_version();
-  if (!pt::supported_glibc(version)) return DumpStatus{Failure::unsupported_glibc, 0, version};
-  const uint64_t main_arena = find_main_arena();
+  const pt::Layout* layout = pt::layout_for(version);
+  if (layout == nullptr) return DumpStatus{Failure::unsupported_glibc, 0, version};
+  const uint64_t main_arena = find_main_arena(*layout);
   if (main_arena == 0) return DumpStatus{Failure::unsupported_glibc, 0, "main_arena"};
   if (path.find('\0') != std::string::npos) return os_error(EINVAL, "path");
 
@@ -139,7 +140,7 @@ DumpStatus dump(const std::string& path, const DumpOptions& options, const SiteL
   child.pid = ::fork();
   const uint64_t fork_ns = mono_ns() - fork_start;
   if (child.pid < 0) return os_error(errno, "fork");
-  if (child.pid == 0) child_main(options, file.fd(), pipefd[1], xml.f, main_arena, parent);
+  if (child.pid == 0) child_main(options, *layout, file.fd(), pipefd[1], xml.f, main_arena, parent);
   ::close(writer.fd);
   writer.fd = -1;
   std::string reply;

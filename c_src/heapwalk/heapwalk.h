@@ -33,7 +33,7 @@ namespace mi::heapwalk {
 enum class Failure {
   none,
   os_error,           // errno in `err` (file, fork, pipe)
-  unsupported_glibc,  // version outside the known range, or layout check failed
+  unsupported_glibc,  // a release pt::layout_for() does not know, or a layout check failed
   walk_failed,        // an inconsistency found in the heap (detail says where)
   timeout,            // the child did not finish in time and was killed
 };

@@ -1,3 +1,3 @@
 // The one Catch2 main for every C++ unit test in c_src/test/.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#define MALLOCINFO_CATCH_MAIN
+#include "catch.h"

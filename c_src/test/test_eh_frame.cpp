@@ -8,11 +8,11 @@
 // (make test-san) a read one byte past it fails the test: the truncated and
 // corrupted inputs below check that bad lengths and offsets are refused
 // rather than followed.
-#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
+#include "catch.h"
 
 #include "../track/cfi.h"
 #include "../track/eh_frame.h"

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include <sstream>
 #include <thread>
 #include <vector>
+#include "catch.h"
 
 #include "../glibc/atomic_file.h"
 #include "../glibc/glibc_introspect.h"

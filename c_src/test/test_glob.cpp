@@ -1,6 +1,6 @@
 // Catch2 tests for the interposer's executable glob (preload/glob.cpp), the
 // one preload/ file linked into the Catch2 binary.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include "../preload/glob.h"
 

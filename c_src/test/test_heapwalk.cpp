@@ -1,13 +1,13 @@
 // The heap walker against this test process's own glibc heap: the dump
 // must be a valid v1 file, its chunks must be where the test put them, and
 // its totals must equal mallinfo2() of the same snapshot.
+#include <gnu/libc-version.h>
 #include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "catch.h"
 
 #include "../heapwalk/dump_format.h"
 #include "../heapwalk/heapwalk.h"
@@ -214,18 +215,30 @@ TEST_CASE("the dump agrees with mallinfo2 of the same snapshot", "[glibc][heapwa
 }
 
 TEST_CASE("chunks are where the allocator put them, with the right kind", "[glibc][heapwalk]") {
-  // Fill the 112-byte tcache bin (7 entries), then one more goes to a
-  // fastbin; a large block freed between live ones lands in a bin. Earlier
+  // Fill the 112-byte tcache bin (7 entries up to glibc 2.42, 16 from
+  // 2.43), then one more goes to a fastbin (a bin from 2.43, which has
+  // none); a large block freed between live ones lands in a bin. Earlier
   // tests may have left entries in that bin: take them out first.
+  const mi::heapwalk::pt::Layout* layout = mi::heapwalk::pt::layout_for(::gnu_get_libc_version());
+  REQUIRE(layout != nullptr);
+  const int fill = static_cast<int>(layout->tcache_fill);
+  const bool fastbins = layout->n_fastbins != 0;
   std::vector<void*> drained;
-  for (int i = 0; i < 7; ++i) drained.push_back(std::malloc(100));
+  for (int i = 0; i < fill; ++i) drained.push_back(std::malloc(100));
   std::vector<void*> small;
-  for (int i = 0; i < 9; ++i) small.push_back(std::malloc(100));
+  for (int i = 0; i < fill + 2; ++i) small.push_back(std::malloc(100));
   void* live = std::malloc(100);
   void* big = std::malloc(5000);
   const uint64_t big_addr = reinterpret_cast<uint64_t>(big);
-  void* fence = std::malloc(100);
-  for (int i = 0; i < 8; ++i) std::free(small[static_cast<size_t>(i)]);
+  // The fence must be the chunk right after big (else big, freed, may merge
+  // into top): blocks of its size cached by earlier cases come first, and
+  // 2.43 caches 16 per bin.
+  std::vector<void*> fences;
+  for (int i = 0; i < 64 && (fences.empty() || fences.back() != static_cast<char*>(big) + 5008);
+       ++i)
+    fences.push_back(std::malloc(100));
+  void* fence = fences.back();
+  for (int i = 0; i <= fill; ++i) std::free(small[static_cast<size_t>(i)]);
   std::free(big);
 
   hw::DumpResult r;
@@ -242,22 +255,24 @@ TEST_CASE("chunks are where the allocator put them, with the right kind", "[glib
   CHECK(at(fence).second == hd::kInUse);
   CHECK(at_addr(big_addr).second == hd::kFree);
   CHECK(at_addr(big_addr).first >= 5008);
-  // Freed, so cached: in the tcache (7 per bin) or a fastbin, never in_use.
-  // (The dump's own few allocations before the fork may take or return an
-  // entry of this size, so the split is not exact.)
-  int tcache = 0, fastn = 0;
-  for (int i = 0; i < 8; ++i) {
+  // Freed, so cached: in the tcache or a fastbin (a bin from 2.43), never
+  // in_use. (The dump's own few allocations before the fork may take or
+  // return an entry of this size, so the split is not exact.)
+  int tcache = 0, fastn = 0, freen = 0;
+  for (int i = 0; i <= fill; ++i) {
     const int k = at(small[static_cast<size_t>(i)]).second;
     tcache += k == hd::kTcache;
     fastn += k == hd::kFast;
+    freen += k == hd::kFree;
   }
-  CHECK(tcache + fastn == 8);
-  CHECK(tcache >= 6);
-  CHECK(fastn >= 1);
+  CHECK(tcache + fastn + freen == fill + 1);
+  CHECK(tcache >= fill - 1);
+  CHECK((fastbins ? fastn : freen) >= 1);
+  CHECK((fastbins ? freen : fastn) == 0);
   ::unlink(path.c_str());
-  std::free(small[8]);
+  std::free(small[static_cast<size_t>(fill + 1)]);
   std::free(live);
-  std::free(fence);
+  for (void* f : fences) std::free(f);
   for (void* q : drained) std::free(q);
 }
 
@@ -347,12 +362,14 @@ TEST_CASE("a dump replaces only a regular file or a missing name", "[glibc][heap
 // Runs on its own thread: reports instead of REQUIRE-ing.
 bool fill_first_heap(uint64_t left, std::vector<void*>& keep) {
   namespace pt = mi::heapwalk::pt;
+  const pt::Layout* layout = pt::layout_for(::gnu_get_libc_version());
+  if (layout == nullptr) return false;
   void* first = std::malloc(100);
   keep.push_back(first);
   const uint64_t arena =
       *reinterpret_cast<uint64_t*>(reinterpret_cast<uint64_t>(first) & ~(pt::kHeapMax - 1));
   // volatile: the compiler assumes malloc() writes no memory it can see.
-  auto top = [&] { return *reinterpret_cast<volatile uint64_t*>(arena + pt::kArenaTop); };
+  auto top = [&] { return *reinterpret_cast<volatile uint64_t*>(arena + layout->arena_top); };
   const uint64_t heap = top() & ~(pt::kHeapMax - 1);
   const uint64_t end = heap + pt::kHeapMax;
   for (int i = 0; i < 100000 && (top() & ~(pt::kHeapMax - 1)) == heap && end - top() != left; ++i) {
@@ -450,4 +467,44 @@ TEST_CASE("heap map sites: one site per call stack, whatever its ids", "[glibc][
   CHECK(sites[{0x1000, 0x2000, 0x3000}] == std::make_pair(uint64_t{2}, uint64_t{300}));
   CHECK(sites[{0x4000, 0x5000}] == std::make_pair(uint64_t{1}, uint64_t{300}));
   for (void* b : blocks) std::free(b);
+}
+
+TEST_CASE("the walker knows glibc 2.35 to 2.43 and refuses any other release", "[heapwalk]") {
+  namespace pt = mi::heapwalk::pt;
+  for (const char* v : {"2.35", "2.36", "2.40", "2.41"})
+    CHECK(pt::layout_for(v) == &pt::kLayout235);
+  CHECK(pt::layout_for("2.42") == &pt::kLayout242);
+  CHECK(pt::layout_for("2.43") == &pt::kLayout243);
+  CHECK(pt::layout_for("2.43.9000") == &pt::kLayout243);  // a development snapshot of 2.43
+  for (const char* v : {"2.34", "2.44", "2.50", "3.0", "1.43", "2", "", "2.x", "glibc"}) {
+    INFO(v);
+    CHECK(pt::layout_for(v) == nullptr);
+  }
+  CHECK(pt::layout_for(nullptr) == nullptr);
+  // This test binary's own glibc is one of them (the matrix runs it on
+  // each), and the dump refuses a release it does not know by name.
+  CHECK(pt::layout_for(::gnu_get_libc_version()) != nullptr);
+}
+
+TEST_CASE("a tcache bin takes the chunk sizes glibc files into it", "[heapwalk]") {
+  namespace pt = mi::heapwalk::pt;
+  for (const pt::Layout* l : {&pt::kLayout235, &pt::kLayout242, &pt::kLayout243}) {
+    INFO(l->releases);
+    CHECK(pt::fits_tcache_bin(*l, 0, 32));
+    CHECK_FALSE(pt::fits_tcache_bin(*l, 0, 48));
+    CHECK(pt::fits_tcache_bin(*l, 63, 1040));
+    CHECK_FALSE(pt::fits_tcache_bin(*l, 63, 1056));
+    CHECK_FALSE(pt::fits_tcache_bin(*l, l->tcache_bins, 1056));
+  }
+  // 2.42's large bins (large_csize2tidx): one per power of two, from the
+  // first size above the small bins up to 4 MiB.
+  const pt::Layout& l = pt::kLayout242;
+  CHECK(pt::fits_tcache_bin(l, 64, 1056));
+  CHECK(pt::fits_tcache_bin(l, 64, 2032));
+  CHECK_FALSE(pt::fits_tcache_bin(l, 64, 2048));
+  CHECK_FALSE(pt::fits_tcache_bin(l, 64, 1040));
+  CHECK(pt::fits_tcache_bin(l, 65, 2048));
+  CHECK(pt::fits_tcache_bin(l, 75, (4u << 20) - 16));
+  CHECK_FALSE(pt::fits_tcache_bin(l, 75, 4u << 20));
+  CHECK_FALSE(pt::fits_tcache_bin(pt::kLayout235, 64, 1056));
 }

@@ -1,7 +1,7 @@
 // Catch2 tests for the tracker's live table (track/live_table): insert,
 // remove, walks, drops, concurrent writers, and how full it gets before it
 // drops with glibc's heap layouts (through a Tracker on the fake unwinder).
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <algorithm>
 #include <cstdint>

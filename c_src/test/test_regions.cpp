@@ -1,7 +1,7 @@
 // Catch2 tests for the region table (track/region_table.h): exact interval
 // arithmetic for mmap/munmap/mremap, a full table, concurrent writers.
 // The real hooks are tested under the interposer by test/stress/stress_mmap.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <atomic>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // Catch2 tests for byte-Poisson sampling: the sample points
 // (track/sampler) and the estimator both link units share
 // (common/mi_sampling.h).
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <cmath>
 #include <cstdint>

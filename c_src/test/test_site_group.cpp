@@ -1,7 +1,7 @@
 // Catch2 tests for the reader side's grouping (sites/site_group, the
 // Oldest collector's age bounds, sites/abi_read) over a fake tracker ABI:
 // no interposer, no erl_nif.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <cmath>
 #include <cstdint>

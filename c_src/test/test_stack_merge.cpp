@@ -1,7 +1,7 @@
 // Catch2 tests for the readers' merging of stack ids by content
 // (sites/stack_merge) over a real stack table; the grouping built on it is
 // test_site_group.cpp's.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 // Catch2 tests for the tracker's stack table (track/stack_table):
 // deduplication, stable ids, parked and concurrent writers (duplicates the
 // readers merge), reclaimed and revived slots.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "catch.h"
 
 #include "../symbolize/elf_symbols.h"
 #include "../symbolize/proc_maps.h"

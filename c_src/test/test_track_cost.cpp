@@ -3,13 +3,13 @@
 // pages back on reset() and on mode switches.
 #include <malloc.h>
 
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
+#include "catch.h"
 
 #include "../common/mi_sampling.h"
 #include "../track/tracker.h"

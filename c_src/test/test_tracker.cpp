@@ -1,7 +1,7 @@
 // Catch2 tests for the Tracker (track/tracker) on a fake unwinder and a
 // fake clock: recording in full mode, the modes, per-thread counters.
 // Stack reclamation is test_tracker_reclaim.cpp's.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <cstdint>
 #include <thread>

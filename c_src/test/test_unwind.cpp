@@ -22,12 +22,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
+#include "catch.h"
 
 #include "../track/unwind.h"
 #include "loader_probe.h"

@@ -6,7 +6,7 @@
 #ifndef MALLOCINFO_TEST_TRACK_FIXTURE_H
 #define MALLOCINFO_TEST_TRACK_FIXTURE_H
 
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <atomic>
 #include <condition_variable>

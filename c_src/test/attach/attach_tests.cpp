@@ -7,7 +7,7 @@
 // The process's attach state is global, so the steps run in order inside
 // one test case. [jemalloc] runs under LD_PRELOAD=libjemalloc.so.2 (the
 // Makefile's test-attach target): blocks must go back to jemalloc.
-#define CATCH_CONFIG_MAIN
+#define MALLOCINFO_CATCH_MAIN
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
@@ -15,7 +15,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +23,7 @@
 
 #include "../../common/mi_abi.h"
 #include "../../preload/elf_relocs.h"
+#include "../catch.h"
 
 extern "C" {
 void* lazy_alloc(size_t n);

@@ -1,6 +1,6 @@
 %% @private Pure functions that turn glibc's text and XML into terms.
 %% Kept apart from the NIF calls so they are tested on canned input.
--module(mallocinfo_parse).
+-module(mallocinfo_glibc_parse).
 
 -include_lib("xmerl/include/xmerl.hrl").
 
@@ -115,12 +115,15 @@ heaps(Xml) when is_binary(Xml) ->
             Elems = elements(Content),
             Heaps = [heap(E) || #xmlElement{name = heap} = E <- Elems],
             Top = groups([E || #xmlElement{name = N} = E <- Elems, N =/= heap]),
-            Fast = size_of(fast, maps:get(total, Top, #{})),
-            Rest = size_of(rest, maps:get(total, Top, #{})),
+            %% glibc 2.43 has no fastbins and prints no <total type="fast">:
+            %% zero, as in each heap.
+            Total = maps:merge(#{fast => #{count => 0, size => 0}}, maps:get(total, Top, #{})),
+            Fast = size_of(fast, Total),
+            Rest = size_of(rest, Total),
             Current = maps:get(current, maps:get(system, Top, #{}), 0),
             #{version => int_attr(version, Attrs),
               heaps => Heaps,
-              total => maps:get(total, Top, #{}),
+              total => Total,
               system => maps:get(system, Top, #{}),
               aspace => maps:get(aspace, Top, #{}),
               free_bytes => Fast + Rest,

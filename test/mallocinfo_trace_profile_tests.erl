@@ -2,7 +2,7 @@
 %% (known bytes from the protobuf documentation's examples, and every
 %% value read back by an independent reader, mi_pprof_decode), a tiny
 %% profile.proto byte for byte, and collapsed stacks.
--module(mallocinfo_profile_tests).
+-module(mallocinfo_trace_profile_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -import(mallocinfo_protobuf, [varint/1, uint/2, int/2, bool/2, bytes/2, packed/2]).
@@ -85,8 +85,8 @@ tiny_profile_known_bytes_test() ->
                  90, 4, 8, 7, 16, 4,                   % period_type space/bytes
                  96, 1,                                % period 1
                  112, 6>>,                             % default_sample_type
-    ?assertEqual(Expected, b(mallocinfo_profile:encode(tiny()))),
-    ?assertEqual(Expected, zlib:gunzip(mallocinfo_profile:pprof(tiny()))).
+    ?assertEqual(Expected, b(mallocinfo_trace_profile:encode(tiny()))),
+    ?assertEqual(Expected, zlib:gunzip(mallocinfo_trace_profile:pprof(tiny()))).
 
 profile_read_back_test() ->
     Data = #{sites => [{3, 300, [1, 2]}, {1, 10, []}, {5, 1 bsl 40, [3, 2]}],
@@ -100,7 +100,7 @@ profile_read_back_test() ->
                        "7f0000004000-7f0000005000 r-xp 00000000 00:00 0 \n">>,
              exe => <<"/bin/x">>, time_nanos => 123, duration_nanos => 1000000000,
              comments => [<<"hello">>]},
-    P = mi_pprof_decode:profile(b(mallocinfo_profile:encode(Data))),
+    P = mi_pprof_decode:profile(b(mallocinfo_trace_profile:encode(Data))),
     ?assertMatch(#{sample_types := [{<<"alloc_objects">>, <<"count">>},
                                     {<<"alloc_space">>, <<"bytes">>},
                                     {<<"inuse_objects">>, <<"count">>},
@@ -133,7 +133,7 @@ mappings_test() ->
     ?assertEqual([{16#55d0c1a5d000, 16#55d0c1b00000, 16#66000, <<"/usr/bin/beam.smp">>},
                   {16#7f0000000000, 16#7f0000001000, 0, <<"/tmp/a b.so">>},
                   {16#ffffffffff600000, 16#ffffffffff601000, 0, <<"[vsyscall]">>}],
-                 mallocinfo_profile:mappings(Maps)).
+                 mallocinfo_trace_profile:mappings(Maps)).
 
 %%% Collapsed stacks ---------------------------------------------------------------
 
@@ -143,16 +143,16 @@ folded_test() ->
                            {2, <<"/lib/a.so">>, <<"mid">>, 2},
                            {3, <<"/bin/x">>, <<"main">>, 3},
                            {4, <<"/lib/b.so">>, <<"odd;name">>, 4}]},
-    Text = b(mallocinfo_profile:folded(Data)),
+    Text = b(mallocinfo_trace_profile:folded(Data)),
     %% Root first, `function (object)', zero-byte sites left out, `;' in a
     %% name replaced (it separates frames).
     ?assertEqual(<<"main (x);mid (a.so);leaf (a.so) 100\n"
                    "[no stack recorded] 30\n"
                    "main (x);odd:name (b.so) 7\n">>, Text),
-    ?assertEqual(137, mallocinfo_profile:folded_total(Data)).
+    ?assertEqual(137, mallocinfo_trace_profile:folded_total(Data)).
 
 flamegraph_page_escapes_test() ->
-    Page = b(mallocinfo_flamegraph:page(<<"a<b>&c (x) 1\n">>, "t</title>")),
+    Page = b(mallocinfo_http_flamegraph:page(<<"a<b>&c (x) 1\n">>, "t</title>")),
     ?assertMatch({_, _}, binary:match(Page, <<"a&lt;b&gt;&amp;c (x) 1\n</textarea>">>)),
     ?assertEqual(nomatch, binary:match(Page, <<"t</title></title>">>)),
     %% Nothing fetched from anywhere.

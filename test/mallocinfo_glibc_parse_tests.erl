@@ -1,4 +1,4 @@
--module(mallocinfo_parse_tests).
+-module(mallocinfo_glibc_parse_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -define(STATS, <<"Arena 0:\n"
@@ -23,15 +23,15 @@ stats_test() ->
          system_incl_mmap_bytes => 4468736, in_use_incl_mmap_bytes => 4271936,
          max_mmap_regions => 2, max_mmap_bytes => 4325376,
          mmap_regions => 1, mmap_bytes => 4194304},
-       mallocinfo_parse:stats(?STATS)).
+       mallocinfo_glibc_parse:stats(?STATS)).
 
 stats_ignores_stray_lines_test() ->
     Noisy = <<"some other thread wrote this\n", ?STATS/binary, "and = this\n">>,
-    ?assertEqual(mallocinfo_parse:stats(?STATS), mallocinfo_parse:stats(Noisy)).
+    ?assertEqual(mallocinfo_glibc_parse:stats(?STATS), mallocinfo_glibc_parse:stats(Noisy)).
 
 stats_missing_total_test() ->
     ?assertError({bad_stats, mmap_regions},
-                 mallocinfo_parse:stats(<<"Arena 0:\nsystem bytes = 1\nin use bytes = 1\n"
+                 mallocinfo_glibc_parse:stats(<<"Arena 0:\nsystem bytes = 1\nin use bytes = 1\n"
                                           "Total (incl. mmap):\nsystem bytes = 1\n"
                                           "in use bytes = 1\n">>)).
 
@@ -67,7 +67,7 @@ stats_missing_total_test() ->
                "</malloc>\n">>).
 
 heaps_test() ->
-    H = mallocinfo_parse:heaps(?XML),
+    H = mallocinfo_glibc_parse:heaps(?XML),
     #{version := 1, heaps := [H0, H1], total := Total, system := System} = H,
     ?assertEqual(#{fast => #{count => 2, size => 64},
                    rest => #{count => 4, size => 6000},
@@ -106,8 +106,8 @@ heaps_test() ->
 %% system_bytes (as heaps/1's system current) and in_use_bytes, in total
 %% and per arena; only the _incl_mmap figures count the mmapped block.
 same_heap_same_figures_test() ->
-    H = mallocinfo_parse:heaps(?XML),
-    S = mallocinfo_parse:stats(?SAME_HEAP_STATS),
+    H = mallocinfo_glibc_parse:heaps(?XML),
+    S = mallocinfo_glibc_parse:stats(?SAME_HEAP_STATS),
     ?assertEqual(maps:get(in_use_bytes, H), maps:get(in_use_bytes, S)),
     ?assertEqual(maps:get(current, maps:get(system, H)), maps:get(system_bytes, S)),
     ?assertEqual([{N, U} || #{nr := N, in_use_bytes := U} <- maps:get(heaps, H)],
@@ -117,6 +117,18 @@ same_heap_same_figures_test() ->
     ?assertEqual(maps:get(current, maps:get(system, H)) + Mmap,
                  maps:get(system_incl_mmap_bytes, S)).
 
+%% glibc 2.43 has no fastbins: its malloc_info prints no <total
+%% type="fast">, in a heap or in the totals; both read as zero.
+heaps_without_fastbins_test() ->
+    Xml = binary:replace(?XML, [<<"<total type=\"fast\" count=\"2\" size=\"64\"/>\n">>,
+                                <<"<total type=\"fast\" count=\"0\" size=\"0\"/>\n">>],
+                         <<>>, [global]),
+    ?assertEqual(nomatch, binary:match(Xml, <<"fast">>)),
+    #{heaps := [H0, _], total := Total, free_bytes := Free} = mallocinfo_glibc_parse:heaps(Xml),
+    ?assertEqual(#{count => 0, size => 0}, maps:get(fast, Total)),
+    ?assertEqual(#{count => 0, size => 0}, maps:get(fast, H0)),
+    ?assertEqual(6000, Free).
+
 heaps_rejects_other_xml_test() ->
-    ?assertError({bad_xml, not_malloc_info}, mallocinfo_parse:heaps(<<"<foo/>">>)),
-    ?assertError({bad_xml, _}, mallocinfo_parse:heaps(<<"<malloc version=\"1\">">>)).
+    ?assertError({bad_xml, not_malloc_info}, mallocinfo_glibc_parse:heaps(<<"<foo/>">>)),
+    ?assertError({bad_xml, _}, mallocinfo_glibc_parse:heaps(<<"<malloc version=\"1\">">>)).

@@ -1,7 +1,7 @@
 %% @private Profiles in the formats other tools read, from the tracker's
 %% live sites: pprof's `profile.proto' (Go's `pprof', Pyroscope, Parca,
 %% speedscope) and collapsed stacks (`flamegraph.pl', speedscope, the
-%% page of {@link mallocinfo_flamegraph}). Pure: {@link mallocinfo_trace}
+%% page of {@link mallocinfo_http_flamegraph}). Pure: {@link mallocinfo_trace}
 %% feeds it the NIF's snapshot and `/proc/self/maps'.
 %%
 %% Input (`data()'): `sites', `[{Count, Bytes, [LocationId]}]', stacks
@@ -11,7 +11,7 @@
 %% `maps', `/proc/self/maps' as read; `exe', the emulator's path (its
 %% mapping goes first: pprof takes the first mapping as the main binary);
 %% `time_nanos', `duration_nanos' (0 unless a delta), `comments'.
--module(mallocinfo_profile).
+-module(mallocinfo_trace_profile).
 
 -export([pprof/1, encode/1, folded/1, folded_total/1, frame_names/1, mappings/1]).
 

@@ -18,7 +18,7 @@
 %% the stack, innermost return address first. `@ heapprofile' tells the
 %% readers the figures need no adjustment for sampling: the tracker's
 %% sampled figures are already unbiased estimates.
--module(mallocinfo_pprof).
+-module(mallocinfo_trace_pprof).
 
 -export([heap_profile/2]).
 

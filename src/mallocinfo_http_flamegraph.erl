@@ -18,7 +18,7 @@
 %% body carries `data-ok="1"', `data-view', `data-total' and `data-widest'
 %% (the widest top box's name), and `#errors' lists any script error:
 %% the test suite reads them from Chromium's `--dump-dom'.
--module(mallocinfo_flamegraph).
+-module(mallocinfo_http_flamegraph).
 
 -export([page/2, page/3, coverage/2]).
 

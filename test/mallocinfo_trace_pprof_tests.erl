@@ -1,13 +1,13 @@
-%% mallocinfo_pprof: the legacy gperftools heap profile text, exactly, and
+%% mallocinfo_trace_pprof: the legacy gperftools heap profile text, exactly, and
 %% read back by mi_heap_profile (the reader the HTTP suite uses on real
 %% dumps, which jeprof and google-pprof then read too).
--module(mallocinfo_pprof_tests).
+-module(mallocinfo_trace_pprof_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -define(MAPS, <<"55d0c19f7000-55d0c1a5d000 r--p 00000000 fe:00 9953300   /usr/bin/beam.smp\n"
                 "7f3a1c2b1000-7f3a1c2b2000 r-xp 00001000 fe:00 42   /tmp/nif.so\n">>).
 
-text(Sites, Maps) -> iolist_to_binary(mallocinfo_pprof:heap_profile(Sites, Maps)).
+text(Sites, Maps) -> iolist_to_binary(mallocinfo_trace_pprof:heap_profile(Sites, Maps)).
 
 exact_text_test() ->
     ?assertEqual(<<"heap profile:   1002:   100512 [  1002:   100512] @ heapprofile\n"
@@ -45,7 +45,7 @@ bad_input_test_() ->
     Bad = [{[{-1, 0, [1]}], ?MAPS}, {[{1, -1, [1]}], ?MAPS}, {[{1, 1, [-1]}], ?MAPS},
            {[{1, 1, [1 bsl 64]}], ?MAPS}, {[{1, 1, [a]}], ?MAPS}, {[{1, 1}], ?MAPS},
            {[{1, 1, 1}], ?MAPS}, {not_a_list, ?MAPS}, {[], "maps as a string"}],
-    [?_assertError(badarg, mallocinfo_pprof:heap_profile(S, M)) || {S, M} <- Bad].
+    [?_assertError(badarg, mallocinfo_trace_pprof:heap_profile(S, M)) || {S, M} <- Bad].
 
 %% The reader refuses what is not whole.
 reader_is_strict_test_() ->

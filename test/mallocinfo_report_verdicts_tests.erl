@@ -1,14 +1,14 @@
-%% EUnit: mallocinfo_verdicts on crafted reports (mi_report_data:quiet/0
+%% EUnit: mallocinfo_report_verdicts on crafted reports (mi_report_data:quiet/0
 %% with one layer changed at a time): every rule, when it fires and when it
 %% stays silent, its exact sentence, the ranking, and the frame that names
 %% who allocated. Verdicts on reports built from canned raw data, and their
 %% text: mallocinfo_report_tests.
--module(mallocinfo_verdicts_tests).
+-module(mallocinfo_report_verdicts_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -include("mi_report_data.hrl").
 
--define(V, mallocinfo_verdicts).
+-define(V, mallocinfo_report_verdicts).
 
 -import(mi_report_data, [quiet/0, frame/2, site/4, with_site/1]).
 

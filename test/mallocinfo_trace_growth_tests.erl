@@ -1,12 +1,12 @@
 %% The pure parts of growth and culprits on canned data: snapshots, diff,
 %% growth classification, the allocator family, labels, roll-ups, and the
 %% report's growth and previous-run views and verdicts.
--module(mallocinfo_growth_tests).
+-module(mallocinfo_trace_growth_tests).
 -include_lib("eunit/include/eunit.hrl").
 
--define(G, mallocinfo_growth).
+-define(G, mallocinfo_trace_growth).
 -define(B, mallocinfo_report_build).
--define(V, mallocinfo_verdicts).
+-define(V, mallocinfo_report_verdicts).
 -define(MiB, (1 bsl 20)).
 
 frames(Addresses) -> << <<A:64/native>> || A <- Addresses >>.

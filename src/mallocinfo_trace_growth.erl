@@ -10,7 +10,7 @@
 %% blocks recorded without a stack). The packed frames are the site's
 %% identity from one snapshot to the next: the same call site has the same
 %% return addresses for as long as its objects stay loaded.
--module(mallocinfo_growth).
+-module(mallocinfo_trace_growth).
 
 -export([snapshot/3, diff/2, growth/1, addresses/1]).
 -export([allocator_frame/1, culprit/1, label/2, emulator_object/1, self_object/1,

@@ -7,7 +7,7 @@
 %% `mallocinfo_report_text' renders the parts. Exported for them and for
 %% EUnit, which feeds crafted reports. Not an API: arguments are not
 %% checked.
--module(mallocinfo_verdicts).
+-module(mallocinfo_report_verdicts).
 
 -export([rules/0, rule/2, verdicts/1]).
 %% What the report's text shares with the sentences.

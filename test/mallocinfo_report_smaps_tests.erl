@@ -1,12 +1,12 @@
-%% EUnit: mallocinfo_smaps on canned /proc text (mi_report_data) and on
+%% EUnit: mallocinfo_report_smaps on canned /proc text (mi_report_data) and on
 %% this node's own smaps: parsing, the mappings grouped by kind, glibc's
 %% heaps by shape and by their headers, the JIT's pages counted once.
--module(mallocinfo_smaps_tests).
+-module(mallocinfo_report_smaps_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 -include("mi_report_data.hrl").
 
--define(S, mallocinfo_smaps).
+-define(S, mallocinfo_report_smaps).
 
 -import(mi_report_data, [vma/6, smaps/0]).
 
@@ -64,6 +64,25 @@ unaligned_start_is_not_a_heap_test() ->
     ?assertEqual(1, maps:get(count, maps:get(arenas, G))),
     ?assertEqual(4000 * ?KiB, maps:get(rss, maps:get(arenas, G))),
     ?assertEqual(8000 * ?KiB, maps:get(rss, maps:get(noreserve, G))).
+
+%% From glibc 2.37 heaps are not MAP_NORESERVE (Debian 13 and later):
+%% the same shapes without `nr' are heaps too, but a run mixing the two is
+%% not one reservation.
+heap_without_noreserve_test() ->
+    Smaps = iolist_to_binary(
+              [vma(?H + ?W, ?H + ?W + 4 * ?MiB, "rw-p", "", 4000, "rd wr mr mw me ac"),
+               vma(?H + ?W + 4 * ?MiB, ?H + 2 * ?W, "---p", "", 0, "mr mw me"),
+               vma(?H + 2 * ?W, ?H + 2 * ?W + 4 * ?MiB, "rw-p", "[anon: glibc: malloc arena]", 3000,
+                   "rd wr mr mw me ac"),
+               vma(?H + 2 * ?W + 4 * ?MiB, ?H + 3 * ?W, "---p", "[anon: glibc: malloc arena]", 0,
+                   "mr mw me"),
+               vma(?H + 4 * ?W, ?H + 4 * ?W + 4 * ?MiB, "rw-p", "", 2000, "rd wr mr mw me nr"),
+               vma(?H + 4 * ?W + 4 * ?MiB, ?H + 5 * ?W, "---p", "", 0, "mr mw me")]),
+    Vmas = ?S:parse_smaps(Smaps),
+    ?assertEqual([?H + ?W, ?H + 2 * ?W], ?S:heap_windows(Vmas, undefined)),
+    ?assertEqual([?H + ?W, ?H + 2 * ?W, ?H + 4 * ?W], ?S:heap_candidates(Vmas)),
+    #{groups := G} = ?S:group_mappings(Vmas),
+    ?assertMatch(#{arenas := #{rss := 7000 * ?KiB, count := 2}}, G).
 
 %% A glibc heap_info: ar_ptr, prev, size, mprotect_size, pagesize.
 heap_info(ArPtr, Prev, Size, Mprotect) ->

@@ -7,7 +7,7 @@
 %% per report and hands the mappings to `mallocinfo_report_build'; both
 %% call here. Exported for them and for EUnit, which feeds canned text.
 %% Not an API: arguments are not checked.
--module(mallocinfo_smaps).
+-module(mallocinfo_report_smaps).
 
 -export([parse_smaps/1, parse_fields/1]).
 -export([group_mappings/1, group_mappings/2, anon_kinds/2]).
@@ -109,12 +109,12 @@ vma_header(Line) ->
 %% <ul>
 %% <li>`main_heap': `[heap]', glibc's main arena (brk).</li>
 %% <li>`arenas': glibc's non-main arenas. Each heap of a non-main arena is
-%%     an anonymous private `MAP_NORESERVE' reservation of HEAP_MAX (64 MiB
-%%     on 64-bit) whose start is 64 MiB aligned: readable and writable from
-%%     the start up to what the arena uses, `PROT_NONE' after. A mapping
-%%     that starts 64 MiB aligned and, with the mappings right after it,
-%%     covers 64 MiB windows exactly that way (`rw' then `---', all `nr')
-%%     is counted as heaps; a mapping that merged with a neighbour and
+%%     an anonymous private reservation of HEAP_MAX (64 MiB on 64-bit),
+%%     `MAP_NORESERVE' up to glibc 2.36 and not from 2.37 on, whose start is
+%%     64 MiB aligned: readable and writable from the start up to what the
+%%     arena uses, `PROT_NONE' after. A mapping that starts 64 MiB aligned
+%%     and, with the mappings right after it, covers 64 MiB windows exactly
+%%     that way (`rw' then `---', all `nr' or none) is counted as heaps; a mapping that merged with a neighbour and
 %%     sticks out of the windows has its Rss split in proportion to the
 %%     bytes inside (the kernel does not say which pages are where). A
 %%     heap whose start merged with a writable NORESERVE mapping below it
@@ -244,12 +244,12 @@ overlap(#{start := S, stop := E}, Windows) ->
 %%% glibc's heaps -------------------------------------------------------------
 
 %% @doc Where a glibc heap could start: every 64 MiB aligned address inside
-%% a writable anonymous private NORESERVE mapping (merged mappings
-%% included). mallocinfo_report reads the first bytes at each.
+%% a writable anonymous private mapping (merged mappings included; NORESERVE
+%% or not: glibc 2.37 stopped mapping heaps NORESERVE). mallocinfo_report
+%% reads the first bytes at each.
 -spec heap_candidates([vma()]) -> [non_neg_integer()].
 heap_candidates(Vmas) ->
-    [B || #{perms := <<"rw", _, $p>>, path := P} = V <- Vmas, anonymous(P), noreserve(V),
-          B <- aligned_in(V)].
+    [B || #{perms := <<"rw", _, $p>>, path := P} = V <- Vmas, anonymous(P), B <- aligned_in(V)].
 
 aligned_in(#{start := S, stop := E}) ->
     lists:seq((S + ?HEAP_MAX - 1) div ?HEAP_MAX * ?HEAP_MAX, E - 1, ?HEAP_MAX).
@@ -293,8 +293,9 @@ straddling(Vmas, Windows) ->
 
 %% By shape alone: a heap begins a mapping: glibc maps it on its own and
 %% its first bytes are the heap header. So a candidate is a writable
-%% anonymous private NORESERVE mapping that starts 64 MiB aligned; from
-%% there, contiguous anonymous private NORESERVE mappings must cover each
+%% anonymous private mapping that starts 64 MiB aligned; from there,
+%% contiguous anonymous private mappings, NORESERVE exactly when the first
+%% is (one reservation: up to glibc 2.36 all are, from 2.37 none), must cover each
 %% window writable first and PROT_NONE after (never writable again), and
 %% the run must end on a window boundary (a PROT_NONE tail that goes on
 %% past it is a reservation beside the heap). A writable mapping that runs
@@ -305,12 +306,13 @@ heap_windows(Vmas) ->
     lists:usort(lists:append(
                   [Ws || I <- lists:seq(1, tuple_size(T)),
                          #{start := B, perms := <<"rw", _, $p>>, path := P} = V <- [element(I, T)],
-                         B rem ?HEAP_MAX =:= 0, anonymous(P), noreserve(V),
-                         {ok, Ws} <- [heap_run(T, I, B, B, rw)]])).
+                         B rem ?HEAP_MAX =:= 0, anonymous(P),
+                         {ok, Ws} <- [heap_run(T, I, B, B, rw, noreserve(V))]])).
 
 %% Walks mapping I.. of a run that started at B; WinStart is the current
-%% window; State is rw (still writable) or none (PROT_NONE seen).
-heap_run(T, I, B, WinStart, State) when I =< tuple_size(T) ->
+%% window; State is rw (still writable) or none (PROT_NONE seen); Nr is
+%% whether the first mapping was NORESERVE.
+heap_run(T, I, B, WinStart, State, Nr) when I =< tuple_size(T) ->
     #{stop := E, perms := Perms, path := P} = V = element(I, T),
     WinEnd = WinStart + ?HEAP_MAX,
     Kind = case Perms of
@@ -318,26 +320,26 @@ heap_run(T, I, B, WinStart, State) when I =< tuple_size(T) ->
                <<"---p">> -> none;
                _ -> bad
            end,
-    Fits = Kind =/= bad andalso anonymous(P) andalso noreserve(V) andalso
+    Fits = Kind =/= bad andalso anonymous(P) andalso noreserve(V) =:= Nr andalso
         not (Kind =:= rw andalso State =:= none),
     if
         not Fits -> error;
         E =:= WinEnd; Kind =:= none, E > WinEnd -> {ok, lists:seq(B, WinStart, ?HEAP_MAX)};
-        E < WinEnd -> next_in_run(T, I, B, WinStart, Kind, E);
+        E < WinEnd -> next_in_run(T, I, B, WinStart, Kind, E, Nr);
         true ->
             %% A writable mapping crossing into the next window(s).
             Last = (E - 1) div ?HEAP_MAX * ?HEAP_MAX,
             case E rem ?HEAP_MAX of
                 0 -> {ok, lists:seq(B, Last, ?HEAP_MAX)};
-                _ -> next_in_run(T, I, B, Last, rw, E)
+                _ -> next_in_run(T, I, B, Last, rw, E, Nr)
             end
     end;
-heap_run(_, _, _, _, _) ->
+heap_run(_, _, _, _, _, _) ->
     error.
 
-next_in_run(T, I, B, WinStart, State, Stop) ->
+next_in_run(T, I, B, WinStart, State, Stop, Nr) ->
     case I + 1 =< tuple_size(T) andalso maps:get(start, element(I + 1, T)) =:= Stop of
-        true -> heap_run(T, I + 1, B, WinStart, State);
+        true -> heap_run(T, I + 1, B, WinStart, State, Nr);
         false -> error
     end.
 
