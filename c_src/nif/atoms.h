@@ -207,6 +207,13 @@
   X(p_stop, "p_stop")                               \
   X(p_heap, "p_heap")                               \
   X(p_hend, "p_hend")                               \
+  X(module, "module")                               \
+  X(function, "function")                           \
+  X(arity, "arity")                                 \
+  X(process, "process")                             \
+  X(erlang_function, "erlang_function")             \
+  X(erlang, "erlang")                               \
+  X(thread, "thread")                               \
   X(pid, "pid")                                     \
   X(cps, "cps")                                     \
   X(candidates, "candidates")                       \

@@ -10,7 +10,8 @@
 #include "../common/mi_context.h"
 #include "../symbolize/beam_code.h"
 #include "term.h"
-#include "trace_nif.h"
+#include "mixed_stack.h"
+#include "tracker_abi.h"
 
 namespace mi::nif {
 
@@ -230,6 +231,11 @@ ERL_NIF_TERM code_names(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
                                          enif_make_uint64(env, mfa->arity))
                       : atoms.none);
   return enif_make_list_from_array(env, out.data(), static_cast<unsigned>(out.size()));
+}
+
+ERL_NIF_TERM ectx_atoms(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
+  raise_atom_bound(get_u64(env, argv[0]));
+  return atoms.ok;
 }
 
 ERL_NIF_TERM atom_terms(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {

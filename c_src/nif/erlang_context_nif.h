@@ -40,6 +40,14 @@ ERL_NIF_TERM ectx_enable(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // (symbolize/beam_code.h); AtomCount is erlang:system_info(atom_count).
 ERL_NIF_TERM code_names(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 
+// ectx_atoms(AtomCount) -> ok: the VM's atom count as the Erlang side
+// read it (erlang:system_info(atom_count)), the bound below which recorded
+// words are named as atoms (mixed_stack.h raise_atom_bound). The caller
+// must pass a count the VM had: a larger one would let a word that is no
+// atom through as a term (mallocinfo_trace_context:refresh/0 is the one
+// caller).
+ERL_NIF_TERM ectx_atoms(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+
 // atom_terms([{ModuleWord, FunctionWord, Arity}], AtomCount) ->
 // [{Module, Function, Arity} | none]: raw words of a recorded context as
 // terms, each word checked to be an atom of this VM first (a word that is

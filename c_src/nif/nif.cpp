@@ -8,12 +8,17 @@
 #include "alloc_nif.h"
 #include "atoms.h"
 #include "erlang_context_nif.h"
+#include "trace_context_nif.h"
 #include "glibc_nif.h"
 #include "heap_nif.h"
 #include "jemalloc_nif.h"
+#include "symbolize_nif.h"
 #include "tcmalloc_nif.h"
 #include "term.h"
-#include "trace_nif.h"
+#include "trace_control_nif.h"
+#include "trace_query_nif.h"
+#include "trace_regions_nif.h"
+#include "tracker_abi.h"
 
 namespace {
 
@@ -90,6 +95,13 @@ ErlNifFunc nif_funcs[] = {
     {"code_names", 2, guarded<n::code_names>, kIo},
     // A list as long as the caller's: dirty.
     {"atom_terms", 2, guarded<n::atom_terms>, kCpu},
+    // One atomic store.
+    {"ectx_atoms", 1, guarded<n::ectx_atoms>, 0},
+    // Walks the live table, reads /proc/self/maps and code memory.
+    {"trace_by_context", 2, guarded<n::trace_by_context>, kCpu},
+    // Symbolizes (object files from disk, the symbolizer's mutex) and reads
+    // /proc/self/maps.
+    {"trace_symbolize_stacks", 2, guarded<n::trace_symbolize_stacks>, kIo},
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).
     {"heap_dump", 4, guarded<n::heap_dump>, kIo},
