@@ -160,6 +160,7 @@ olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} = O =
         options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
     MaxAge = min(maps:get(max_age_ms, O, 1 bsl 62), 1 bsl 62),
+    ok = with_context(),
     mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge);
 olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
@@ -229,6 +230,7 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
             {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
         stack ->
             Limit = case N of infinity -> 1 bsl 62; _ -> N end,
+            ok = with_context(),
             case mallocinfo_nif:trace_sites(Limit, D) of
                 {ok, Sites} ->
                     {ok, [S#{label => mallocinfo_trace_culprits:stack_label(Stack)}
@@ -246,6 +248,14 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
 sites(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
+%% Before a view that names Erlang functions: the Erlang context on (once
+%% per node, mallocinfo_trace_context:ensure/0: a tracker preloaded at
+%% start records it from mallocinfo's first call on) and the NIF's atom
+%% bound fresh.
+with_context() ->
+    _ = mallocinfo_trace_context:ensure(),
+    mallocinfo_trace_context:refresh().
+
 take(infinity, L) -> L;
 take(N, L) -> lists:sublist(L, N).
 
@@ -253,7 +263,7 @@ take(N, L) -> lists:sublist(L, N).
 %% the processes are looked up here (the winners' only).
 context_rows(By, N) ->
     Limit = case N of infinity -> 1 bsl 62; _ -> N end,
-    mallocinfo_trace_context:refresh(),
+    ok = with_context(),
     case mallocinfo_nif:trace_by_context(Limit, By) of
         {ok, Rows, _Without} when By =:= process ->
             {ok, [#{pid => P, name => mallocinfo_process:name(P), count => C, bytes => B,
@@ -311,6 +321,7 @@ snapshot(Opts) when is_map(Opts) ->
                  end, Opts),
     N = maps:get(olds, Opts, 0),
     MaxAge = min(maps:get(max_age_ms, Opts, 1 bsl 62), 1 bsl 62),
+    ok = with_context(),
     case mallocinfo_nif:trace_snapshot(N, MaxAge) of
         {ok, {Mode, Now, Raw, Olds}} ->
             Meta = #{node => node(), os_pid => os:getpid(),
@@ -586,6 +597,7 @@ profile_data(Opts) ->
     erlang:error(badarg, [Opts]).
 
 profile_data(Demangle, SinceNs, Start, Seconds) ->
+    ok = with_context(),
     case mallocinfo_nif:trace_pprof(Demangle, SinceNs) of
         {ok, #{mode := Mode} = Snap} ->
             %% Read after the snapshot, so every object a stack points
@@ -676,9 +688,17 @@ attach(Opts) when is_map(Opts) ->
     Defaults = maps:from_list([{mode, full}
                                | [{K, D} || #{option := K, default := D} <- knobs()]]),
     O = maps:merge(Defaults, Opts),
-    mallocinfo_nif:trace_attach(maps:get(mode, O), maps:get(sample_bytes, O),
-                                maps:get(table_size, O), maps:get(stack_table_size, O),
-                                maps:get(stack_depth, O));
+    case mallocinfo_nif:trace_attach(maps:get(mode, O), maps:get(sample_bytes, O),
+                                     maps:get(table_size, O), maps:get(stack_table_size, O),
+                                     maps:get(stack_depth, O)) of
+        ok ->
+            %% Blocks carry their Erlang context from here on, where the
+            %% VM's layout can be learned (status() says erlang_context).
+            _ = mallocinfo_trace_context:enable(),
+            ok;
+        Error ->
+            Error
+    end;
 attach(Opts) ->
     erlang:error(badarg, [Opts]).
 

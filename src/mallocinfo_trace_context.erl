@@ -65,8 +65,7 @@ refresh() ->
     mallocinfo_nif:ectx_atoms(erlang:system_info(atom_count)).
 
 learn() ->
-    %% Built at run time: a literal would not be on this process's heap.
-    T = list_to_tuple([self(), erlang:unique_integer(), node()]),
+    T = fresh(),
     try
         Normal = checked(normal, T),
         Dirty = checked(dirty, T),
@@ -108,16 +107,23 @@ probe_chain(Kind, T) ->
 chain_a(Kind, T) ->
     keep(chain_b(Kind, T)).
 
-chain_b(normal, T) ->
-    R = mallocinfo_nif:ectx_probe(T),
+chain_b(normal, _) ->
+    R = mallocinfo_nif:ectx_probe(fresh()),
     {current_stacktrace, Trace} = process_info(self(), current_stacktrace),
     keep({R, Trace});
-chain_b(dirty, T) ->
-    R = mallocinfo_nif:ectx_probe_dirty(T),
+chain_b(dirty, _) ->
+    R = mallocinfo_nif:ectx_probe_dirty(fresh()),
     {current_stacktrace, Trace} = process_info(self(), current_stacktrace),
     keep({R, Trace}).
 
 keep(X) -> X.
+
+%% A tuple on this process's young heap, where the probe looks for the
+%% heap pointers around it: built just before each probe, since a garbage
+%% collection between two probes may move an older one to the old heap
+%% (the dirty probe of a peer node failed that way).
+fresh() ->
+    list_to_tuple([self(), erlang:unique_integer(), node()]).
 
 %% A repeated return address is one frame in a stack trace.
 dedup([X, X | Rest]) -> dedup([X | Rest]);

@@ -40,9 +40,9 @@ mi::symbolize::AtomBound atom_bound() {
 }
 
 bool checked_function(const mi::symbolize::BeamMfa& words, ErlangFunction* out) {
-  const mi::symbolize::AtomBound atoms = atom_bound();
-  if (!mi::symbolize::is_atom_term(words.module, atoms) ||
-      !mi::symbolize::is_atom_term(words.function, atoms) || words.arity > 255)
+  const mi::symbolize::AtomBound bound = atom_bound();
+  if (!mi::symbolize::is_atom_term(words.module, bound) ||
+      !mi::symbolize::is_atom_term(words.function, bound) || words.arity > 255)
     return false;
   // Checked against the VM's atom count: these words are atoms as they
   // stand (immediates), so they are terms in any env.

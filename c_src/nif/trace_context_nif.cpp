@@ -8,6 +8,7 @@
 #include "../common/mi_context.h"
 #include "../common/mi_sampling.h"
 #include "../sites/abi_read.h"
+#include "../sites/site_group.h"
 #include "atoms.h"
 #include "mixed_stack.h"
 #include "stack_terms.h"
