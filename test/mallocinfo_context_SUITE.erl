@@ -151,6 +151,18 @@ leak_and_check(Config, Estimated) ->
     [?assert(lists:member({iolist_to_binary(io_lib:format("~s:~s/2", [M, F])), atom_to_binary(M)},
                           Functions))
      || {M, F, _, _, _} <- ?LEAKS],
+    %% Another thread: its name, its pool's number folded, ends the stack,
+    %% and its blocks are in no process's row.
+    ok = call(Config, mi_ctx_nif, leak_thread, [7, 3000]),
+    {ok, Sites2} = call(Config, mallocinfo_trace, sites, [50]),
+    ?assertMatch([#{count := 7, bytes := 21000, erlang := []}],
+                 [S || #{thread := <<"mictx_pool_*">>} = S <- Sites2]),
+    [#{stack := PoolStack}] = [S || #{thread := <<"mictx_pool_*">>} = S <- Sites2],
+    ?assertMatch(#{object := <<"[thread]">>, symbol := <<"mictx_pool_*">>}, lists:last(PoolStack)),
+    {ok, ByProcess2} = call(Config, mallocinfo_trace, sites, [infinity, #{by => process}]),
+    Mine = fun(Rows) -> lists:sort([R || #{pid := P} = R <- Rows, P =:= Alpha orelse P =:= Beta])
+           end,
+    ?assertEqual(Mine(ByProcess), Mine(ByProcess2)),
     ok = call(Config, mi_ctx_nif, release, []).
 
 %% A caller module's count and bytes, over both its functions.
