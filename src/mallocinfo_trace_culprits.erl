@@ -17,7 +17,39 @@
 %% function or the object of their culprits (mallocinfo_trace_growth:rollup/3).
 -spec rollup(function | object, [tuple()], boolean()) -> [map()].
 rollup(By, Raw, Demangle) ->
-    mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, Demangle)).
+    mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, Demangle), callers(Raw)).
+
+%% #{PackedFrames => #{module, function, arity}} for every raw site with
+%% an Erlang context: the Erlang function that drove it, as
+%% `sites(N, #{by => erlang_function})' picks it (the first named return
+%% address on the process's stack, else the running function). The
+%% return addresses of all sites are named in one batch.
+-spec callers([tuple()]) -> #{binary() => map()}.
+callers(Raw) ->
+    Split = [{F, Ctx} || {_, _, _, F} <- Raw,
+                         {_, {process, _, _} = Ctx} <- [mallocinfo_trace_context:split(F)]],
+    case Split of
+        [] ->
+            #{};
+        _ ->
+            Atoms = erlang:system_info(atom_count),
+            Cps = lists:usort([Cp || {_, {process, _, Cs}} <- Split, Cp <- Cs]),
+            Named = maps:from_list(lists:zip(Cps, mallocinfo_nif:code_names(Cps, Atoms))),
+            Mfas = lists:usort([M || {_, {process, M, _}} <- Split, M =/= none]),
+            Running = maps:from_list(lists:zip(Mfas, mallocinfo_trace_context:mfa_terms(Mfas,
+                                                                                        Atoms))),
+            maps:from_list(
+              [{F, fn(Fn)}
+               || {F, {process, M, Cs}} <- Split,
+                  Fn <- [case [N || Cp <- Cs, N <- [maps:get(Cp, Named)], N =/= none] of
+                             [First | _] -> First;
+                             [] when M =/= none -> maps:get(M, Running);
+                             [] -> none
+                         end],
+                  Fn =/= none])
+    end.
+
+fn({M, F, A}) -> #{module => M, function => F, arity => A}.
 
 %% Rows with packed frames get `stack', `culprit' and `label'; their stacks
 %% symbolized in one batch.

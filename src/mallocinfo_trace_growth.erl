@@ -12,7 +12,7 @@
 %% return addresses for as long as its objects stay loaded.
 -module(mallocinfo_trace_growth).
 
--export([snapshot/3, diff/2, growth/1, addresses/1, native/1]).
+-export([snapshot/3, diff/2, growth/1, addresses/1, native/1, rollup/4]).
 
 %% The top 16 bits of the header of a stack's Erlang context
 %% (c_src/common/mi_context.h: MI_CONTEXT_MARKER).
@@ -233,21 +233,43 @@ rollup_key(function, {L, #{object := O, address := A}}) -> {L, address, O, A}.
 %% and counts add up to the sites'.
 -spec rollup(function | object, [tuple()], #{binary() => tuple()}) -> [map()].
 rollup(By, Sites, Culprits) ->
+    rollup(By, Sites, Culprits, #{}).
+
+%% @doc rollup/3, each row also with `erlang': the Erlang functions that
+%% drove its blocks, `[{#{module, function, arity}, Bytes}]', most bytes
+%% first, at most three; `Callers' maps a site's frames to its Erlang
+%% function (`none', or no entry, for a site without one).
+-spec rollup(function | object, [tuple()], #{binary() => tuple()},
+             #{binary() => map() | none}) -> [map()].
+rollup(By, Sites, Culprits, Callers) ->
     Rows = lists:foldl(
              fun({C, B, E, Frames}, Acc) ->
                      Cul = maps:get(Frames, Culprits),
                      Key = rollup_key(By, Cul),
+                     Erl = case maps:get(Frames, Callers, none) of
+                               none -> #{};
+                               Fn -> #{Fn => B}
+                           end,
                      case Acc of
-                         #{Key := {C0, B0, E0, N, F}} -> Acc#{Key := {C0 + C, B0 + B, E0 or E, N + 1, F}};
-                         #{} -> Acc#{Key => {C, B, E, 1, element(2, Cul)}}
+                         #{Key := {C0, B0, E0, N, F, Erl0}} ->
+                             Acc#{Key := {C0 + C, B0 + B, E0 or E, N + 1, F,
+                                          maps:merge_with(fun(_, X, Y) -> X + Y end, Erl0, Erl)}};
+                         #{} -> Acc#{Key => {C, B, E, 1, element(2, Cul), Erl}}
                      end
              end, #{}, Sites),
-    Out = [row_map(By, K, V) || {K, V} <- maps:to_list(Rows)],
+    Out = [with_erlang(row_map(By, K, V), element(6, V), Callers) || {K, V} <- maps:to_list(Rows)],
     lists:sort(fun(#{bytes := A} = X, #{bytes := B} = Y) ->
                        A > B orelse (A =:= B andalso X =< Y)
                end, Out).
 
-row_map(By, Key, {C, B, E, N, Frame}) ->
+with_erlang(Row, _, Callers) when map_size(Callers) =:= 0 ->
+    Row;
+with_erlang(Row, Erl, _) ->
+    Sorted = lists:sort(fun({A, X}, {B, Y}) -> X > Y orelse (X =:= Y andalso A =< B) end,
+                        maps:to_list(Erl)),
+    Row#{erlang => lists:sublist(Sorted, 3)}.
+
+row_map(By, Key, {C, B, E, N, Frame, _}) ->
     Base = #{label => element(1, Key), count => C, bytes => B, estimated => E, stacks => N},
     case {By, Frame} of
         {function, undefined} ->

@@ -151,6 +151,17 @@ leak_and_check(Config, Estimated) ->
     [?assert(lists:member({iolist_to_binary(io_lib:format("~s:~s/2", [M, F])), atom_to_binary(M)},
                           Functions))
      || {M, F, _, _, _} <- ?LEAKS],
+    %% The report's native section: the leak's function with its Erlang
+    %% callers, and the two processes among those holding the most.
+    Report = iolist_to_binary(call(Config, mallocinfo_report, format,
+                                   [call(Config, mallocinfo_report, collect, [])])),
+    ct:pal("~ts", [Report]),
+    [?assertNotEqual(nomatch, binary:match(Report, Text), Text)
+     || Text <- [<<"called from mi_ctx_beta:dirty_beta/2 (33%), mi_ctx_beta:normal_beta/2 (25%), "
+                   "mi_ctx_alpha:">>,
+                 <<"processes holding the most native memory">>,
+                 <<" (mi_ctx_alpha)">>, <<" (mi_ctx_beta)">>]],
+
     %% Another thread: its name, its pool's number folded, ends the stack,
     %% and its blocks are in no process's row.
     ok = call(Config, mi_ctx_nif, leak_thread, [7, 3000]),
