@@ -963,7 +963,9 @@ keep_best(_N, V, P, {Size, Tree} = Acc) ->
 %% call (see top/2); `undefined' for a process that is gone.
 -spec name(pid()) -> term().
 name(P) when is_pid(P), node(P) =:= node() ->
-    name(P, ?DEFAULTS).
+    name(P, ?DEFAULTS);
+name(P) ->
+    erlang:error(badarg, [P]).
 
 name(P, O) ->
     case process_info(P, [registered_name, initial_call]) of
