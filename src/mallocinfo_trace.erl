@@ -19,7 +19,7 @@
 
 -export([knobs/0]).
 
--export_type([process_row/0, function_row/0]).
+-export_type([process_row/0, function_row/0, erlang_function/0]).
 -export_type([mode/0, frame/0, old/0, site/0, profile_opts/0, snapshot/0, change/0, grower/0,
               rollup/0, mapping/0]).
 
@@ -34,8 +34,11 @@
                  size := non_neg_integer(),
                  age_ms := non_neg_integer(),
                  stack := [frame()],
+                 erlang => [erlang_function()],
                  estimated := boolean()}.
 -type site() :: #{stack := [frame()],
+                  erlang => [erlang_function()],
+                  thread => binary(),
                   count := non_neg_integer(),
                   bytes := non_neg_integer(),
                   oldest_age_ms := non_neg_integer(),
@@ -50,15 +53,20 @@
 -type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     count_delta := integer(), bytes_delta := integer(),
                     change := appeared | vanished | changed, estimated := boolean(),
-                    culprit := frame() | undefined, label := label()}.
+                    culprit := frame() | undefined, label := label(),
+                    erlang := [erlang_function()], thread => binary()}.
 -type grower() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     growth_bytes := pos_integer(), rate := non_neg_integer(),
                     samples := pos_integer(), estimated := boolean(),
-                    culprit := frame() | undefined, label := label()}.
+                    culprit := frame() | undefined, label := label(),
+                    erlang := [erlang_function()], thread => binary()}.
 -type rollup() :: #{label := label(), object := binary() | undefined,
                     function => binary() | undefined, frame => frame(),
                     count := non_neg_integer(), bytes := non_neg_integer(),
-                    stacks := pos_integer(), estimated := boolean()}.
+                    stacks := pos_integer(), estimated := boolean(),
+                    erlang => [{erlang_function(), non_neg_integer()}]}.
+%% An Erlang function of a mixed stack (sites/2 `erlang', innermost first).
+-type erlang_function() :: #{module := atom(), function := atom(), arity := arity()}.
 -type mapping() :: #{stack => [frame()],
                      label => label(), object => binary() | undefined,
                      function => binary() | undefined, frame => frame(),
