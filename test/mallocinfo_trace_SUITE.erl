@@ -88,8 +88,9 @@ status_when_preloaded(Config) ->
                    stack_depth := 32}, S),
     #{table_capacity := Cap, table_bytes := TB, live_entries := Live, calls := Calls} = S,
     ?assert(Cap >= 1 bsl 21),
-    %% 32 bytes per slot plus the group counters.
-    ?assert(TB >= 32 * Cap andalso TB < 33 * Cap),
+    %% 40 bytes per slot (address, size, time, stack id and flags, the
+    %% process) plus the group counters.
+    ?assert(TB >= 40 * Cap andalso TB < 41 * Cap),
     ?assert(Live > 0),
     ?assert(maps:get(malloc, Calls) > 0),
     Stats = ok_call(Config, mallocinfo_trace, stats, []),
