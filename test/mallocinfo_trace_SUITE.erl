@@ -271,7 +271,11 @@ sites_full_stack_table(Config) ->
     %% Each of them ends in a frame outside any ELF object (the JIT's).
     [?assertEqual(nomatch, binary:match(O, <<".so">>)) || #{stack := St} <- Jit,
                                                           #{object := O} <- [lists:last(St)]],
-    ?assertEqual(Frames, maps:get(lookups, Delta)),
+    %% One batch, each distinct address looked up once (the stacks share
+    %% their outer frames); the Erlang frames with no address (the running
+    %% function) are named without a lookup.
+    Distinct = length(lists:usort([A || #{stack := St} <- Sites, #{address := A} <- St, A =/= 0])),
+    ?assert(maps:get(lookups, Delta) >= Distinct andalso maps:get(lookups, Delta) < Frames),
     ?assert(maps:get(maps_reads, Delta) =< 1),
     ok = call(Config, mi_leaky_nif, release, []).
 
