@@ -14,7 +14,7 @@
 #include <new>
 
 #include "../common/mi_limits.h"
-#include "../sites/stack_merge.h"
+#include "../sites/abi_read.h"
 #include "arena_probe.h"
 #include "dump_format.h"
 #include "map_array.h"
@@ -52,20 +52,6 @@ struct StackAgg {
   uint64_t bytes;
   uint64_t count;
 };
-
-// The tracker's stacks for mi::sites::canonicalize (ctx: the ABI).
-uint32_t abi_stack(void* abi, uint32_t id, uint64_t* out, uint32_t max) {
-  return static_cast<const mi_preload_abi*>(abi)->stack(id, out, max);
-}
-uint64_t abi_stack_hash(void* abi, uint32_t id) {
-  return static_cast<const mi_preload_abi*>(abi)->stack_hash(id);
-}
-mi::sites::HashStack abi_stack_hasher(const mi_preload_abi* abi) {
-  const bool has =
-      abi->struct_size >= offsetof(mi_preload_abi, stack_hash) + sizeof(abi->stack_hash) &&
-      abi->stack_hash != nullptr;
-  return has ? abi_stack_hash : nullptr;
-}
 
 // The pipe to the parent, for the fault handler.
 volatile int g_reply_fd = -1;
@@ -440,8 +426,7 @@ bool Child::collect_tracker() {
   for (const Live& l : live_)
     if (keys.size() == 0 || keys[keys.size() - 1].id != l.stack)
       keys.push(mi::sites::StackKey{l.stack});
-  mi::sites::canonicalize(keys.begin(), keys.size(), abi_stack, abi_stack_hasher(abi),
-                          const_cast<mi_preload_abi*>(abi));
+  mi::sites::canonicalize(keys.begin(), keys.size(), abi);
   std::sort(keys.begin(), keys.end(),
             [](const mi::sites::StackKey& x, const mi::sites::StackKey& y) { return x.id < y.id; });
   size_t k = 0;

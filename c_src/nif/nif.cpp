@@ -10,9 +10,13 @@
 #include "glibc_nif.h"
 #include "heap_nif.h"
 #include "jemalloc_nif.h"
+#include "symbolize_nif.h"
 #include "tcmalloc_nif.h"
 #include "term.h"
-#include "trace_nif.h"
+#include "trace_control_nif.h"
+#include "trace_query_nif.h"
+#include "trace_regions_nif.h"
+#include "tracker_abi.h"
 
 namespace {
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "../common/mi_sampling.h"
 #include "os_mem.h"
 
 namespace mi::track {
@@ -48,10 +49,9 @@ struct Weight {
   uint64_t calls, bytes;
 };
 Weight weight_of(uint64_t size, uint64_t mean) {
-  const double p = sample_probability(size, mean);
-  if (!(p > 0)) return {1, size};
-  return {static_cast<uint64_t>(std::llround(1.0 / p)),
-          static_cast<uint64_t>(std::llround(static_cast<double>(size) / p))};
+  const mi::sampling::Weight w = mi::sampling::weight(size, mean);
+  return {static_cast<uint64_t>(std::llround(w.count)),
+          static_cast<uint64_t>(std::llround(w.bytes))};
 }
 
 }  // namespace
