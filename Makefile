@@ -159,9 +159,18 @@ lint: build
 	@$(REBAR) as lint dialyzer
 	@escript scripts/module_graph.escript _build/lint/lib/mallocinfo/ebin
 
-# Module reference from the public modules' @doc (OTP's edoc), into _build/docs.
+# Module reference from the public modules' @doc (OTP's edoc), into
+# _build/docs, opening on doc/overview.edoc; the guides and the top-level
+# Markdown files are copied beside it, as they sit in the tree (so their
+# links between each other hold), and every link is checked.
+DOCS := _build/docs
 docs: build
 	@$(REBAR) edoc
+	@mkdir -p $(DOCS)/doc $(DOCS)/c_src/heapwalk
+	@cp README.md TESTING.md BENCHMARKS.md CHANGELOG.md $(DOCS)/
+	@cp -r doc/*.md doc/*.png doc/img $(DOCS)/doc/
+	@cp c_src/heapwalk/dump_format.h $(DOCS)/c_src/heapwalk/
+	@escript scripts/docs_links.escript $(DOCS)
 
 clean:
 	@$(REBAR) clean -a >/dev/null 2>&1 || true

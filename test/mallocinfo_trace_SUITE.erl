@@ -93,6 +93,16 @@ status_when_preloaded(Config) ->
     ?assert(TB >= 40 * Cap andalso TB < 41 * Cap),
     ?assert(Live > 0),
     ?assert(maps:get(malloc, Calls) > 0),
+    %% The region block's two views (one read of it): the mmap family's
+    %% regions and counters, and what mallocinfo's own work mapped.
+    #{mappings := #{regions := Regions, bytes := RBytes, table_capacity := RCap,
+                    table_bytes := RTB, dropped := 0,
+                    calls := #{mmap := Mmaps, munmap := _, mremap := _},
+                    bytes_mapped := Mapped, bytes_unmapped := Unmapped},
+      self := #{calls := _, bytes := _, mmaps := SelfMmaps, bytes_mapped := SelfMapped}} = S,
+    ?assert(Regions > 0 andalso RBytes > 0 andalso RCap >= Regions andalso RTB > 0),
+    ?assert(Mmaps > 0 andalso Mapped >= RBytes andalso is_integer(Unmapped)),
+    ?assert(is_integer(SelfMmaps) andalso is_integer(SelfMapped)),
     Stats = ok_call(Config, mallocinfo_trace, stats, []),
     ?assertMatch(#{mallinfo := #{arena := _}, calls := #{free := _}, live_bytes := _}, Stats).
 

@@ -10,7 +10,8 @@
 # memory the context takes per stored stack and per live block.
 #
 # Usage: c_src/bench/context.sh [APP_DIR]   (default: this checkout's build)
-# Knobs (environment): ROUNDS (default 15), BLOCKS (default 50000).
+# Knobs (environment): ROUNDS (default 15), BLOCKS (default 50000), PAIRS
+# (default 3).
 # A benchmark reports, it does not gate: exits 0 whatever the numbers.
 set -u -o pipefail
 
@@ -37,28 +38,39 @@ erlc -I "$root/test/include" -o "$tmp" "$data/mi_ctx_nif.erl" || die "erlc faile
 
 echo "app: $app; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $blocks blocks x $rounds rounds"
 printf '| mode | context off, ns/alloc+free | context on | on/off |\n|---|---|---|---|\n'
+# Off and on alternate (PAIRS times, each a fresh node), so that a drift
+# in the machine's speed hits both; each figure is the median of its runs'
+# medians.
+pairs=${PAIRS:-3}
+run() {  # mode ctx: one node's median ns per alloc+free, and its context state
+  MALLOCINFO_TRACE=$1 LD_PRELOAD=$app/priv/libmallocinfo_preload.so erl -noshell \
+    -pa "$app/ebin" -pa "$tmp" -eval "
+      case '$2' of on -> ok = mallocinfo_trace_context:enable(); off -> ok end,
+      {module, _} = code:ensure_loaded(mi_ctx_nif),
+      N = $blocks,
+      Round = fun() ->
+                  {T, ok} = timer:tc(fun() -> ok = mi_ctx_nif:leak_dirty(N, 64),
+                                              ok = mi_ctx_nif:release() end),
+                  T * 1000 / N
+              end,
+      _ = Round(),
+      Times = lists:sort([Round() || _ <- lists:seq(1, $rounds)]),
+      #{erlang_context := C} = mallocinfo_trace:status(),
+      io:format(\"~.1f ~s~n\", [lists:nth(($rounds + 1) div 2, Times), C]),
+      halt()." || echo "0 failed"
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 for mode in full sample; do
-  line=$(for ctx in off on; do
-    MALLOCINFO_TRACE=$mode LD_PRELOAD=$app/priv/libmallocinfo_preload.so erl -noshell \
-      -pa "$app/ebin" -pa "$tmp" -eval "
-        case '$ctx' of on -> ok = mallocinfo_trace_context:enable(); off -> ok end,
-        {module, _} = code:ensure_loaded(mi_ctx_nif),
-        N = $blocks,
-        Round = fun() ->
-                    {T, ok} = timer:tc(fun() -> ok = mi_ctx_nif:leak_dirty(N, 64),
-                                                ok = mi_ctx_nif:release() end),
-                    T * 1000 / N
-                end,
-        _ = Round(),
-        Times = lists:sort([Round() || _ <- lists:seq(1, $rounds)]),
-        #{erlang_context := C} = mallocinfo_trace:status(),
-        io:format(\"~.1f ~s~n\", [lists:nth(($rounds + 1) div 2, Times), C]),
-        halt()." || echo "failed -"
-  done | tr '\n' ' ')
-  read -r off c_off on c_on <<<"$line"
-  [[ $c_off == off && $c_on == on ]] || { echo "| $mode | run failed: $line | | |"; continue; }
+  offs=() ons=() bad=0
+  for ((i = 0; i < pairs; i++)); do
+    read -r t c <<<"$(run "$mode" off)"; [[ $c == off ]] || bad=1; offs+=("$t")
+    read -r t c <<<"$(run "$mode" on)"; [[ $c == on ]] || bad=1; ons+=("$t")
+  done
+  if ((bad)); then echo "| $mode | a run failed | | |"; continue; fi
+  off=$(printf '%s\n' "${offs[@]}" | median)
+  on=$(printf '%s\n' "${ons[@]}" | median)
   ratio=$(awk -v a="$off" -v b="$on" 'BEGIN { printf "%.2f", b / a }')
-  echo "| $mode | $off | $on | ${ratio}x |"
+  echo "| $mode | $off (${offs[*]}) | $on (${ons[*]}) | ${ratio}x |"
 done
 echo
 echo "memory: a stored stack has room for its Erlang context (MI_CONTEXT_MAX_WORDS = 12 words:"

@@ -46,8 +46,10 @@ ErlNifFunc nif_funcs[] = {
     // Reads /proc/self/statm.
     {"rss", 0, guarded<n::rss>, kIo},
     // Tracker: status sums at most 1024 per-thread counter blocks (~10 us)
-    // with no lock: regular.
-    {"trace_status", 0, guarded<n::trace_status>, 0},
+    // with no lock, but until an interposer is found each call looks for
+    // one (dlsym, dlopen(RTLD_NOLOAD): the loader's lock, which a slow
+    // dlopen holds): dirty I/O, as every call that may look.
+    {"trace_status", 0, guarded<n::trace_status>, kIo},
     // set_mode(off) and reset walk the whole live table (and reset then
     // runs a reclamation sweep).
     {"trace_set_mode", 1, guarded<n::trace_set_mode>, kCpu},

@@ -20,13 +20,8 @@ namespace mi::nif {
 namespace {
 
 // status()'s `mappings': the region table and the mmap family's counters
-// (issue 14); undefined from an interposer without them.
-ERL_NIF_TERM mappings_status(ErlNifEnv* env, const mi_preload_abi* abi) {
-  if (abi->struct_size < offsetof(mi_preload_abi, region_status) + sizeof(abi->region_status) ||
-      abi->region_status == nullptr)
-    return atoms.undefined;
-  mi_abi_region_status r{};
-  abi->region_status(&r, sizeof r);
+// (r: the interposer's region status).
+ERL_NIF_TERM mappings_term(ErlNifEnv* env, const mi_abi_region_status& r) {
   return MapBuilder()
       .put(atoms.regions, make_u64(env, r.regions))
       .put(atoms.bytes, make_u64(env, r.bytes))
@@ -43,14 +38,9 @@ ERL_NIF_TERM mappings_status(ErlNifEnv* env, const mi_preload_abi* abi) {
       .build(env);
 }
 
-// status()'s `self': what mallocinfo's own work allocated and mapped, left
-// out of every other figure (quiet.h); undefined from an interposer that
-// cannot tell.
-ERL_NIF_TERM self_status(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi_status& s) {
-  if (abi->struct_size < offsetof(mi_preload_abi, quiet) + sizeof(abi->quiet))
-    return atoms.undefined;
-  mi_abi_region_status r{};
-  abi->region_status(&r, sizeof r);
+// status()'s `self': what mallocinfo's own work allocated (s) and mapped
+// (r), left out of every other figure (quiet.h).
+ERL_NIF_TERM self_term(ErlNifEnv* env, const mi_abi_status& s, const mi_abi_region_status& r) {
   return MapBuilder()
       .put(atoms.calls, make_u64(env, s.self_calls))
       .put(atoms.bytes, make_u64(env, s.self_bytes))
@@ -110,6 +100,11 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       &atoms.fn_valloc, &atoms.fn_pvalloc,        &atoms.fn_strdup,        &atoms.fn_strndup};
   MapBuilder calls;
   for (int i = 0; i < MI_FN_COUNT; ++i) calls.put(*fn_atoms[i], make_u64(env, s.calls[i]));
+  // One read of the region block serves `mappings' and `self' (each
+  // undefined from an interposer without its block).
+  const bool regions = has_regions(abi);
+  mi_abi_region_status r{};
+  if (regions) abi->region_status(&r, sizeof r);
   const bool preloaded = is_preloaded(abi);
   mi_attach_status at{};
   if (!preloaded) abi->attach_status(&at, sizeof at);
@@ -146,8 +141,8 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.bytes_allocated, make_u64(env, s.bytes_allocated))
       .put(atoms.bytes_freed, make_u64(env, s.bytes_freed))
       .put(atoms.calls, calls.build(env))
-      .put(atoms.mappings, mappings_status(env, abi))
-      .put(atoms.self, self_status(env, abi, s))
+      .put(atoms.mappings, regions ? mappings_term(env, r) : atoms.undefined)
+      .put(atoms.self, regions && has_quiet(abi) ? self_term(env, s, r) : atoms.undefined)
       .put(atoms.erlang_context, s.erlang_context != 0 ? atoms.on : atoms.off)
       .build(env);
 }

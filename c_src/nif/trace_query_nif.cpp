@@ -45,6 +45,33 @@ ERL_NIF_TERM packed_frames(ErlNifEnv* env, const mi_preload_abi* abi, uint32_t i
   return frames;
 }
 
+// {ok, [Map]} for the first k of `items`, their stacks (stack_of(Item))
+// symbolized in one batch (StackTerms): each map has the item's mixed
+// stack (`stack'), its Erlang functions (`erlang'), the allocating
+// thread's name (`thread', only for another thread's stack), and what
+// encode(Item, MapBuilder&) puts. The shape of every query that answers
+// symbolized stacks.
+template <class Item, class StackOf, class Encode>
+ERL_NIF_TERM symbolized_list(ErlNifEnv* env, const mi_preload_abi* abi, bool demangle,
+                             const std::vector<Item>& items, size_t k, StackOf stack_of,
+                             Encode encode) {
+  StackTerms stacks(abi, demangle);
+  for (size_t i = 0; i < k; ++i) stacks.want(stack_of(items[i]));
+  stacks.resolve(env);
+  std::vector<ERL_NIF_TERM> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i) {
+    const uint32_t id = stack_of(items[i]);
+    MapBuilder row;
+    row.put(atoms.stack, stacks.term(id)).put(atoms.erlang, stacks.erlang(id));
+    if (!stacks.thread(id).empty()) row.put(atoms.thread, make_binary(env, stacks.thread(id)));
+    encode(items[i], row);
+    out.push_back(row.build(env));
+  }
+  return enif_make_tuple2(env, atoms.ok,
+                          enif_make_list_from_array(env, out.data(), static_cast<unsigned>(k)));
+}
+
 }  // namespace
 
 // olds(N, MinAgeMs, MinSize, Demangle, MaxAgeMs): the N oldest live blocks
@@ -63,24 +90,15 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
         for (size_t i = 0; i < count; ++i) olds.offer(e[i]);
       });
       const std::vector<mi_abi_entry> entries = olds.take();
-      const size_t k = entries.size();
-      StackTerms stacks(abi, demangle);
-      for (size_t i = 0; i < k; ++i) stacks.want(entries[i].stack_id);
-      stacks.resolve(env);
-      std::vector<ERL_NIF_TERM> out;
-      out.reserve(k);
-      for (size_t i = 0; i < k; ++i) {
-        const mi_abi_entry& e = entries[i];
-        out.push_back(MapBuilder()
-                          .put(atoms.address, make_u64(env, e.address))
-                          .put(atoms.size, make_u64(env, e.size))
-                          .put(atoms.age_ms, make_u64(env, age_ms(now, e.timestamp_ns)))
-                          .put(atoms.stack, stacks.term(e.stack_id))
-                          .put(atoms.erlang, stacks.erlang(e.stack_id))
-                          .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
-                          .build(env));
-      }
-      return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+      return symbolized_list(
+          env, abi, demangle, entries, entries.size(),
+          [](const mi_abi_entry& e) { return e.stack_id; },
+          [&](const mi_abi_entry& e, MapBuilder& row) {
+            row.put(atoms.address, make_u64(env, e.address))
+                .put(atoms.size, make_u64(env, e.size))
+                .put(atoms.age_ms, make_u64(env, age_ms(now, e.timestamp_ns)))
+                .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0));
+          });
     });
   });
 }
@@ -97,25 +115,14 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sites.size()));
       std::partial_sort(sites.begin(), sites.begin() + static_cast<ptrdiff_t>(k), sites.end(),
                         larger_site);
-      StackTerms stacks(abi, demangle);
-      for (size_t i = 0; i < k; ++i) stacks.want(sites[i].stack);
-      stacks.resolve(env);
-      std::vector<ERL_NIF_TERM> out;
-      out.reserve(k);
-      for (size_t i = 0; i < k; ++i) {
-        const Site& s = sites[i];
-        MapBuilder row;
-        row.put(atoms.stack, stacks.term(s.stack))
-            .put(atoms.erlang, stacks.erlang(s.stack))
-            .put(atoms.count, make_u64(env, rounded(s.count)))
-            .put(atoms.bytes, make_u64(env, rounded(s.bytes)))
-            .put(atoms.oldest_age_ms, make_u64(env, age_ms(now, s.oldest)))
-            .put(atoms.estimated, make_bool(s.estimated));
-        if (!stacks.thread(s.stack).empty())
-          row.put(atoms.thread, make_binary(env, stacks.thread(s.stack)));
-        out.push_back(row.build(env));
-      }
-      return enif_make_tuple2(env, atoms.ok, enif_make_list_from_array(env, out.data(), k));
+      return symbolized_list(
+          env, abi, demangle, sites, k, [](const Site& s) { return s.stack; },
+          [&](const Site& s, MapBuilder& row) {
+            row.put(atoms.count, make_u64(env, rounded(s.count)))
+                .put(atoms.bytes, make_u64(env, rounded(s.bytes)))
+                .put(atoms.oldest_age_ms, make_u64(env, age_ms(now, s.oldest)))
+                .put(atoms.estimated, make_bool(s.estimated));
+          });
     });
   });
 }
