@@ -325,7 +325,8 @@ share(B, Total) -> io_lib:format("~b%", [round(100 * B / Total)]).
 processes_lines([]) ->
     [];
 processes_lines(Rows) ->
-    ["processes holding the most native memory (live bytes, blocks, process):\n",
+    ["processes holding the most native memory (live bytes, blocks, process; every malloc made\n"
+     "  while they ran, the VM's own on their behalf included):\n",
      [io_lib:format("  ~10ts ~7ts  ~ts~ts~n", [bytes(B), count(C), pid_to_list(P),
                                                mallocinfo_process:name_text(Name)])
       || #{pid := P, name := Name, bytes := B, count := C} <- Rows]].

@@ -207,6 +207,7 @@
   X(p_stop, "p_stop")                               \
   X(p_heap, "p_heap")                               \
   X(p_hend, "p_hend")                               \
+  X(erts_beamasm, "erts_beamasm")                   \
   X(module, "module")                               \
   X(function, "function")                           \
   X(arity, "arity")                                 \

@@ -115,6 +115,9 @@ void MixedStacks::resolve(ErlNifEnv* env, bool demangle) {
     s.frames.clear();
     s.erlang.clear();
     auto add_erlang = [&](const ErlangFunction& f, uint64_t address) {
+      // erts_beamasm: the JIT's stubs (normal_exit/0 ends every process's
+      // stack), not code of the node's.
+      if (f.module == atoms.erts_beamasm) return;
       if (!s.erlang.empty() && s.erlang.back() == f) return;
       s.erlang.push_back(f);
       s.frames.push_back(erlang_frame(env, f, address));
@@ -125,6 +128,13 @@ void MixedStacks::resolve(ErlNifEnv* env, bool demangle) {
         add_erlang(f, addresses_[i]);
       else
         s.frames.push_back(*resolved[i]);
+    }
+    const bool has_context = s.has_mfa || s.cps != 0 || !s.thread.empty();
+    if (native_limit_ != 0 && s.native >= native_limit_ && has_context) {
+      mi::symbolize::Frame cut;
+      cut.object = "[truncated]";
+      cut.symbol = "[native frames cut at " + std::to_string(native_limit_) + "]";
+      s.frames.push_back(std::move(cut));
     }
     if (s.has_mfa && checked_function(s.mfa, &f)) add_erlang(f, 0);
     for (uint32_t i = s.first + s.native; i < s.first + s.native + s.cps; ++i) {

@@ -7,6 +7,8 @@
 //   < mi_ctx_nif:leak/2                         the JIT's frame, or the
 //                                               running function (M F A)
 //   < mi_ctx_alpha:normal_alpha/2 < ...         the process's return addresses
+//                                               (the JIT's own stubs, module
+//                                               erts_beamasm, left out)
 //   < [thread] async_*                          another thread: its name
 //
 // An Erlang function is a Frame whose symbol is "module:function/arity"
@@ -65,6 +67,11 @@ std::string function_text(ErlNifEnv* env, const ErlangFunction& f);
 // Allocates (std::bad_alloc passes through).
 class MixedStacks {
  public:
+  // The tracker's stack depth (mi_abi_status.stack_depth): a stack with
+  // that many native frames was cut, and its frames say so before the
+  // Erlang ones ("[native frames cut at N]"). 0: never said.
+  void set_native_limit(uint32_t depth) { native_limit_ = depth; }
+
   // Queues a stack, its words as the tracker stores them (n of them);
   // returns its index.
   size_t add(const uint64_t* words, uint32_t n);
@@ -97,6 +104,7 @@ class MixedStacks {
   };
   std::vector<uint64_t> addresses_;
   std::vector<Stack> stacks_;
+  uint32_t native_limit_ = 0;
 };
 
 // The frame of an Erlang function (address 0 when only its name is known).

@@ -27,6 +27,9 @@ void StackTerms::want(uint32_t id) {
 }
 
 void StackTerms::resolve(ErlNifEnv* env) {
+  mi_abi_status st{};
+  abi_->status(&st, sizeof st);
+  stacks_.set_native_limit(st.stack_depth);
   stacks_.resolve(env, demangle_);
   std::vector<ERL_NIF_TERM> list;
   terms_.clear();

@@ -175,6 +175,11 @@ ERL_NIF_TERM trace_by_context(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 ERL_NIF_TERM trace_symbolize_stacks(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
   MixedStacks stacks;
+  if (const mi_preload_abi* abi = tracker_abi(); abi != nullptr) {
+    mi_abi_status st{};
+    abi->status(&st, sizeof st);
+    stacks.set_native_limit(st.stack_depth);
+  }
   ERL_NIF_TERM list = argv[0], head;
   while (enif_get_list_cell(env, list, &head, &list)) {
     ErlNifBinary bin;

@@ -172,6 +172,7 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       std::vector<Site> sites = group_by_site(abi, st, since);
       std::sort(sites.begin(), sites.end(), larger_site);
       MixedStacks stacks;
+      stacks.set_native_limit(st.stack_depth);
       for (const Site& site : sites) {
         uint64_t words[kMaxFrames];
         stacks.add(words, stack_frames(abi, site.stack, words));
