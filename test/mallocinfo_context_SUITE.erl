@@ -1,8 +1,8 @@
 %% The Erlang context of native allocations (issue 25), on peer nodes: one
 %% NIF (mi_ctx_nif) leaks from one native function, called by two Erlang
-%% modules (mi_ctx_alpha, mi_ctx_beta), each from a function of its own on
-%% a normal scheduler and from another on a dirty one, inside a registered
-%% process of its own. Every view must say which process and which Erlang
+%% modules (mi_ctx_alpha, mi_ctx_beta: one source, mi_ctx_caller.erl),
+%% each from its function normal/2 on a normal scheduler and dirty/2 on a
+%% dirty one, inside a registered process of its own. Every view must say which process and which Erlang
 %% function drove each block: sites by process and by Erlang function (exact
 %% counts and bytes), the mixed stacks of sites/1 and of a snapshot's rows,
 %% mallocinfo_process:top/2 by native bytes, pprof and the folded stacks.
@@ -16,17 +16,18 @@
 -export([preloaded_full/1, preloaded_sample/1, attached/1, no_context_refused_cleanly/1]).
 
 %% What each caller leaks: {Module, Function, Kind, Count, Size}.
--define(LEAKS, [{mi_ctx_alpha, normal_alpha, normal, 100, 256},
-                {mi_ctx_alpha, dirty_alpha, dirty, 50, 512},
-                {mi_ctx_beta, normal_beta, normal, 30, 1000},
-                {mi_ctx_beta, dirty_beta, dirty, 20, 2000}]).
+-define(LEAKS, [{mi_ctx_alpha, normal, normal, 100, 256},
+                {mi_ctx_alpha, dirty, dirty, 50, 512},
+                {mi_ctx_beta, normal, normal, 30, 1000},
+                {mi_ctx_beta, dirty, dirty, 20, 2000}]).
 
 all() ->
     [preloaded_full, preloaded_sample, attached, no_context_refused_cleanly].
 
 init_per_suite(Config) ->
     ok = mi_ct:build_nif(Config, "mi_ctx_nif"),
-    [ok = mi_ct:compile_module(Config, F) || F <- ["mi_ctx_alpha.erl", "mi_ctx_beta.erl"]],
+    [ok = mi_ct:compile_module(Config, "mi_ctx_caller.erl", [{d, 'MI_MODULE', M}])
+     || M <- [mi_ctx_alpha, mi_ctx_beta]],
     Config.
 
 end_per_suite(_Config) ->
@@ -162,7 +163,7 @@ leak_and_check(Config, Estimated, Cut) ->
                                    [call(Config, mallocinfo_report, collect, [])])),
     ct:pal("~ts", [Report]),
     [?assertNotEqual(nomatch, binary:match(Report, Text), Text)
-     || Text <- [<<"called from mi_ctx_beta:dirty_beta/2 (33%), mi_ctx_beta:normal_beta/2 (25%), "
+     || Text <- [<<"called from mi_ctx_beta:dirty/2 (33%), mi_ctx_beta:normal/2 (25%), "
                    "mi_ctx_alpha:">>,
                  <<"processes holding the most native memory">>,
                  <<" (mi_ctx_alpha)">>, <<" (mi_ctx_beta)">>]],

@@ -214,15 +214,10 @@ ERL_NIF_TERM ectx_enable(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
 }
 
 ERL_NIF_TERM code_names(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
-  unsigned len;
-  if (!enif_get_list_length(env, argv[0], &len)) throw BadArg{};
+  const std::vector<uint64_t> addresses = get_u64_list(env, argv[0]);
   const uint64_t atom_count = get_u64(env, argv[1]);
-  std::vector<uint64_t> addresses;
-  addresses.reserve(len);
-  ERL_NIF_TERM list = argv[0], head;
-  while (enif_get_list_cell(env, list, &head, &list)) addresses.push_back(get_u64(env, head));
   std::vector<ERL_NIF_TERM> out;
-  out.reserve(len);
+  out.reserve(addresses.size());
   // Atom terms that passed is_atom_term against the VM's atom count are
   // atoms of this VM: they are terms as they stand.
   for (const auto& mfa : mi::symbolize::name_beam_addresses(addresses, {atom_count}))
