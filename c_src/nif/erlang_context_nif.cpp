@@ -9,8 +9,8 @@
 #include "../common/mi_abi.h"
 #include "../common/mi_context.h"
 #include "../symbolize/beam_code.h"
-#include "term.h"
 #include "mixed_stack.h"
+#include "term.h"
 #include "tracker_abi.h"
 
 namespace mi::nif {

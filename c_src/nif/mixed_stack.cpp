@@ -46,9 +46,9 @@ bool checked_function(const mi::symbolize::BeamMfa& words, ErlangFunction* out) 
     return false;
   // Checked against the VM's atom count: these words are atoms as they
   // stand (immediates), so they are terms in any env.
-  *out = ErlangFunction{static_cast<ERL_NIF_TERM>(words.module),
-                        static_cast<ERL_NIF_TERM>(words.function),
-                        static_cast<uint32_t>(words.arity)};
+  *out =
+      ErlangFunction{static_cast<ERL_NIF_TERM>(words.module),
+                     static_cast<ERL_NIF_TERM>(words.function), static_cast<uint32_t>(words.arity)};
   return true;
 }
 

@@ -37,7 +37,8 @@ void StackTerms::resolve(ErlNifEnv* env) {
   for (size_t i = 0; i < stacks_.size(); ++i) {
     list.clear();
     for (const mi::symbolize::Frame& f : stacks_.frames(i)) list.push_back(frame_term(env, f));
-    terms_.push_back(enif_make_list_from_array(env, list.data(), static_cast<unsigned>(list.size())));
+    terms_.push_back(
+        enif_make_list_from_array(env, list.data(), static_cast<unsigned>(list.size())));
     erlang_.push_back(stacks_.erlang_term(env, i));
   }
 }

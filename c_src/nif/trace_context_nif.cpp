@@ -60,7 +60,8 @@ std::vector<std::pair<Key, Sum>> largest(std::vector<std::pair<Key, Sum>> rows, 
 
 ERL_NIF_TERM answer(ErlNifEnv* env, std::vector<ERL_NIF_TERM>& rows, const Sum& without) {
   return enif_make_tuple3(
-      env, atoms.ok, enif_make_list_from_array(env, rows.data(), static_cast<unsigned>(rows.size())),
+      env, atoms.ok,
+      enif_make_list_from_array(env, rows.data(), static_cast<unsigned>(rows.size())),
       enif_make_tuple2(env, make_u64(env, mi::sites::rounded(without.count)),
                        make_u64(env, mi::sites::rounded(without.bytes))));
 }
@@ -80,7 +81,8 @@ ERL_NIF_TERM by_process(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi_
                 st.sample_bytes);
   });
   std::vector<ERL_NIF_TERM> rows;
-  for (const auto& [pid, sum] : largest(std::vector<std::pair<uint64_t, Sum>>(pids.begin(), pids.end()), n)) {
+  for (const auto& [pid, sum] :
+       largest(std::vector<std::pair<uint64_t, Sum>>(pids.begin(), pids.end()), n)) {
     const ERL_NIF_TERM term = static_cast<ERL_NIF_TERM>(pid);
     if (!enif_is_pid(env, term)) {
       add_sum(without, sum);
@@ -145,7 +147,8 @@ ERL_NIF_TERM by_function(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi
       add_sum(without, f.sum);
       continue;
     }
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == fn; });
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == fn; });
     if (it == groups.end())
       groups.emplace_back(fn, f.sum);
     else
@@ -153,9 +156,8 @@ ERL_NIF_TERM by_function(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi
   }
   std::vector<ERL_NIF_TERM> rows;
   for (const auto& [fn, sum] : largest(std::move(groups), n))
-    rows.push_back(row(env,
-                       enif_make_tuple3(env, fn.module, fn.function, enif_make_uint(env, fn.arity)),
-                       sum));
+    rows.push_back(row(
+        env, enif_make_tuple3(env, fn.module, fn.function, enif_make_uint(env, fn.arity)), sum));
   return answer(env, rows, without);
 }
 

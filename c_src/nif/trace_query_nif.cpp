@@ -190,22 +190,20 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
         depths[i] = static_cast<uint32_t>(stacks.frames(i).size());
         for (const mi::symbolize::Frame& f : stacks.frames(i)) {
           const uint32_t next_id = static_cast<uint32_t>(locs.size() + 1);
-          const bool fresh = f.address != 0
-                                 ? by_address.try_emplace(f.address, next_id).second
-                                 : by_name.try_emplace(f.object + '\0' + f.symbol.value_or(""),
-                                                       next_id)
-                                       .second;
+          const bool fresh =
+              f.address != 0
+                  ? by_address.try_emplace(f.address, next_id).second
+                  : by_name.try_emplace(f.object + '\0' + f.symbol.value_or(""), next_id).second;
           if (fresh) {
             auto [obj, new_obj] = objects.try_emplace(f.object, 0);
             if (new_obj) obj->second = make_binary(env, f.object);
-            locs.push_back(enif_make_tuple4(
-                env, make_u64(env, f.address), obj->second,
-                f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
-                make_u64(env, f.object_offset)));
+            locs.push_back(
+                enif_make_tuple4(env, make_u64(env, f.address), obj->second,
+                                 f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
+                                 make_u64(env, f.object_offset)));
           }
-          ids.push_back(f.address != 0
-                            ? by_address.at(f.address)
-                            : by_name.at(f.object + '\0' + f.symbol.value_or("")));
+          ids.push_back(f.address != 0 ? by_address.at(f.address)
+                                       : by_name.at(f.object + '\0' + f.symbol.value_or("")));
         }
       }
       std::vector<ERL_NIF_TERM> out;
