@@ -68,7 +68,7 @@ versions:
 # What the short matrix runs in each root: the build with warnings as
 # errors (C++ -Werror through CI=true, Erlang through the test profile),
 # EUnit, and the Common Test suites that read glibc and the VM's insides.
-SHORT_SUITES := test/mallocinfo_trace_SUITE,test/mallocinfo_attach_SUITE,test/mallocinfo_heap_SUITE,test/mallocinfo_report_SUITE
+SHORT_SUITES := test/mallocinfo_context_SUITE,test/mallocinfo_trace_SUITE,test/mallocinfo_attach_SUITE,test/mallocinfo_heap_SUITE,test/mallocinfo_report_SUITE
 # A VM that gets SIGTERM stops cleanly and exits 0, so each run must also
 # have printed its summary (the matrix once saw a CT run end that way);
 # a failed test leaves no such line either.
@@ -126,6 +126,7 @@ soak: build
 bench: demo
 	@c_src/bench/run.sh
 	@c_src/bench/heapmap.sh
+	@c_src/bench/context.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 # priv/mallocinfo-heapmap (the offline renderer escript) travels with it.

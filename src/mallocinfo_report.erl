@@ -281,8 +281,14 @@ culprits_of(Snaps, Interval) ->
     %% make every update a global GC pass; a process of ours would have to
     %% be started and supervised on nodes that never start mallocinfo.
     _ = is_map(This) andalso application:set_env(mallocinfo, ?PREVIOUS, This),
+    %% The processes whose native blocks weigh most (their Erlang context:
+    %% mallocinfo_trace:sites/2 by process), read right after the snapshot.
+    Processes = case guard(fun() -> mallocinfo_trace:sites(5, #{by => process}) end) of
+                    {ok, P} -> P;
+                    _ -> []
+                end,
     #{rollup => Rollup, olds => Olds, growth => Growth, previous_run => Previous,
-      this_run => This}.
+      this_run => This, native_processes => Processes}.
 
 %% What the next report compares with: when, the tracker's live bytes and
 %% the native functions' bytes (the largest 100).

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "../common/mi_context.h"
 #include "../common/mi_limits.h"
 #include "../sites/abi_read.h"
 #include "arena_probe.h"
@@ -733,9 +734,14 @@ uint32_t Child::run(ReplyHeader& h) {
   if (h.status == kOk) {
     ok = ok && write_all(reply_fd, c->sums, sizeof(ArenaSummary) * h.n_arenas);
     for (const StackAgg& a : c->chosen) {
-      uint64_t frames[mi::limits::kMaxStackDepth];
-      uint32_t depth = opt.tracker->stack(a.stack, frames, mi::limits::kMaxStackDepth);
-      depth = std::min<uint32_t>(depth, mi::limits::kMaxStackDepth);
+      uint64_t frames[mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS];
+      uint32_t depth =
+          opt.tracker->stack(a.stack, frames, mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS);
+      depth = std::min<uint32_t>(depth, mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS);
+      // The heap map labels sites by their native frames (the Erlang
+      // context that may follow them is the tracker's views' to show).
+      mi_context ctx;
+      depth = std::min<uint32_t>(mi_context_split(frames, depth, &ctx), mi::limits::kMaxStackDepth);
       const ReplySite rs{a.site, depth, a.bytes, a.count};
       ok = ok && write_all(reply_fd, &rs, sizeof rs) &&
            write_all(reply_fd, frames, depth * sizeof(uint64_t));

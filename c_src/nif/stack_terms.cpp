@@ -22,22 +22,24 @@ ERL_NIF_TERM frame_term(ErlNifEnv* env, const mi::symbolize::Frame& f) {
 
 void StackTerms::want(uint32_t id) {
   if (index_.count(id) != 0) return;
-  Span span{static_cast<uint32_t>(addresses_.size()), 0};
-  uint64_t frames[mi::sites::kMaxFrames];
-  span.n = mi::sites::stack_frames(abi_, id, frames);
-  addresses_.insert(addresses_.end(), frames, frames + span.n);
-  index_.emplace(id, spans_.size());
-  spans_.push_back(span);
+  uint64_t words[mi::sites::kMaxFrames];
+  index_.emplace(id, stacks_.add(words, mi::sites::stack_frames(abi_, id, words)));
 }
 
 void StackTerms::resolve(ErlNifEnv* env) {
-  const std::vector<mi::symbolize::Frame> frames = symbolizer().resolve_all(addresses_, demangle_);
+  mi_abi_status st{};
+  abi_->status(&st, sizeof st);
+  stacks_.set_native_limit(st.stack_depth);
+  stacks_.resolve(env, demangle_);
   std::vector<ERL_NIF_TERM> list;
   terms_.clear();
-  for (const Span& sp : spans_) {
+  erlang_.clear();
+  for (size_t i = 0; i < stacks_.size(); ++i) {
     list.clear();
-    for (uint32_t i = 0; i < sp.n; ++i) list.push_back(frame_term(env, frames[sp.first + i]));
-    terms_.push_back(enif_make_list_from_array(env, list.data(), sp.n));
+    for (const mi::symbolize::Frame& f : stacks_.frames(i)) list.push_back(frame_term(env, f));
+    terms_.push_back(
+        enif_make_list_from_array(env, list.data(), static_cast<unsigned>(list.size())));
+    erlang_.push_back(stacks_.erlang_term(env, i));
   }
 }
 

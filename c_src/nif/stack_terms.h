@@ -9,11 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "../common/mi_abi.h"
 #include "../symbolize/symbolize.h"
+#include "mixed_stack.h"
 
 namespace mi::nif {
 
@@ -30,8 +32,9 @@ ERL_NIF_TERM frame_term(ErlNifEnv* env, const mi::symbolize::Frame& f);
 // Symbolized stacks of a few ids, resolved in one batch: the symbolizer
 // reads /proc/self/maps and the JIT's perf map once per batch rather than
 // once per frame (per frame, a sites(20) through Erlang code re-read a
-// perf map of a few MB some 600 times: seconds). One call's; not
-// thread-safe. Allocates (std::bad_alloc passes through).
+// perf map of a few MB some 600 times: seconds). Stacks are mixed
+// (mixed_stack.h): their Erlang context follows the native frames. One
+// call's; not thread-safe. Allocates (std::bad_alloc passes through).
 class StackTerms {
  public:
   StackTerms(const mi_preload_abi* abi, bool demangle) : abi_(abi), demangle_(demangle) {}
@@ -46,17 +49,17 @@ class StackTerms {
   // The list of frame_term()s of a stack queued by want(), innermost
   // first. Precondition: resolve() ran after want(id).
   ERL_NIF_TERM term(uint32_t id) const { return terms_[index_.at(id)]; }
+  // Its Erlang functions, [#{module, function, arity}] innermost first.
+  ERL_NIF_TERM erlang(uint32_t id) const { return erlang_[index_.at(id)]; }
+  // The name of the thread that allocated (not a scheduler), or "".
+  const std::string& thread(uint32_t id) const { return stacks_.thread(index_.at(id)); }
 
  private:
-  struct Span {
-    uint32_t first, n;
-  };
   const mi_preload_abi* abi_;
   bool demangle_;
-  std::vector<uint64_t> addresses_;
-  std::vector<Span> spans_;
+  MixedStacks stacks_;
   std::unordered_map<uint32_t, size_t> index_;
-  std::vector<ERL_NIF_TERM> terms_;
+  std::vector<ERL_NIF_TERM> terms_, erlang_;
 };
 
 }  // namespace mi::nif

@@ -27,19 +27,14 @@ ERL_NIF_TERM trace_symbolizer_stats(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 // symbolize([Address], Demangle) -> [Frame]: for callers holding raw
 // addresses (tests, reports).
 ERL_NIF_TERM trace_symbolize(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
-  unsigned len;
-  if (!enif_get_list_length(env, argv[0], &len)) throw BadArg{};
+  const std::vector<uint64_t> addresses = get_u64_list(env, argv[0]);
   const bool demangle = enif_is_identical(argv[1], atoms.true_);
-  std::vector<uint64_t> addresses;
-  addresses.reserve(len);
-  ERL_NIF_TERM list = argv[0], head;
-  while (enif_get_list_cell(env, list, &head, &list)) addresses.push_back(get_u64(env, head));
   // One batch: one read of /proc/self/maps at most, however many misses.
   std::vector<ERL_NIF_TERM> out;
-  out.reserve(len);
+  out.reserve(addresses.size());
   for (const auto& f : symbolizer().resolve_all(addresses, demangle, false))
     out.push_back(frame_term(env, f));
-  return enif_make_list_from_array(env, out.data(), len);
+  return enif_make_list_from_array(env, out.data(), static_cast<unsigned>(out.size()));
 }
 
 }  // namespace mi::nif

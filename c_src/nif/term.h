@@ -56,6 +56,7 @@ inline ERL_NIF_TERM make_u64(ErlNifEnv* env, uint64_t v) {
 // Decoders: throw BadArg when the term is not of the expected type.
 std::string get_path(ErlNifEnv* env, ERL_NIF_TERM t);  // binary without NUL bytes
 uint64_t get_u64(ErlNifEnv* env, ERL_NIF_TERM t);
+std::vector<uint64_t> get_u64_list(ErlNifEnv* env, ERL_NIF_TERM t);  // a proper list
 int get_int(ErlNifEnv* env, ERL_NIF_TERM t);
 std::string get_atom(ErlNifEnv* env, ERL_NIF_TERM t);
 

@@ -143,6 +143,7 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.calls, calls.build(env))
       .put(atoms.mappings, regions ? mappings_term(env, r) : atoms.undefined)
       .put(atoms.self, regions && has_quiet(abi) ? self_term(env, s, r) : atoms.undefined)
+      .put(atoms.erlang_context, s.erlang_context != 0 ? atoms.on : atoms.off)
       .build(env);
 }
 

@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "../common/mi_context.h"
 #include "../sites/abi_read.h"
 #include "../sites/oldest.h"
 #include "../sites/site_group.h"
 #include "atoms.h"
+#include "mixed_stack.h"
 #include "stack_terms.h"
 #include "term.h"
 #include "tracker_abi.h"
@@ -43,9 +45,12 @@ ERL_NIF_TERM packed_frames(ErlNifEnv* env, const mi_preload_abi* abi, uint32_t i
   return frames;
 }
 
-// {ok, [Encode(Item, StackTerm)]} for the first k of `items`, their stacks
-// (stack_of(Item)) symbolized in one batch (StackTerms): the shape of every
-// query that answers symbolized stacks.
+// {ok, [Map]} for the first k of `items`, their stacks (stack_of(Item))
+// symbolized in one batch (StackTerms): each map has the item's mixed
+// stack (`stack'), its Erlang functions (`erlang'), the allocating
+// thread's name (`thread', only for another thread's stack), and what
+// encode(Item, MapBuilder&) puts. The shape of every query that answers
+// symbolized stacks.
 template <class Item, class StackOf, class Encode>
 ERL_NIF_TERM symbolized_list(ErlNifEnv* env, const mi_preload_abi* abi, bool demangle,
                              const std::vector<Item>& items, size_t k, StackOf stack_of,
@@ -55,7 +60,14 @@ ERL_NIF_TERM symbolized_list(ErlNifEnv* env, const mi_preload_abi* abi, bool dem
   stacks.resolve(env);
   std::vector<ERL_NIF_TERM> out;
   out.reserve(k);
-  for (size_t i = 0; i < k; ++i) out.push_back(encode(items[i], stacks.term(stack_of(items[i]))));
+  for (size_t i = 0; i < k; ++i) {
+    const uint32_t id = stack_of(items[i]);
+    MapBuilder row;
+    row.put(atoms.stack, stacks.term(id)).put(atoms.erlang, stacks.erlang(id));
+    if (!stacks.thread(id).empty()) row.put(atoms.thread, make_binary(env, stacks.thread(id)));
+    encode(items[i], row);
+    out.push_back(row.build(env));
+  }
   return enif_make_tuple2(env, atoms.ok,
                           enif_make_list_from_array(env, out.data(), static_cast<unsigned>(k)));
 }
@@ -81,14 +93,11 @@ ERL_NIF_TERM trace_olds(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       return symbolized_list(
           env, abi, demangle, entries, entries.size(),
           [](const mi_abi_entry& e) { return e.stack_id; },
-          [&](const mi_abi_entry& e, ERL_NIF_TERM stack) {
-            return MapBuilder()
-                .put(atoms.address, make_u64(env, e.address))
+          [&](const mi_abi_entry& e, MapBuilder& row) {
+            row.put(atoms.address, make_u64(env, e.address))
                 .put(atoms.size, make_u64(env, e.size))
                 .put(atoms.age_ms, make_u64(env, age_ms(now, e.timestamp_ns)))
-                .put(atoms.stack, stack)
-                .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0))
-                .build(env);
+                .put(atoms.estimated, make_bool((e.flags & MI_ENTRY_SAMPLED) != 0));
           });
     });
   });
@@ -108,14 +117,11 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
                         larger_site);
       return symbolized_list(
           env, abi, demangle, sites, k, [](const Site& s) { return s.stack; },
-          [&](const Site& s, ERL_NIF_TERM stack) {
-            return MapBuilder()
-                .put(atoms.stack, stack)
-                .put(atoms.count, make_u64(env, rounded(s.count)))
+          [&](const Site& s, MapBuilder& row) {
+            row.put(atoms.count, make_u64(env, rounded(s.count)))
                 .put(atoms.bytes, make_u64(env, rounded(s.bytes)))
                 .put(atoms.oldest_age_ms, make_u64(env, age_ms(now, s.oldest)))
-                .put(atoms.estimated, make_bool(s.estimated))
-                .build(env);
+                .put(atoms.estimated, make_bool(s.estimated));
           });
     });
   });
@@ -136,7 +142,9 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       std::vector<ERL_NIF_TERM> frames;
       for (const Site& s : sites) {
         uint64_t pcs[kMaxFrames];
-        const uint32_t depth = stack_frames(abi, s.stack, pcs);
+        mi_context ctx;
+        // The heap profile's text holds return addresses only.
+        const uint32_t depth = mi_context_split(pcs, stack_frames(abi, s.stack, pcs), &ctx);
         if (depth == 0) continue;
         frames.clear();
         for (uint32_t i = 0; i < depth; ++i) frames.push_back(make_u64(env, pcs[i]));
@@ -163,32 +171,40 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       const uint64_t now = abi->now_ns();
       std::vector<Site> sites = group_by_site(abi, st, since);
       std::sort(sites.begin(), sites.end(), larger_site);
-      std::unordered_map<uint64_t, uint32_t> index;  // address -> 1-based location id
-      std::vector<uint64_t> addresses;
+      MixedStacks stacks;
+      stacks.set_native_limit(st.stack_depth);
+      for (const Site& site : sites) {
+        uint64_t words[kMaxFrames];
+        stacks.add(words, stack_frames(abi, site.stack, words));
+      }
+      stacks.resolve(env, demangle);
+      // One location per distinct frame: by address, or by name for the
+      // frames that have none (the running Erlang function, a thread).
+      std::unordered_map<uint64_t, uint32_t> by_address;  // -> 1-based location id
+      std::unordered_map<std::string, uint32_t> by_name;
+      std::unordered_map<std::string, ERL_NIF_TERM> objects;  // one binary per object
+      std::vector<ERL_NIF_TERM> locs;
       std::vector<uint32_t> ids;  // every site's location ids, one after the other
       std::vector<uint32_t> depths(sites.size());
       for (size_t i = 0; i < sites.size(); ++i) {
-        uint64_t pcs[kMaxFrames];
-        const uint32_t depth = stack_frames(abi, sites[i].stack, pcs);
-        depths[i] = depth;
-        for (uint32_t f = 0; f < depth; ++f) {
-          auto [it, fresh] = index.try_emplace(pcs[f], static_cast<uint32_t>(addresses.size() + 1));
-          if (fresh) addresses.push_back(pcs[f]);
-          ids.push_back(it->second);
+        depths[i] = static_cast<uint32_t>(stacks.frames(i).size());
+        for (const mi::symbolize::Frame& f : stacks.frames(i)) {
+          const uint32_t next_id = static_cast<uint32_t>(locs.size() + 1);
+          const bool fresh =
+              f.address != 0
+                  ? by_address.try_emplace(f.address, next_id).second
+                  : by_name.try_emplace(f.object + '\0' + f.symbol.value_or(""), next_id).second;
+          if (fresh) {
+            auto [obj, new_obj] = objects.try_emplace(f.object, 0);
+            if (new_obj) obj->second = make_binary(env, f.object);
+            locs.push_back(
+                enif_make_tuple4(env, make_u64(env, f.address), obj->second,
+                                 f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
+                                 make_u64(env, f.object_offset)));
+          }
+          ids.push_back(f.address != 0 ? by_address.at(f.address)
+                                       : by_name.at(f.object + '\0' + f.symbol.value_or("")));
         }
-      }
-      const std::vector<mi::symbolize::Frame> frames =
-          symbolizer().resolve_all(addresses, demangle);
-      // One binary per object, shared by its locations.
-      std::unordered_map<std::string, ERL_NIF_TERM> objects;
-      std::vector<ERL_NIF_TERM> locs;
-      locs.reserve(frames.size());
-      for (const mi::symbolize::Frame& f : frames) {
-        auto [it, fresh] = objects.try_emplace(f.object, 0);
-        if (fresh) it->second = make_binary(env, f.object);
-        locs.push_back(enif_make_tuple4(env, make_u64(env, f.address), it->second,
-                                        f.symbol ? make_binary(env, *f.symbol) : atoms.undefined,
-                                        make_u64(env, f.object_offset)));
       }
       std::vector<ERL_NIF_TERM> out;
       out.reserve(sites.size());

@@ -451,7 +451,7 @@ TEST_CASE("heap map sites: one site per call stack, whatever its ids", "[glibc][
   const uint32_t ids[] = {7, 9, 8, 99};
   for (int i = 0; i < 4; ++i)
     fake.entries.push_back(mi_abi_entry{reinterpret_cast<uint64_t>(blocks[i]),
-                                        static_cast<uint64_t>(100 + 100 * i), 0, ids[i], 0});
+                                        static_cast<uint64_t>(100 + 100 * i), 0, ids[i], 0, 0});
   const mi_preload_abi abi = fake.abi();
   hw::DumpOptions o;
   o.tracker = &abi;
