@@ -67,10 +67,18 @@ mi_erlang_layout fake_vm() {
   for (size_t i = 0; i < stack_words; ++i) {
     uint64_t w;
     switch (i % 5) {
-      case 0: w = (i << 4) | 0xF; break;                       // a small integer
-      case 1: w = atom(i); break;                              // an atom
-      case 2: w = addr(h + stop + i + 3); break;               // a frame pointer
-      default: w = 0x7f0000100000ull + (i << 12); break;       // a CP
+      case 0:
+        w = (i << 4) | 0xF;
+        break;  // a small integer
+      case 1:
+        w = atom(i);
+        break;  // an atom
+      case 2:
+        w = addr(h + stop + i + 3);
+        break;  // a frame pointer
+      default:
+        w = 0x7f0000100000ull + (i << 12);
+        break;  // a CP
     }
     h[stop + i] = w;
   }

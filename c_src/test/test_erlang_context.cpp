@@ -130,7 +130,8 @@ TEST_CASE("erlang context: the per-thread cache answers as a fresh capture, neve
   auto with_cache = [&] {
     std::vector<uint64_t> out(MI_CONTEXT_MAX_WORDS);
     uint64_t pid = 0;
-    const unsigned n = capture_erlang_context(vm.layout, fake_sd, nullptr, out.data(), &pid, &cache);
+    const unsigned n =
+        capture_erlang_context(vm.layout, fake_sd, nullptr, out.data(), &pid, &cache);
     out.resize(n);
     out.push_back(pid);
     return out;
