@@ -122,6 +122,48 @@ TEST_CASE("erlang context: a process in a NIF call gives pid, function and retur
   g_vm = nullptr;
 }
 
+TEST_CASE("erlang context: the per-thread cache answers as a fresh capture, never stale",
+          "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  mi::track::ContextCache cache{};
+  auto with_cache = [&] {
+    std::vector<uint64_t> out(MI_CONTEXT_MAX_WORDS);
+    uint64_t pid = 0;
+    const unsigned n =
+        capture_erlang_context(vm.layout, fake_sd, nullptr, out.data(), &pid, &cache);
+    out.resize(n);
+    out.push_back(pid);
+    return out;
+  };
+  auto fresh = [&] {
+    std::vector<uint64_t> out(MI_CONTEXT_MAX_WORDS);
+    uint64_t pid = 0;
+    const unsigned n = capture_erlang_context(vm.layout, fake_sd, nullptr, out.data(), &pid);
+    out.resize(n);
+    out.push_back(pid);
+    return out;
+  };
+  const std::vector<uint64_t> first = with_cache();
+  REQUIRE(cache.scanned != 0);  // kept
+  CHECK(with_cache() == first);
+  CHECK(with_cache() == fresh());
+  // Another caller at the same depth: a return address changed.
+  vm.heap[1002] = 0x7f0000009000ull;
+  CHECK(with_cache() == fresh());
+  CHECK(with_cache() != first);
+  // Another process in the same struct: its pid.
+  vm.proc[0] = (43ull << 4) | 0x3;
+  const std::vector<uint64_t> other = with_cache();
+  CHECK(other.back() == vm.proc[0]);
+  CHECK(other == fresh());
+  // The stack grew (a deeper call): a new scan.
+  vm.proc[11] = FakeVm::addr(vm.heap.data() + 999);
+  vm.heap[999] = 0x7f000000a000ull;
+  CHECK(with_cache() == fresh());
+  g_vm = nullptr;
+}
+
 TEST_CASE("erlang context: a dirty scheduler's env points at the shadow process",
           "[erlang_context]") {
   FakeVm vm;

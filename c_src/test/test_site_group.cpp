@@ -25,7 +25,7 @@ constexpr uint64_t kMs = 1000000;
 
 mi_abi_entry entry(uint64_t address, uint64_t size, uint64_t ts, uint32_t stack,
                    uint32_t flags = 0) {
-  return mi_abi_entry{address, size, ts, stack, flags};
+  return mi_abi_entry{address, size, ts, stack, flags, 0};
 }
 
 // A table of 64 stack slots, sampling every 4096 bytes on average.

@@ -30,7 +30,8 @@ bool erlang_layout_valid(const mi_erlang_layout& l) {
 }
 
 unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of,
-                                const uint64_t* name, uint64_t* out, uint64_t* pid) {
+                                const uint64_t* name, uint64_t* out, uint64_t* pid,
+                                ContextCache* cache) {
   *pid = 0;
   const auto* sd = static_cast<const uint64_t*>(sd_of(l.key));
   if (sd == nullptr) {
@@ -62,6 +63,26 @@ unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of
   if (env_proc != procw && (env_proc == 0 || env_proc != sd[l.sd_shadow])) return 1;
   unsigned n = 1, mfa = 0, cps = 0;
   const uint64_t current = proc[l.p_current];
+  const uint64_t heap = proc[l.p_heap], htop = proc[l.p_htop];
+  const uint64_t stop = proc[l.p_stop], hend = proc[l.p_hend];
+  const bool stack_ok = aligned_pointer(heap) && (htop & 7) == 0 && (stop & 7) == 0 &&
+                        (hend & 7) == 0 && heap <= htop && htop <= stop && stop <= hend &&
+                        hend - heap < (uint64_t{1} << 40);
+  const uint64_t stack_words = stack_ok ? (hend - stop) / 8 : 0;
+  const uint64_t limit = stack_words < l.scan_words ? stack_words : l.scan_words;
+  const auto* sp = reinterpret_cast<const uint64_t*>(stop);
+  // The same process (at the same address, with the same pid), env,
+  // function, bounds and stack words as the last capture: the same context. (The MFA words behind
+  // `current` are code metadata, unchanged while the function runs.)
+  if (cache != nullptr && cache->scanned != 0 && cache->sd == reinterpret_cast<uint64_t>(sd) &&
+      cache->proc == procw && cache->pid == pid_term && cache->env == envw &&
+      cache->env_proc == env_proc && cache->current == current && cache->heap == heap &&
+      cache->stop == stop && cache->hend == hend && cache->scanned <= limit &&
+      std::memcmp(cache->stack, sp, cache->scanned * 8) == 0) {
+    std::memcpy(out, cache->words, cache->n * 8);
+    *pid = cache->pid;
+    return cache->n;
+  }
   if (aligned_pointer(current)) {
     const auto* m = reinterpret_cast<const uint64_t*>(current);
     if (is_atom(m[0]) && is_atom(m[1]) && m[2] < 256) {
@@ -71,25 +92,37 @@ unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of
       mfa = 3;
     }
   }
-  const uint64_t heap = proc[l.p_heap], htop = proc[l.p_htop];
-  const uint64_t stop = proc[l.p_stop], hend = proc[l.p_hend];
-  const bool stack_ok = aligned_pointer(heap) && (htop & 7) == 0 && (stop & 7) == 0 &&
-                        (hend & 7) == 0 && heap <= htop && htop <= stop && stop <= hend &&
-                        hend - heap < (uint64_t{1} << 40);
+  uint64_t scanned = 0;
   if (stack_ok) {
     // Continuation pointers: words with the low two bits clear that do not
     // point into the process's own memory (those are frame pointers).
-    const auto* sp = reinterpret_cast<const uint64_t*>(stop);
-    const uint64_t words = (hend - stop) / 8;
-    const uint64_t limit = words < l.scan_words ? words : l.scan_words;
-    for (uint64_t i = 0; i < limit && cps < l.max_cps; ++i) {
-      const uint64_t w = sp[i];
+    for (; scanned < limit && cps < l.max_cps; ++scanned) {
+      const uint64_t w = sp[scanned];
       if (w == 0 || (w & 3) != 0 || (w >= heap && w < hend)) continue;
       out[n++] = w;
       ++cps;
     }
   }
   out[0] = mi_context_header(MI_CONTEXT_PROCESS, mfa, cps, 0);
+  if (cache != nullptr) {
+    // Kept only when the scan read at least one word (the key) and fits.
+    cache->scanned = 0;
+    if (scanned != 0 && scanned <= ContextCache::kMaxScanned) {
+      cache->sd = reinterpret_cast<uint64_t>(sd);
+      cache->proc = procw;
+      cache->env = envw;
+      cache->env_proc = env_proc;
+      cache->current = current;
+      cache->heap = heap;
+      cache->stop = stop;
+      cache->hend = hend;
+      cache->pid = *pid;
+      cache->n = n;
+      std::memcpy(cache->stack, sp, scanned * 8);
+      std::memcpy(cache->words, out, n * 8);
+      cache->scanned = static_cast<unsigned>(scanned);
+    }
+  }
   return n;
 }
 

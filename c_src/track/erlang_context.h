@@ -40,13 +40,32 @@ bool erlang_layout_valid(const mi_erlang_layout& l);
 // their own.
 using SchedulerDataFn = const void* (*)(uint32_t key);
 
+// The last context a thread captured inside a NIF call, and everything it
+// was made from: the words of the process and of the env it read, and the
+// stack words it scanned. A capture that reads the same words makes the
+// same context, so it is copied instead of scanned again (a NIF that
+// allocates in a loop scans its process's stack once). Per thread, owned
+// by the caller; never shared.
+struct ContextCache {
+  static constexpr unsigned kMaxScanned = 64;  // longer scans are not kept
+  uint64_t sd, proc, env, env_proc, current, heap, stop, hend;
+  unsigned scanned;  // stack words scanned; 0: nothing kept
+  unsigned n;        // context words
+  uint64_t pid;
+  uint64_t stack[kMaxScanned];
+  uint64_t words[MI_CONTEXT_MAX_WORDS];
+};
+
 // Writes the calling thread's context into out (room for
 // MI_CONTEXT_MAX_WORDS), header first, and returns the words written
 // (0: nothing to say: no scheduler data and no name). *pid is set to the
 // running process's pid term, or 0. `name` is the thread's name (2 words,
 // see normalize_thread_name) or nullptr when unknown. Hook-safe (above).
+// `cache` (nullptr: none) is the calling thread's ContextCache: read and
+// refilled; the answer is the same with or without it.
 unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of,
-                                const uint64_t* name, uint64_t* out, uint64_t* pid);
+                                const uint64_t* name, uint64_t* out, uint64_t* pid,
+                                ContextCache* cache = nullptr);
 
 // A thread name (at most 15 bytes, NUL-terminated) as the 2 context words:
 // a trailing run of digits becomes one '*' (erts_async_3 -> erts_async_*),

@@ -232,7 +232,8 @@ uint32_t Tracker::capture(ThreadState* ts, uint64_t* pid) {
   if (erlang_on_.load(std::memory_order_acquire)) {
     static_assert(sizeof(uintptr_t) == sizeof(uint64_t), "stack words are 64-bit");
     keep += capture_erlang_context(erlang_, sd_fn_, thread_name(ts),
-                                   reinterpret_cast<uint64_t*>(buf + skip + keep), pid);
+                                   reinterpret_cast<uint64_t*>(buf + skip + keep), pid,
+                                   ts->shared != 0 ? nullptr : &ts->context);
   }
   return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
 }

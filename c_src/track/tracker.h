@@ -182,6 +182,9 @@ struct alignas(64) ThreadState {
   // recorded on threads that are not schedulers. Owned states only.
   uint64_t name[2];
   uint32_t name_left;
+  // The last Erlang context captured on this thread (erlang_context.h).
+  // Owned states only.
+  ContextCache context;
 };
 
 // Where a test can stop a recording thread (Tracker::set_test_hook).
