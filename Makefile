@@ -68,7 +68,7 @@ versions:
 # What the short matrix runs in each root: the build with warnings as
 # errors (C++ -Werror through CI=true, Erlang through the test profile),
 # EUnit, and the Common Test suites that read glibc and the VM's insides.
-SHORT_SUITES := test/mallocinfo_trace_SUITE,test/mallocinfo_attach_SUITE,test/mallocinfo_heap_SUITE,test/mallocinfo_report_SUITE
+SHORT_SUITES := test/mallocinfo_context_SUITE,test/mallocinfo_trace_SUITE,test/mallocinfo_attach_SUITE,test/mallocinfo_heap_SUITE,test/mallocinfo_report_SUITE
 # A VM that gets SIGTERM stops cleanly and exits 0, so each run must also
 # have printed its summary (the matrix once saw a CT run end that way);
 # a failed test leaves no such line either.
@@ -127,6 +127,7 @@ bench: demo
 	@c_src/bench/run.sh
 	@c_src/bench/heapmap.sh
 	@c_src/bench/sampler.sh
+	@c_src/bench/context.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 # priv/mallocinfo-heapmap (the offline renderer escript) travels with it.
@@ -159,9 +160,18 @@ lint: build
 	@$(REBAR) as lint dialyzer
 	@escript scripts/module_graph.escript _build/lint/lib/mallocinfo/ebin
 
-# Module reference from the public modules' @doc (OTP's edoc), into _build/docs.
+# Module reference from the public modules' @doc (OTP's edoc), into
+# _build/docs, opening on doc/overview.edoc; the guides and the top-level
+# Markdown files are copied beside it, as they sit in the tree (so their
+# links between each other hold), and every link is checked.
+DOCS := _build/docs
 docs: build
 	@$(REBAR) edoc
+	@mkdir -p $(DOCS)/doc $(DOCS)/c_src/heapwalk
+	@cp README.md TESTING.md BENCHMARKS.md CHANGELOG.md $(DOCS)/
+	@cp -r doc/*.md doc/*.png doc/img $(DOCS)/doc/
+	@cp c_src/heapwalk/dump_format.h $(DOCS)/c_src/heapwalk/
+	@escript scripts/docs_links.escript $(DOCS)
 
 clean:
 	@$(REBAR) clean -a >/dev/null 2>&1 || true

@@ -14,7 +14,9 @@
          allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
          jemalloc_profile_active/1, jemalloc_profile_dump/1, tcmalloc_stats/0,
          tcmalloc_profile_start/1, tcmalloc_profile_dump/0, tcmalloc_profile_stop/0,
-         tcmalloc_profile_running/0]).
+         tcmalloc_profile_running/0,
+         ectx_probe/1, ectx_probe_dirty/1, ectx_enable/1, ectx_atoms/1, code_names/2,
+         atom_terms/2, trace_by_context/2, trace_symbolize_stacks/2]).
 -nifs(?NIFS).
 -on_load(init/0).
 
@@ -175,3 +177,30 @@ tcmalloc_profile_stop() -> erlang:nif_error(nif_not_loaded).
 -spec tcmalloc_profile_running() ->
           boolean() | {error, wrong_allocator() | profiler_not_loaded}.
 tcmalloc_profile_running() -> erlang:nif_error(nif_not_loaded).
+
+%% The Erlang context of native allocations, learned from the NIF's own
+%% calls (mallocinfo_trace_context): the probe on a normal and on a dirty
+%% scheduler, the layout handed to the tracker, recorded words as terms.
+-type probe() :: #{pid := pid(), candidates := [#{atom() => term()}]}.
+-spec ectx_probe(tuple()) -> {ok, probe()} | {error, not_found | no_process}.
+ectx_probe(_Tuple) -> erlang:nif_error(nif_not_loaded).
+-spec ectx_probe_dirty(tuple()) -> {ok, probe()} | {error, not_found | no_process}.
+ectx_probe_dirty(_Tuple) -> erlang:nif_error(nif_not_loaded).
+-spec ectx_enable(#{atom() => term()}) -> ok | {error, not_preloaded | refused}.
+ectx_enable(_Layout) -> erlang:nif_error(nif_not_loaded).
+-spec ectx_atoms(AtomCount :: non_neg_integer()) -> ok.
+ectx_atoms(_AtomCount) -> erlang:nif_error(nif_not_loaded).
+-spec trace_by_context(N :: non_neg_integer(), process | erlang_function) ->
+          {ok, [{pid() | mfa(), non_neg_integer(), non_neg_integer(), boolean()}],
+           {non_neg_integer(), non_neg_integer()}}
+          | {error, no_tracker() | eagain}.
+trace_by_context(_N, _By) -> erlang:nif_error(nif_not_loaded).
+-spec trace_symbolize_stacks([binary()], Demangle :: boolean()) ->
+          [{[mallocinfo_trace:frame()], [#{module := atom(), function := atom(),
+                                           arity := arity()}], binary() | undefined}].
+trace_symbolize_stacks(_Packed, _Demangle) -> erlang:nif_error(nif_not_loaded).
+-spec code_names([non_neg_integer()], AtomCount :: non_neg_integer()) -> [mfa() | none].
+code_names(_Addresses, _AtomCount) -> erlang:nif_error(nif_not_loaded).
+-spec atom_terms([{non_neg_integer(), non_neg_integer(), non_neg_integer()}],
+                 AtomCount :: non_neg_integer()) -> [mfa() | none].
+atom_terms(_Mfas, _AtomCount) -> erlang:nif_error(nif_not_loaded).

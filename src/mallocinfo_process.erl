@@ -38,7 +38,7 @@
 -export([in_process/3, remote/3, report_local/2]).
 %% Pure, exported for tests.
 -export([verdict/1, binaries/1]).
-%% How a process is named and how a name prints, for the report and the
+%% A process's name and how it prints, for the report, the tracker and the
 %% layers' culprits.
 -export([name/1, name_text/1]).
 
@@ -193,8 +193,31 @@ heap(Pid, Opts) ->
 %% `gen_server' or `gen_statem' loop is asked for the keys (a system
 %% message), and any other bigger one (a hibernated `gen_server2') keeps
 %% its raw initial call, `{proc_lib, init_p, 5}'.
--spec top(non_neg_integer(), memory | heap_waste | binary | message_queue_len | reductions) ->
-          [#{pid := pid(), name := term(), value := non_neg_integer(), by := atom()}].
+%%
+%% `By = native': the processes whose native allocations (malloc and its
+%% siblings, from NIFs, drivers and the VM, made while the process ran)
+%% hold the most live bytes, as the tracker recorded them with their Erlang
+%% context ({@link mallocinfo_trace:sites/2} `by => process'), each row
+%% also with the process's `memory' and `binary' bytes (as `top/2' by those
+%% measures them), so that one list answers "which processes hold the most
+%% memory, of every kind". `[]' without a recording tracker or without the
+%% Erlang context; a process that exited keeps its row while its blocks
+%% live (`memory', `binary' and `name' then `undefined').
+-spec top(non_neg_integer(),
+          memory | heap_waste | binary | message_queue_len | reductions | native) ->
+          [#{pid := pid(), name := term(), value := non_neg_integer(), by := atom(),
+             atom() => term()}].
+top(N, native) when is_integer(N), N >= 0 ->
+    ok = mallocinfo_trace_context:refresh(),
+    case mallocinfo_nif:trace_by_context(N, process) of
+        {ok, Rows, _Without} ->
+            [#{pid => P, name => name(P, ?DEFAULTS), value => Bytes, by => native,
+               count => Count, estimated => Est, memory => value(P, memory),
+               binary => value(P, binary)}
+             || {P, Count, Bytes, Est} <- Rows];
+        {error, _} ->
+            []
+    end;
 top(N, By) when is_integer(N), N >= 0,
                 (By =:= memory orelse By =:= heap_waste orelse By =:= binary orelse
                  By =:= message_queue_len orelse By =:= reductions) ->
@@ -936,6 +959,15 @@ keep_best(_N, V, P, {Size, Tree} = Acc) ->
 %% system message, as for heap/2); any other bigger process gets its raw
 %% initial call ({proc_lib, init_p, 5} for a hibernated gen_server2): on
 %% OTP 25 only, that name depends on size.
+%% @doc A process's name as top/2, heap/2 and the report give it: its
+%% registered name, else its label or `process_name', else its initial
+%% call (see top/2); `undefined' for a process that is gone.
+-spec name(pid()) -> term().
+name(P) when is_pid(P), node(P) =:= node() ->
+    name(P, ?DEFAULTS);
+name(P) ->
+    erlang:error(badarg, [P]).
+
 name(P, O) ->
     case process_info(P, [registered_name, initial_call]) of
         undefined ->
@@ -1014,15 +1046,6 @@ named(Dict, IC) ->
                     IC
             end
     end.
-
-%% @private A process's name as top/2, heap/2, print/2 and the report
-%% name it (the registered name, a label or `process_name', the initial
-%% call: see top/2); `undefined' for a process that is gone.
--spec name(pid()) -> term().
-name(P) when is_pid(P) ->
-    name(P, ?DEFAULTS);
-name(P) ->
-    erlang:error(badarg, [P]).
 
 %% @private How top/2, heap/2, print/2 and the report print a name: after
 %% the pid, in parentheses; nothing for undefined.

@@ -24,8 +24,8 @@
 %%     free-block histogram, tagged allocations by origin from
 %%     `instrument:allocations/0', the largest processes and ETS tables.</li>
 %% <li>`libc': `mallinfo2', per-arena system/in-use/free, arena count and
-%%     `M_ARENA_MAX', the heap map summary when `mallocinfo_heap' is
-%%     there.</li>
+%%     `M_ARENA_MAX', the heap map summary (`mallocinfo_heap:summary/1',
+%%     or why the walk could not run).</li>
 %% <li>`native': the tracker's top call sites and oldest blocks.</li>
 %% <li>`other_allocator': jemalloc or tcmalloc figures when active.</li>
 %% <li>`mappings': on a node preloaded with the tracker recording, its
@@ -67,8 +67,8 @@
 %% sources together, all of them safe on a live node: `instrument' scans
 %% every carrier, the libc summary forks once, the process ranking makes
 %% one `process_info/2' call per process (about 5 s for a million), and
-%% the heap map (when `mallocinfo_heap' is loaded) forks and walks every
-%% arena, bounded by a 10 s timeout. About 250 ms on the demo node.
+%% the heap map forks and walks every arena, bounded by a 10 s timeout.
+%% On the demo node, 260-290 ms plus the heap map's walk (doc/report.md).
 -spec collect() -> report().
 collect() ->
     mallocinfo_report_build:build(gather(#{})).
@@ -318,8 +318,14 @@ culprits_of(Snaps, Interval) ->
     %% make every update a global GC pass; a process of ours would have to
     %% be started and supervised on nodes that never start mallocinfo.
     _ = is_map(This) andalso application:set_env(mallocinfo, ?PREVIOUS, This),
+    %% The processes whose native blocks weigh most (their Erlang context:
+    %% mallocinfo_trace:sites/2 by process), read right after the snapshot.
+    Processes = case guard(fun() -> mallocinfo_trace:sites(5, #{by => process}) end) of
+                    {ok, P} -> P;
+                    _ -> []
+                end,
     #{rollup => Rollup, olds => Olds, growth => Growth, previous_run => Previous,
-      this_run => This}.
+      this_run => This, native_processes => Processes}.
 
 %% What the next report compares with: when, the tracker's live bytes and
 %% the native functions' bytes (the largest 100).

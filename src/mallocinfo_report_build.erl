@@ -348,7 +348,9 @@ native(#{trace_status := #{} = S, olds := Olds,
     Base = maps:with([mode, dropped, table_bytes, stack_bytes, attached, attached_at, self], S),
     Live = #{live_bytes => maps:get(live_bytes, Rollup, maps:get(live_bytes, S, 0)),
              live_entries => maps:get(live_blocks, Rollup, maps:get(live_entries, S, 0))},
-    maps:merge(maps:merge(Base, Live#{olds => Olds}), culprit_view(F, O, Raw));
+    Processes = maps:get(native_processes, Raw, []),
+    maps:merge(maps:merge(Base, Live#{olds => Olds, processes => Processes}),
+               culprit_view(F, O, Raw));
 native(#{trace_status := #{}, rollup := Error}) when not is_map(Error) ->
     unavailable(Error, <<"mallocinfo_trace:snapshot/0 failed">>);
 native(#{trace_status := #{} = S, sites := Sites, olds := Olds})

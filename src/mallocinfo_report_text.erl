@@ -314,11 +314,14 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
      "top functions (live bytes, blocks, stacks, first caller past the allocator):\n",
      case Functions of
          [] -> "  none: no native call site outside the VM holds a live block\n";
-         _ -> [io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
-                             [bytes(B), count(C), count(St),
-                              frame_text(maps:get(frame, F, undefined), 50)])
+         _ -> [[io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
+                              [bytes(B), count(C), count(St),
+                               frame_text(maps:get(frame, F, undefined), 50)]),
+                ["                              called from " ++ callers_text(Erl, B) ++ "\n"
+                 || Erl <- [maps:get(erlang, F, [])], Erl =/= []]]
                || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)]
      end,
+     processes_lines(maps:get(processes, N, [])),
      "top objects (live bytes, blocks, stacks, object):\n",
      case Objects of
          [] -> "  none\n";
@@ -350,6 +353,25 @@ section_native(#{native := N}) ->
      "oldest live blocks (size, age, allocated from):\n",
      [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+%% "m:f/2 (80%), n:g/1 (20%)": the Erlang functions that drove a row's
+%% blocks, with their share of its bytes.
+callers_text(Erl, Total) ->
+    lists:flatten(lists:join(", ", [io_lib:format("~ts (~ts)", [mallocinfo_report_verdicts:mfa_text(Fn),
+                                                               share(B, Total)])
+                                    || {Fn, B} <- Erl])).
+
+share(_, 0) -> "-";
+share(B, Total) -> io_lib:format("~b%", [round(100 * B / Total)]).
+
+processes_lines([]) ->
+    [];
+processes_lines(Rows) ->
+    ["processes holding the most native memory (live bytes, blocks, process; every malloc made\n"
+     "  while they ran, the VM's own on their behalf included):\n",
+     [io_lib:format("  ~10ts ~7ts  ~ts~ts~n", [bytes(B), count(C), pid_to_list(P),
+                                               mallocinfo_process:name_text(Name)])
+      || #{pid := P, name := Name, bytes := B, count := C} <- Rows]].
 
 object_text(undefined) -> "(no stack)";
 object_text(O) -> truncate(name(filename:basename(O)), 57).

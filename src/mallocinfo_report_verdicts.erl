@@ -11,7 +11,7 @@
 
 -export([rules/0, rule/2, verdicts/1]).
 %% What the report's text shares with the sentences.
--export([culprit/1, proc_name/1, resident_parts/1, part_label/1, rss/1]).
+-export([culprit/1, proc_name/1, resident_parts/1, part_label/1, rss/1, mfa_text/1]).
 
 -define(MiB, (1 bsl 20)).
 %% A verdict needs at least this many bytes and this share of RSS.
@@ -94,8 +94,9 @@ rule(native_holder, #{native := #{functions := [#{bytes := B, count := C} = F | 
                            <<"a leak if it keeps growing: mallocinfo:report(#{interval => 60000})"
                              " measures that">>
                    end,
-            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts: ~ts",
-                    [Who, About, bytes(B), About, count(C), From, Tail])}
+            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts~ts: ~ts",
+                    [Who, About, bytes(B), About, count(C), From,
+                     called_from(maps:get(erlang, F, []), B), Tail])}
     end;
 rule(native_growth, #{native := #{growth := #{leak := true, interval_ms := Ms0,
                                               growers := [G | _]} = Growth}}) ->
@@ -416,3 +417,21 @@ tracker_tables_text(B, Reserved, N, R) ->
                 "mallocinfo_trace:reset() gives the live table's pages back, and a smaller "
                 "MALLOCINFO_TABLE_SIZE caps the table", [Head, PerBlock])
     end.
+
+%% @doc An Erlang function as the VM prints it: "module:function/arity".
+-spec mfa_text(#{module := atom(), function := atom(), arity := arity()}) -> string().
+mfa_text(#{module := M, function := F, arity := A}) ->
+    lists:flatten(io_lib:format("~ts:~ts/~b", [atom_to_list(M), atom_to_list(F), A])).
+
+%% ", called from m:f/2 (96%)" (and how many other Erlang functions) for a
+%% roll-up row's Erlang callers; "" when it has none.
+called_from([], _) ->
+    "";
+called_from([{Fn, B} | Rest], Total) ->
+    Share = case Total of 0 -> ""; _ -> io_lib:format(" (~b%)", [round(100 * B / Total)]) end,
+    Others = case Rest of
+                 [] -> "";
+                 [_] -> " and 1 other Erlang function";
+                 _ -> io_lib:format(" and ~b other Erlang functions", [length(Rest)])
+             end,
+    lists:flatten([", called from ", mfa_text(Fn), Share, Others]).

@@ -19,6 +19,7 @@
 
 -export([knobs/0]).
 
+-export_type([process_row/0, function_row/0, erlang_function/0]).
 -export_type([mode/0, frame/0, old/0, site/0, profile_opts/0, snapshot/0, change/0, grower/0,
               rollup/0, mapping/0]).
 
@@ -33,26 +34,39 @@
                  size := non_neg_integer(),
                  age_ms := non_neg_integer(),
                  stack := [frame()],
+                 erlang => [erlang_function()],
                  estimated := boolean()}.
 -type site() :: #{stack := [frame()],
+                  erlang => [erlang_function()],
+                  thread => binary(),
                   count := non_neg_integer(),
                   bytes := non_neg_integer(),
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
 -type label() :: native | erts | self.
+-type process_row() :: #{pid := pid(), name := term(), count := non_neg_integer(),
+                         bytes := non_neg_integer(), estimated := boolean()}.
+-type function_row() :: #{module := atom(), function := atom(), arity := arity(),
+                          count := non_neg_integer(), bytes := non_neg_integer(),
+                          estimated := boolean()}.
 -type snapshot() :: mallocinfo_trace_growth:snapshot().
 -type change() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     count_delta := integer(), bytes_delta := integer(),
                     change := appeared | vanished | changed, estimated := boolean(),
-                    culprit := frame() | undefined, label := label()}.
+                    culprit := frame() | undefined, label := label(),
+                    erlang := [erlang_function()], thread => binary()}.
 -type grower() :: #{stack := [frame()], count := non_neg_integer(), bytes := non_neg_integer(),
                     growth_bytes := pos_integer(), rate := non_neg_integer(),
                     samples := pos_integer(), estimated := boolean(),
-                    culprit := frame() | undefined, label := label()}.
+                    culprit := frame() | undefined, label := label(),
+                    erlang := [erlang_function()], thread => binary()}.
 -type rollup() :: #{label := label(), object := binary() | undefined,
                     function => binary() | undefined, frame => frame(),
                     count := non_neg_integer(), bytes := non_neg_integer(),
-                    stacks := pos_integer(), estimated := boolean()}.
+                    stacks := pos_integer(), estimated := boolean(),
+                    erlang => [{erlang_function(), non_neg_integer()}]}.
+%% An Erlang function of a mixed stack (sites/2 `erlang', innermost first).
+-type erlang_function() :: #{module := atom(), function := atom(), arity := arity()}.
 -type mapping() :: #{stack => [frame()],
                      label => label(), object => binary() | undefined,
                      function => binary() | undefined, frame => frame(),
@@ -154,6 +168,7 @@ olds(N, Opts) when is_integer(N), N >= 0 ->
     #{demangle := D, min_age_ms := Age, min_size := Size} = O =
         options(Opts, [demangle, min_age_ms, min_size, max_age_ms], [N, Opts]),
     MaxAge = min(maps:get(max_age_ms, O, 1 bsl 62), 1 bsl 62),
+    ok = with_context(),
     mallocinfo_nif:trace_olds(N, Age, Size, D, MaxAge);
 olds(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
@@ -189,10 +204,22 @@ sites(N) ->
 %% frames of each stack as it takes to pass its allocator frames. With
 %% `snapshot => S' (a {@link snapshot/0} of this node) the roll-up is of
 %% that snapshot: its rows add up to its `live_bytes' and `live_blocks'.
+%%
+%% `by => process' and `by => erlang_function' need the Erlang context
+%% ({@link attach/0} and a preloaded tracker turn it on where the VM's
+%% layout can be learned, see `status()''s `erlang_context'): the live
+%% blocks by the process that allocated them (rows `pid', `name' as
+%% {@link mallocinfo_process:top/2} names processes, `count', `bytes',
+%% `estimated'), or by the Erlang function that drove the allocation, the
+%% caller of the NIF (rows `module', `function', `arity', `count', `bytes',
+%% `estimated'). Blocks allocated outside a process (other threads, ports,
+%% the VM itself, before the context was on) are in no row. Not with
+%% `snapshot'.
 -spec sites(non_neg_integer() | infinity,
-            opts() | #{by => stack | function | object, snapshot => snapshot(),
-                       demangle => boolean()}) ->
-          {ok, [site()] | [rollup()]} | {error, not_preloaded | not_recording | eagain}.
+            opts() | #{by => stack | function | object | process | erlang_function,
+                       snapshot => snapshot(), demangle => boolean()}) ->
+          {ok, [site()] | [rollup()] | [process_row()] | [function_row()]}
+          | {error, not_preloaded | not_recording | eagain}.
 sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
     {By, Rest0} = take_by(Opts, [N, Opts]),
     {Snap, Rest} = case Rest0 of
@@ -203,11 +230,15 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
                    end,
     #{demangle := D} = options(Rest, [demangle], [N, Opts]),
     case By of
+        _ when By =:= process; By =:= erlang_function ->
+            Snap =:= undefined orelse erlang:error(badarg, [N, Opts]),
+            context_rows(By, N);
         _ when Snap =/= undefined ->
             Raw = [{C, B, E, F} || {F, {C, B, E}} <- maps:to_list(maps:get(sites, Snap))],
             {ok, take(N, mallocinfo_trace_culprits:rollup(By, Raw, D))};
         stack ->
             Limit = case N of infinity -> 1 bsl 62; _ -> N end,
+            ok = with_context(),
             case mallocinfo_nif:trace_sites(Limit, D) of
                 {ok, Sites} ->
                     {ok, [S#{label => mallocinfo_trace_culprits:stack_label(Stack)}
@@ -225,13 +256,38 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
 sites(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
+%% Before a view that names Erlang functions: the Erlang context on (once
+%% per node, mallocinfo_trace_context:ensure/0: a tracker preloaded at
+%% start records it from mallocinfo's first call on) and the NIF's atom
+%% bound fresh.
+with_context() ->
+    _ = mallocinfo_trace_context:ensure(),
+    mallocinfo_trace_context:refresh().
+
 take(infinity, L) -> L;
 take(N, L) -> lists:sublist(L, N).
+
+%% sites/2 by process or by Erlang function: the NIF groups, the names of
+%% the processes are looked up here (the winners' only).
+context_rows(By, N) ->
+    Limit = case N of infinity -> 1 bsl 62; _ -> N end,
+    ok = with_context(),
+    case mallocinfo_nif:trace_by_context(Limit, By) of
+        {ok, Rows, _Without} when By =:= process ->
+            {ok, [#{pid => P, name => mallocinfo_process:name(P), count => C, bytes => B,
+                    estimated => E} || {P, C, B, E} <- Rows]};
+        {ok, Rows, _Without} ->
+            {ok, [#{module => M, function => F, arity => A, count => C, bytes => B,
+                    estimated => E} || {{M, F, A}, C, B, E} <- Rows]};
+        {error, _} = E ->
+            E
+    end.
 
 %% `by' out of sites/2's options (a map or a list), the rest for options/3.
 take_by(Opts, Args) when is_map(Opts) ->
     case maps:take(by, Opts) of
-        {By, Rest} when By =:= stack; By =:= function; By =:= object -> {By, Rest};
+        {By, Rest} when By =:= stack; By =:= function; By =:= object; By =:= process;
+                        By =:= erlang_function -> {By, Rest};
         {_, _} -> erlang:error(badarg, Args);
         error -> {stack, Opts}
     end;
@@ -241,7 +297,8 @@ take_by(Opts, Args) when is_list(Opts) ->
     end,
     case [By || {by, By} <- Opts] of
         [] -> {stack, Opts};
-        [By] when By =:= stack; By =:= function; By =:= object -> {By, Opts -- [{by, By}]};
+        [By] when By =:= stack; By =:= function; By =:= object; By =:= process;
+                  By =:= erlang_function -> {By, Opts -- [{by, By}]};
         _ -> erlang:error(badarg, Args)
     end;
 take_by(_, Args) ->
@@ -272,6 +329,7 @@ snapshot(Opts) when is_map(Opts) ->
                  end, Opts),
     N = maps:get(olds, Opts, 0),
     MaxAge = min(maps:get(max_age_ms, Opts, 1 bsl 62), 1 bsl 62),
+    ok = with_context(),
     case mallocinfo_nif:trace_snapshot(N, MaxAge) of
         {ok, {Mode, Now, Raw, Olds}} ->
             Meta = #{node => node(), os_pid => os:getpid(),
@@ -547,6 +605,7 @@ profile_data(Opts) ->
     erlang:error(badarg, [Opts]).
 
 profile_data(Demangle, SinceNs, Start, Seconds) ->
+    ok = with_context(),
     case mallocinfo_nif:trace_pprof(Demangle, SinceNs) of
         {ok, #{mode := Mode} = Snap} ->
             %% Read after the snapshot, so every object a stack points
@@ -637,9 +696,17 @@ attach(Opts) when is_map(Opts) ->
     Defaults = maps:from_list([{mode, full}
                                | [{K, D} || #{option := K, default := D} <- knobs()]]),
     O = maps:merge(Defaults, Opts),
-    mallocinfo_nif:trace_attach(maps:get(mode, O), maps:get(sample_bytes, O),
-                                maps:get(table_size, O), maps:get(stack_table_size, O),
-                                maps:get(stack_depth, O));
+    case mallocinfo_nif:trace_attach(maps:get(mode, O), maps:get(sample_bytes, O),
+                                     maps:get(table_size, O), maps:get(stack_table_size, O),
+                                     maps:get(stack_depth, O)) of
+        ok ->
+            %% Blocks carry their Erlang context from here on, where the
+            %% VM's layout can be learned (status() says erlang_context).
+            _ = mallocinfo_trace_context:enable(),
+            ok;
+        Error ->
+            Error
+    end;
 attach(Opts) ->
     erlang:error(badarg, [Opts]).
 

@@ -17,18 +17,54 @@
 %% function or the object of their culprits (mallocinfo_trace_growth:rollup/3).
 -spec rollup(function | object, [tuple()], boolean()) -> [map()].
 rollup(By, Raw, Demangle) ->
-    mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, Demangle)).
+    mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, Demangle), callers(Raw)).
+
+%% #{PackedFrames => #{module, function, arity}} for every raw site with
+%% an Erlang context: the Erlang function that drove it, as
+%% `sites(N, #{by => erlang_function})' picks it (the first named return
+%% address on the process's stack, else the running function). The
+%% return addresses of all sites are named in one batch.
+-spec callers([tuple()]) -> #{binary() => map()}.
+callers(Raw) ->
+    Split = [{F, Ctx} || {_, _, _, F} <- Raw,
+                         {_, {process, _, _} = Ctx} <- [mallocinfo_trace_context:split(F)]],
+    case Split of
+        [] ->
+            #{};
+        _ ->
+            Atoms = erlang:system_info(atom_count),
+            Cps = lists:usort([Cp || {_, {process, _, Cs}} <- Split, Cp <- Cs]),
+            Named = maps:from_list(lists:zip(Cps, mallocinfo_nif:code_names(Cps, Atoms))),
+            Mfas = lists:usort([M || {_, {process, M, _}} <- Split, M =/= none]),
+            Running = maps:from_list(lists:zip(Mfas, mallocinfo_trace_context:mfa_terms(Mfas,
+                                                                                        Atoms))),
+            maps:from_list(
+              [{F, fn(Fn)}
+               || {F, {process, M, Cs}} <- Split,
+                  Fn <- [case [N || Cp <- Cs, N <- [maps:get(Cp, Named)], N =/= none] of
+                             [First | _] -> First;
+                             [] when M =/= none -> maps:get(M, Running);
+                             [] -> none
+                         end],
+                  Fn =/= none])
+    end.
+
+fn({M, F, A}) -> #{module => M, function => F, arity => A}.
 
 %% Rows with packed frames get `stack', `culprit' and `label'; their stacks
 %% symbolized in one batch.
 -spec symbolized([map()], boolean()) -> [map()].
 symbolized(Rows, Demangle) ->
-    Stacks = symbolize_stacks([F || #{frames := F} <- Rows], Demangle),
+    Stacks = symbolize_mixed([F || #{frames := F} <- Rows], Demangle),
     [begin
-         Stack = maps:get(F, Stacks),
-         (maps:remove(frames, R))#{stack => Stack,
-                                   culprit => mallocinfo_trace_growth:culprit(Stack),
-                                   label => stack_label(Stack)}
+         {Stack, Erlang, Thread} = maps:get(F, Stacks),
+         R1 = (maps:remove(frames, R))#{stack => Stack, erlang => Erlang,
+                                        culprit => mallocinfo_trace_growth:culprit(Stack),
+                                        label => stack_label(Stack)},
+         case Thread of
+             undefined -> R1;
+             _ -> R1#{thread => Thread}
+         end
      end || #{frames := F} = R <- Rows].
 
 %% A symbolized stack's label: `self' when a frame is in mallocinfo's own
@@ -41,12 +77,18 @@ stack_label(Stack) ->
 %% #{PackedFrames => [frame()]}, one symbolizer batch.
 -spec symbolize_stacks([binary()], boolean()) -> #{binary() => [map()]}.
 symbolize_stacks(FramesList, Demangle) ->
-    Addresses = lists:usort(lists:append([mallocinfo_trace_growth:addresses(F)
-                                          || F <- FramesList])),
-    Symbols = maps:from_list(lists:zip(Addresses,
-                                       mallocinfo_nif:trace_symbolize(Addresses, Demangle))),
-    maps:from_list([{F, [maps:get(A, Symbols) || A <- mallocinfo_trace_growth:addresses(F)]}
-                    || F <- FramesList]).
+    maps:map(fun(_, {Stack, _, _}) -> Stack end, symbolize_mixed(FramesList, Demangle)).
+
+%% #{PackedFrames => {MixedStack, ErlangFunctions, ThreadName | undefined}},
+%% one batch: native frames, then the Erlang context's functions (their
+%% symbol "module:function/arity", their object the module), then the
+%% allocating thread's name (c_src/nif/mixed_stack.h).
+-spec symbolize_mixed([binary()], boolean()) ->
+          #{binary() => {[map()], [map()], binary() | undefined}}.
+symbolize_mixed(FramesList, Demangle) ->
+    Unique = lists:usort(FramesList),
+    ok = mallocinfo_trace_context:refresh(),
+    maps:from_list(lists:zip(Unique, mallocinfo_nif:trace_symbolize_stacks(Unique, Demangle))).
 
 %% #{PackedFrames => {Label, CulpritFrame | undefined}} for every raw site.
 %% Depth by depth: each round symbolizes (in one batch) frame I of every
@@ -60,7 +102,8 @@ culprits(Raw, Demangle) ->
     Ranges = self_ranges(),
     Found = culprit_rounds([{F, 0} || {_, _, _, F} <- Raw], Demangle, #{}, #{}),
     maps:map(fun(F, Frame) ->
-                     Self = Ranges =/= [] andalso in_ranges(F, Ranges),
+                     Self = Ranges =/= [] andalso
+                         in_ranges(mallocinfo_trace_growth:native(F), Ranges),
                      {mallocinfo_trace_growth:label(Frame, Self), Frame}
              end, Found).
 
@@ -70,7 +113,13 @@ culprits(Raw, Demangle) ->
 culprit_rounds([], _, _, Found) ->
     Found;
 culprit_rounds(Pending, Demangle, First, Found0) ->
-    {Done, Live} = lists:partition(fun({F, Off}) -> Off >= byte_size(F) end, Pending),
+    %% A stack's native frames end at its end or at its Erlang context.
+    {Done, Live} = lists:partition(
+                     fun({F, Off}) ->
+                             Off >= byte_size(F) orelse
+                                 byte_size(mallocinfo_trace_growth:native(
+                                             binary:part(F, Off, 8))) =:= 0
+                     end, Pending),
     Found1 = lists:foldl(fun({F, _}, Acc) -> Acc#{F => maps:get(F, First, undefined)} end,
                          Found0, Done),
     Want = lists:usort([frame_at(F, Off) || {F, Off} <- Live]),

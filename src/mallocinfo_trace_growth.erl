@@ -12,7 +12,11 @@
 %% return addresses for as long as its objects stay loaded.
 -module(mallocinfo_trace_growth).
 
--export([snapshot/3, diff/2, growth/1, addresses/1]).
+-export([snapshot/3, diff/2, growth/1, addresses/1, native/1, rollup/4]).
+
+%% The top 16 bits of the header of a stack's Erlang context
+%% (c_src/common/mi_context.h: MI_CONTEXT_MARKER).
+-define(CONTEXT_TAG, 16#E7C0).
 -export([allocator_frame/1, culprit/1, label/2, emulator_object/1, self_object/1,
          rollup/3, rollup_key/2, objects_of/1]).
 
@@ -110,10 +114,27 @@ strictly_up([A, B | Rest]) when B > A -> strictly_up([B | Rest]);
 strictly_up([_]) -> true;
 strictly_up(_) -> false.
 
-%% @doc The return addresses packed in a site's frames.
+%% @doc The native return addresses packed in a site's frames (the words
+%% of its Erlang context, after them, left out).
 -spec addresses(binary()) -> [non_neg_integer()].
 addresses(Frames) ->
-    [A || <<A:64/native>> <= Frames].
+    [A || <<A:64/native>> <= native(Frames)].
+
+%% @doc The native part of packed frames: the words before the header of
+%% their Erlang context (c_src/common/mi_context.h), all of them when they
+%% have none.
+-spec native(binary()) -> binary().
+native(Frames) ->
+    native(Frames, 0).
+
+native(Frames, At) when At + 8 =< byte_size(Frames) ->
+    case Frames of
+        <<_:At/binary, W:64/native, _/binary>> when W bsr 48 =:= ?CONTEXT_TAG ->
+            binary:part(Frames, 0, At);
+        _ -> native(Frames, At + 8)
+    end;
+native(Frames, _) ->
+    Frames.
 
 %%% Culprits ------------------------------------------------------------------
 
@@ -212,21 +233,43 @@ rollup_key(function, {L, #{object := O, address := A}}) -> {L, address, O, A}.
 %% and counts add up to the sites'.
 -spec rollup(function | object, [tuple()], #{binary() => tuple()}) -> [map()].
 rollup(By, Sites, Culprits) ->
+    rollup(By, Sites, Culprits, #{}).
+
+%% @doc rollup/3, each row also with `erlang': the Erlang functions that
+%% drove its blocks, `[{#{module, function, arity}, Bytes}]', most bytes
+%% first, at most three; `Callers' maps a site's frames to its Erlang
+%% function (`none', or no entry, for a site without one).
+-spec rollup(function | object, [tuple()], #{binary() => tuple()},
+             #{binary() => map() | none}) -> [map()].
+rollup(By, Sites, Culprits, Callers) ->
     Rows = lists:foldl(
              fun({C, B, E, Frames}, Acc) ->
                      Cul = maps:get(Frames, Culprits),
                      Key = rollup_key(By, Cul),
+                     Erl = case maps:get(Frames, Callers, none) of
+                               none -> #{};
+                               Fn -> #{Fn => B}
+                           end,
                      case Acc of
-                         #{Key := {C0, B0, E0, N, F}} -> Acc#{Key := {C0 + C, B0 + B, E0 or E, N + 1, F}};
-                         #{} -> Acc#{Key => {C, B, E, 1, element(2, Cul)}}
+                         #{Key := {C0, B0, E0, N, F, Erl0}} ->
+                             Acc#{Key := {C0 + C, B0 + B, E0 or E, N + 1, F,
+                                          maps:merge_with(fun(_, X, Y) -> X + Y end, Erl0, Erl)}};
+                         #{} -> Acc#{Key => {C, B, E, 1, element(2, Cul), Erl}}
                      end
              end, #{}, Sites),
-    Out = [row_map(By, K, V) || {K, V} <- maps:to_list(Rows)],
+    Out = [with_erlang(row_map(By, K, V), element(6, V), Callers) || {K, V} <- maps:to_list(Rows)],
     lists:sort(fun(#{bytes := A} = X, #{bytes := B} = Y) ->
                        A > B orelse (A =:= B andalso X =< Y)
                end, Out).
 
-row_map(By, Key, {C, B, E, N, Frame}) ->
+with_erlang(Row, _, Callers) when map_size(Callers) =:= 0 ->
+    Row;
+with_erlang(Row, Erl, _) ->
+    Sorted = lists:sort(fun({A, X}, {B, Y}) -> X > Y orelse (X =:= Y andalso A =< B) end,
+                        maps:to_list(Erl)),
+    Row#{erlang => lists:sublist(Sorted, 3)}.
+
+row_map(By, Key, {C, B, E, N, Frame, _}) ->
     Base = #{label => element(1, Key), count => C, bytes => B, estimated => E, stacks => N},
     case {By, Frame} of
         {function, undefined} ->

@@ -57,6 +57,9 @@ excluded_modules() ->
                        "checked; EUnit in mallocinfo_files_tests"},
      {mallocinfo_trace_culprits, "@private: the culprit engine and the roll-ups; "
                                  "mallocinfo_trace checks every argument before calling it"},
+     {mallocinfo_trace_context, "@private: the Erlang context's learner and the readers of "
+                                "recorded words; mallocinfo_trace and mallocinfo_process call it "
+                                "with what the NIF gave them; tested by mallocinfo_context_SUITE"},
      {mallocinfo_trace_growth, "@private: the pure parts of growth and roll-ups, exported for "
                                "their EUnit tests; mallocinfo_trace and mallocinfo_report check "
                                "arguments before calling them"},
@@ -264,15 +267,16 @@ cases(S) ->
      {mallocinfo_process, inspect_heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, inspect, [{self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, heap, [{self(), not_pid()}]},
+     {mallocinfo_process, name, [{self(), not_pid()}]},
      {mallocinfo_process, heap, [{self(), not_pid()}, {#{}, ProcOpts}]},
      %% top/2: any count is valid (more than there are processes gives them all).
      {mallocinfo_process, top, [{1, Count -- [1 bsl 64]},
                              {memory, [junk, "memory", <<"memory">>, 1, [a | b]]}]},
+     {mallocinfo_process, top, [{1, Count -- [1 bsl 64]}, {native, ["native", <<"native">>]}]},
      {mallocinfo_process, print, [{self(), not_pid()}]},
      {mallocinfo_process, print, [{self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, in_process, [{state, []}, {#{}, ProcOpts}, {ref, []}]},
      {mallocinfo_process, name_text, [{undefined, []}]},
-     {mallocinfo_process, name, [{self(), not_pid()}]},
      {mallocinfo_process, remote, [{report_local, [junk, inspect, heap, "report_local", 1]},
                                 {self(), not_pid()}, {#{}, ProcOpts}]},
      {mallocinfo_process, report_local, [{self(), not_pid()}, {#{}, ProcOpts}]},

@@ -23,7 +23,8 @@
 extern "C" {
 #endif
 
-#define MI_ABI_VERSION 1u
+/* 2: mi_abi_entry gained `pid' (its stride changed), the Erlang context. */
+#define MI_ABI_VERSION 2u
 #define MI_ABI_SYMBOL "mallocinfo_preload_abi"
 
 /* Recording modes (MALLOCINFO_TRACE). */
@@ -65,6 +66,10 @@ typedef struct mi_abi_entry {
   uint64_t timestamp_ns; /* CLOCK_MONOTONIC_COARSE at allocation */
   uint32_t stack_id;     /* 0: no stack (stack table full or capture failed) */
   uint32_t flags;        /* MI_ENTRY_SAMPLED: recorded by the sampler */
+  /* The Erlang process running on the allocating scheduler thread, as the
+   * VM's pid term (an immediate: never a pointer), or 0 (no Erlang
+   * context: another thread, no process, or context not enabled). */
+  uint64_t pid;
 } mi_abi_entry;
 
 /* The entry was recorded in sample mode: it stands for 1/p(size) blocks,
@@ -107,6 +112,8 @@ typedef struct mi_abi_status {
    * sample mode, the estimate from the sample points that fell on them. */
   uint64_t self_calls;
   uint64_t self_bytes; /* requested bytes */
+  /* 1 once the tracker records the Erlang context (an accepted layout). */
+  uint64_t erlang_context;
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;
@@ -150,6 +157,33 @@ typedef struct mi_attach_status {
   uint64_t data_pointers; /* R_X86_64_64 words holding a hook */
   uint64_t attach_ns;     /* duration of the last attach() */
 } mi_attach_status;
+
+/* --- Erlang context (issue 25) ---
+ * Where the VM keeps what runs on a scheduler thread, as the NIF learned it
+ * from its own calls (word indices, 8-byte words; the NIF checks every one
+ * before handing it over). With it, a recorded allocation on a scheduler
+ * thread carries the running process's pid (mi_abi_entry.pid) and its
+ * stack ends in an Erlang context (mi_context.h): the current function's
+ * {Module, Function, Arity} and the first return addresses of its Erlang
+ * stack; on other threads, the thread's name. */
+#define MI_ERLANG_LAYOUT_VERSION 1u
+typedef struct mi_erlang_layout {
+  uint32_t version;    /* MI_ERLANG_LAYOUT_VERSION */
+  uint32_t key;        /* pthread key whose value is the scheduler data */
+  uint32_t sd_process; /* in the scheduler data: the running Process* */
+  uint32_t sd_env;     /* in the scheduler data: the running NIF's env, 0 outside one */
+  uint32_t sd_shadow;  /* in the scheduler data: a dirty scheduler's shadow
+                          process (its pid word is the process's) */
+  uint32_t env_proc;   /* in the env: the process (or the dirty shadow) */
+  uint32_t p_current;  /* in the Process: ErtsCodeMFA* of the running function */
+  uint32_t p_htop;     /* in the Process: heap top */
+  uint32_t p_stop;     /* in the Process: stack top (it grows down to here) */
+  uint32_t p_heap;     /* in the Process: heap start */
+  uint32_t p_hend;     /* in the Process: heap and stack end */
+  uint32_t max_cps;    /* Erlang return addresses kept, at most MI_CONTEXT_MAX_CPS */
+  uint32_t scan_words; /* stack words read at most to find them */
+  uint32_t reserved;
+} mi_erlang_layout;
 
 /* Receives snapshot entries in batches; ctx is the caller's. */
 typedef void (*mi_abi_sink)(void* ctx, const mi_abi_entry* entries, size_t n);
@@ -261,6 +295,13 @@ typedef struct mi_preload_abi {
    * store to the calling thread's initial-exec TLS: no lock, no malloc;
    * callable from any thread, never from inside a hook. */
   void (*quiet)(int enter);
+
+  /* --- Erlang context (issue 25): check struct_size. ---
+   * Hands the tracker the VM's layout (a copy is kept). 0, or -1 when the
+   * layout is refused (a word index past what the reader allows, a bad
+   * version). The first accepted layout stays: a later one must be equal.
+   * Not for hooks; any thread. */
+  int (*erlang_context)(const mi_erlang_layout* layout, size_t layout_size);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

@@ -1,6 +1,6 @@
 // Limits shared by the interposer, the NIF and the heap walker, and the
 // tracker's size knobs: one table read by the environment parser
-// (preload/init.cpp), the attach NIF's checks (nif/trace_nif.cpp) and the
+// (preload/init.cpp), the attach NIF's checks (nif/trace_control_nif.cpp) and the
 // tracker's defaults. Plain constants, no code: any link unit may include
 // it. The Erlang side's copy (mallocinfo_trace:knobs/0) is checked against
 // this file by test/mallocinfo_limits_tests.erl, which parses the Knob

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdio>
 
-#include "heapwalk.h"
 #include "ptmalloc.h"
 
 namespace mi::heapwalk {

@@ -2,7 +2,7 @@
 // walker. The child (child.cpp) reads its frozen copy of the parent with
 // rd*() and arena_at(): every address it reads was validated first, and a
 // wrong guess faults into the child's handler. The parent's search
-// (find_main_arena() in heapwalk.h) reads the live process and checks what
+// (find_main_arena() below) reads the live process and checks what
 // it cannot trust with process_vm_readv instead. Nothing here allocates.
 #ifndef MALLOCINFO_HEAPWALK_ARENA_PROBE_H
 #define MALLOCINFO_HEAPWALK_ARENA_PROBE_H
@@ -38,5 +38,17 @@ inline uint16_t rd16(uint64_t addr) {
 bool arena_at(const pt::Layout& l, uint64_t addr);
 
 }  // namespace mi::heapwalk::detail
+
+namespace mi::heapwalk {
+
+// Where main_arena lives, found from this process without debug symbols:
+// the 8-byte-aligned spot of libc's writable data whose 127 bin pairs (at
+// layout `l`'s offsets: pt::layout_for(this glibc)) are each either empty
+// (pointing at themselves) or a pair of chunk pointers. 0 when not found.
+// Cached after the first success. Thread-safe. For the parent
+// (heapwalk.cpp), before it forks.
+uint64_t find_main_arena(const pt::Layout& l);
+
+}  // namespace mi::heapwalk
 
 #endif

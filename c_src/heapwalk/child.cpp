@@ -13,8 +13,9 @@
 #include <cstring>
 #include <new>
 
+#include "../common/mi_context.h"
 #include "../common/mi_limits.h"
-#include "../sites/stack_merge.h"
+#include "../sites/abi_read.h"
 #include "arena_probe.h"
 #include "dump_format.h"
 #include "map_array.h"
@@ -52,20 +53,6 @@ struct StackAgg {
   uint64_t bytes;
   uint64_t count;
 };
-
-// The tracker's stacks for mi::sites::canonicalize (ctx: the ABI).
-uint32_t abi_stack(void* abi, uint32_t id, uint64_t* out, uint32_t max) {
-  return static_cast<const mi_preload_abi*>(abi)->stack(id, out, max);
-}
-uint64_t abi_stack_hash(void* abi, uint32_t id) {
-  return static_cast<const mi_preload_abi*>(abi)->stack_hash(id);
-}
-mi::sites::HashStack abi_stack_hasher(const mi_preload_abi* abi) {
-  const bool has =
-      abi->struct_size >= offsetof(mi_preload_abi, stack_hash) + sizeof(abi->stack_hash) &&
-      abi->stack_hash != nullptr;
-  return has ? abi_stack_hash : nullptr;
-}
 
 // The pipe to the parent, for the fault handler.
 volatile int g_reply_fd = -1;
@@ -440,8 +427,7 @@ bool Child::collect_tracker() {
   for (const Live& l : live_)
     if (keys.size() == 0 || keys[keys.size() - 1].id != l.stack)
       keys.push(mi::sites::StackKey{l.stack});
-  mi::sites::canonicalize(keys.begin(), keys.size(), abi_stack, abi_stack_hasher(abi),
-                          const_cast<mi_preload_abi*>(abi));
+  mi::sites::canonicalize(keys.begin(), keys.size(), abi);
   std::sort(keys.begin(), keys.end(),
             [](const mi::sites::StackKey& x, const mi::sites::StackKey& y) { return x.id < y.id; });
   size_t k = 0;
@@ -748,9 +734,14 @@ uint32_t Child::run(ReplyHeader& h) {
   if (h.status == kOk) {
     ok = ok && write_all(reply_fd, c->sums, sizeof(ArenaSummary) * h.n_arenas);
     for (const StackAgg& a : c->chosen) {
-      uint64_t frames[mi::limits::kMaxStackDepth];
-      uint32_t depth = opt.tracker->stack(a.stack, frames, mi::limits::kMaxStackDepth);
-      depth = std::min<uint32_t>(depth, mi::limits::kMaxStackDepth);
+      uint64_t frames[mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS];
+      uint32_t depth =
+          opt.tracker->stack(a.stack, frames, mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS);
+      depth = std::min<uint32_t>(depth, mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS);
+      // The heap map labels sites by their native frames (the Erlang
+      // context that may follow them is the tracker's views' to show).
+      mi_context ctx;
+      depth = std::min<uint32_t>(mi_context_split(frames, depth, &ctx), mi::limits::kMaxStackDepth);
       const ReplySite rs{a.site, depth, a.bytes, a.count};
       ok = ok && write_all(reply_fd, &rs, sizeof rs) &&
            write_all(reply_fd, frames, depth * sizeof(uint64_t));

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "heapwalk.h"
+#include "dump_types.h"
 #include "ptmalloc.h"
 
 namespace mi::heapwalk::detail {

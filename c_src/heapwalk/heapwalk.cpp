@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "../glibc/atomic_file.h"
+#include "arena_probe.h"
 #include "child.h"
 #include "dump_format.h"
 #include "ptmalloc.h"

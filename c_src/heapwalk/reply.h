@@ -12,7 +12,7 @@
 #include <string>
 #include <type_traits>
 
-#include "heapwalk.h"
+#include "dump_types.h"
 
 namespace mi::heapwalk::detail {
 

@@ -6,8 +6,9 @@
 #include "../heapwalk/dump_format.h"
 #include "../heapwalk/heapwalk.h"
 #include "glibc_nif.h"
+#include "stack_terms.h"
 #include "term.h"
-#include "trace_nif.h"
+#include "tracker_abi.h"
 
 namespace mi::nif {
 
@@ -16,38 +17,34 @@ namespace {
 namespace hw = mi::heapwalk;
 namespace hd = mi::heapdump;
 
-ERL_NIF_TERM u64(ErlNifEnv* env, uint64_t v) {
-  return enif_make_uint64(env, v);
-}
-
 ERL_NIF_TERM arena_term(ErlNifEnv* env, const hw::ArenaSummary& a, bool tracker) {
   const uint64_t* k = a.by_kind;
   const uint64_t free_bytes = k[hd::kFree] + k[hd::kFast] + k[hd::kTop];
   MapBuilder m;
-  m.put(atoms.arena, u64(env, a.index))
-      .put(atoms.address, u64(env, a.address))
-      .put(atoms.system_bytes, u64(env, a.system_bytes))
-      .put(atoms.in_use_bytes, u64(env, a.system_bytes - free_bytes))
-      .put(atoms.free_bytes, u64(env, free_bytes))
+  m.put(atoms.arena, make_u64(env, a.index))
+      .put(atoms.address, make_u64(env, a.address))
+      .put(atoms.system_bytes, make_u64(env, a.system_bytes))
+      .put(atoms.in_use_bytes, make_u64(env, a.system_bytes - free_bytes))
+      .put(atoms.free_bytes, make_u64(env, free_bytes))
       .put(atoms.by_kind, MapBuilder()
-                              .put(atoms.in_use, u64(env, k[hd::kInUse]))
-                              .put(atoms.free, u64(env, k[hd::kFree]))
-                              .put(atoms.fast, u64(env, k[hd::kFast]))
-                              .put(atoms.tcache, u64(env, k[hd::kTcache]))
-                              .put(atoms.top, u64(env, k[hd::kTop]))
-                              .put(atoms.meta, u64(env, k[hd::kMeta]))
+                              .put(atoms.in_use, make_u64(env, k[hd::kInUse]))
+                              .put(atoms.free, make_u64(env, k[hd::kFree]))
+                              .put(atoms.fast, make_u64(env, k[hd::kFast]))
+                              .put(atoms.tcache, make_u64(env, k[hd::kTcache]))
+                              .put(atoms.top, make_u64(env, k[hd::kTop]))
+                              .put(atoms.meta, make_u64(env, k[hd::kMeta]))
                               .build(env))
-      .put(atoms.chunks, u64(env, a.chunks))
-      .put(atoms.free_chunks, u64(env, a.free_chunks))
-      .put(atoms.largest_free, u64(env, a.largest_free))
-      .put(atoms.resident_bytes, u64(env, a.resident_bytes))
-      .put(atoms.trimmable_bytes, u64(env, a.trimmable_bytes))
-      .put(atoms.pinned_bytes, u64(env, a.pinned_bytes))
-      .put(atoms.segments, u64(env, a.segments));
+      .put(atoms.chunks, make_u64(env, a.chunks))
+      .put(atoms.free_chunks, make_u64(env, a.free_chunks))
+      .put(atoms.largest_free, make_u64(env, a.largest_free))
+      .put(atoms.resident_bytes, make_u64(env, a.resident_bytes))
+      .put(atoms.trimmable_bytes, make_u64(env, a.trimmable_bytes))
+      .put(atoms.pinned_bytes, make_u64(env, a.pinned_bytes))
+      .put(atoms.segments, make_u64(env, a.segments));
   if (tracker) {
-    m.put(atoms.live_bytes, u64(env, a.live_bytes))
-        .put(atoms.live_chunks, u64(env, a.live_chunks))
-        .put(atoms.unrecorded_bytes, u64(env, a.unrecorded_bytes));
+    m.put(atoms.live_bytes, make_u64(env, a.live_bytes))
+        .put(atoms.live_chunks, make_u64(env, a.live_chunks))
+        .put(atoms.unrecorded_bytes, make_u64(env, a.unrecorded_bytes));
   }
   return m.build(env);
 }
@@ -126,29 +123,29 @@ ERL_NIF_TERM heap_dump(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   for (size_t i = 0; i < r.sites.size(); ++i) {
     const hw::Site& s = r.sites[i];
     sites.push_back(MapBuilder()
-                        .put(atoms.id, u64(env, s.id))
-                        .put(atoms.live_bytes, u64(env, s.live_bytes))
-                        .put(atoms.count, u64(env, s.live_blocks))
+                        .put(atoms.id, make_u64(env, s.id))
+                        .put(atoms.live_bytes, make_u64(env, s.live_bytes))
+                        .put(atoms.count, make_u64(env, s.live_blocks))
                         .put(atoms.label,
                              make_binary(env, i < labels.size() ? labels[i] : site_label(s.frames)))
                         .build(env));
   }
   MapBuilder m;
   m.put(atoms.arenas, enif_make_list_from_array(env, arenas.data(), arenas.size()))
-      .put(atoms.chunks, u64(env, r.chunks))
-      .put(atoms.segments, u64(env, r.segments))
+      .put(atoms.chunks, make_u64(env, r.chunks))
+      .put(atoms.segments, make_u64(env, r.segments))
       // glibc knows how many blocks it mmapped, not where: mmap_* are its own
       // counts (mallinfo2 of the same snapshot), tracked_mmap_* the blocks the
       // walker found through the tracker (mmap.png), a subset.
-      .put(atoms.mmap_chunks, u64(env, r.mallinfo.hblks))
-      .put(atoms.mmap_bytes, u64(env, r.mallinfo.hblkhd))
-      .put(atoms.tracked_mmap_chunks, u64(env, r.mmap_chunks))
-      .put(atoms.tracked_mmap_bytes, u64(env, r.mmap_bytes))
-      .put(atoms.file_bytes, u64(env, r.file_bytes))
+      .put(atoms.mmap_chunks, make_u64(env, r.mallinfo.hblks))
+      .put(atoms.mmap_bytes, make_u64(env, r.mallinfo.hblkhd))
+      .put(atoms.tracked_mmap_chunks, make_u64(env, r.mmap_chunks))
+      .put(atoms.tracked_mmap_bytes, make_u64(env, r.mmap_bytes))
+      .put(atoms.file_bytes, make_u64(env, r.file_bytes))
       .put(atoms.tracker, make_bool(r.tracker))
       .put(atoms.mallinfo, mallinfo_term(env, r.mallinfo))
-      .put(atoms.walk_ms, u64(env, r.walk_ns / 1000000))
-      .put(atoms.fork_us, u64(env, r.fork_ns / 1000))
+      .put(atoms.walk_ms, make_u64(env, r.walk_ns / 1000000))
+      .put(atoms.fork_us, make_u64(env, r.fork_ns / 1000))
       .put(atoms.sites, enif_make_list_from_array(env, sites.data(), sites.size()));
   if (opt.want_info_xml) m.put(atoms.info_xml, make_binary(env, r.info_xml));
   return enif_make_tuple2(env, atoms.ok, m.build(env));

@@ -7,12 +7,18 @@
 
 #include "alloc_nif.h"
 #include "atoms.h"
+#include "erlang_context_nif.h"
 #include "glibc_nif.h"
 #include "heap_nif.h"
 #include "jemalloc_nif.h"
+#include "symbolize_nif.h"
 #include "tcmalloc_nif.h"
 #include "term.h"
-#include "trace_nif.h"
+#include "trace_context_nif.h"
+#include "trace_control_nif.h"
+#include "trace_query_nif.h"
+#include "trace_regions_nif.h"
+#include "tracker_abi.h"
 
 namespace {
 
@@ -40,8 +46,10 @@ ErlNifFunc nif_funcs[] = {
     // Reads /proc/self/statm.
     {"rss", 0, guarded<n::rss>, kIo},
     // Tracker: status sums at most 1024 per-thread counter blocks (~10 us)
-    // with no lock: regular.
-    {"trace_status", 0, guarded<n::trace_status>, 0},
+    // with no lock, but until an interposer is found each call looks for
+    // one (dlsym, dlopen(RTLD_NOLOAD): the loader's lock, which a slow
+    // dlopen holds): dirty I/O, as every call that may look.
+    {"trace_status", 0, guarded<n::trace_status>, kIo},
     // set_mode(off) and reset walk the whole live table (and reset then
     // runs a reclamation sweep).
     {"trace_set_mode", 1, guarded<n::trace_set_mode>, kCpu},
@@ -78,6 +86,24 @@ ErlNifFunc nif_funcs[] = {
     // The symbolizer's counters: takes its mutex, which a resolve holds
     // while it parses an object's symbol table from disk.
     {"trace_symbolizer_stats", 0, guarded<n::trace_symbolizer_stats>, kIo},
+    // The Erlang context's probe must run on each kind of scheduler to
+    // learn it: on a normal one it reads a few hundred words through
+    // process_vm_readv (well under a millisecond), never a lock.
+    {"ectx_probe", 1, guarded<n::ectx_probe>, 0},
+    {"ectx_probe_dirty", 1, guarded<n::ectx_probe>, kCpu},
+    // Takes the tracker's layout mutex (never held by a hook).
+    {"ectx_enable", 1, guarded<n::ectx_enable>, kCpu},
+    // Reads /proc/self/maps and code memory.
+    {"code_names", 2, guarded<n::code_names>, kIo},
+    // A list as long as the caller's: dirty.
+    {"atom_terms", 2, guarded<n::atom_terms>, kCpu},
+    // One atomic store.
+    {"ectx_atoms", 1, guarded<n::ectx_atoms>, 0},
+    // Walks the live table, reads /proc/self/maps and code memory.
+    {"trace_by_context", 2, guarded<n::trace_by_context>, kCpu},
+    // Symbolizes (object files from disk, the symbolizer's mutex) and reads
+    // /proc/self/maps.
+    {"trace_symbolize_stacks", 2, guarded<n::trace_symbolize_stacks>, kIo},
     // Forks, then waits for the child's walk of every arena and its file
     // writes (seconds on a big heap).
     {"heap_dump", 4, guarded<n::heap_dump>, kIo},

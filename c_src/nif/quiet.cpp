@@ -6,11 +6,13 @@ namespace mi::nif {
 
 std::atomic<QuietFn> g_quiet{nullptr};
 
+bool has_quiet(const mi_preload_abi* abi) {
+  return abi->struct_size >= offsetof(mi_preload_abi, quiet) + sizeof(abi->quiet);
+}
+
 namespace {
 QuietFn quiet_of(const mi_preload_abi* abi) {
-  if (abi == nullptr || abi->struct_size < offsetof(mi_preload_abi, quiet) + sizeof(abi->quiet))
-    return nullptr;
-  return abi->quiet;
+  return abi != nullptr && has_quiet(abi) ? abi->quiet : nullptr;
 }
 }  // namespace
 

@@ -25,6 +25,10 @@ using QuietFn = void (*)(int enter);
 // interposer from before it).
 extern std::atomic<QuietFn> g_quiet;
 
+// Whether `abi` (checked, non-null) has the quiet block: quiet() and the
+// self_* counters of its status and region status. Never allocates.
+bool has_quiet(const mi_preload_abi* abi);
+
 // Remembers abi's quiet entry point (when it has one). Thread-safe; never
 // allocates.
 void learn_quiet(const mi_preload_abi* abi);

@@ -40,6 +40,16 @@ uint64_t get_u64(ErlNifEnv* env, ERL_NIF_TERM t) {
   return v;
 }
 
+std::vector<uint64_t> get_u64_list(ErlNifEnv* env, ERL_NIF_TERM t) {
+  unsigned len;
+  if (!enif_get_list_length(env, t, &len)) throw BadArg{};
+  std::vector<uint64_t> out;
+  out.reserve(len);
+  ERL_NIF_TERM head;
+  while (enif_get_list_cell(env, t, &head, &t)) out.push_back(get_u64(env, head));
+  return out;
+}
+
 int get_int(ErlNifEnv* env, ERL_NIF_TERM t) {
   int v;
   if (!enif_get_int(env, t, &v)) throw BadArg{};

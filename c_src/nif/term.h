@@ -49,9 +49,14 @@ inline ERL_NIF_TERM make_bool(bool b) {
 
 ERL_NIF_TERM make_binary(ErlNifEnv* env, std::string_view bytes);
 
+inline ERL_NIF_TERM make_u64(ErlNifEnv* env, uint64_t v) {
+  return enif_make_uint64(env, v);
+}
+
 // Decoders: throw BadArg when the term is not of the expected type.
 std::string get_path(ErlNifEnv* env, ERL_NIF_TERM t);  // binary without NUL bytes
 uint64_t get_u64(ErlNifEnv* env, ERL_NIF_TERM t);
+std::vector<uint64_t> get_u64_list(ErlNifEnv* env, ERL_NIF_TERM t);  // a proper list
 int get_int(ErlNifEnv* env, ERL_NIF_TERM t);
 std::string get_atom(ErlNifEnv* env, ERL_NIF_TERM t);
 

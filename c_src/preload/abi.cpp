@@ -38,6 +38,12 @@ int abi_set_mode(uint32_t mode) {
   return change_mode(mode) ? 0 : -1;
 }
 
+int abi_erlang_context(const mi_erlang_layout* layout, size_t layout_size) {
+  if (layout == nullptr || layout_size < sizeof(mi_erlang_layout) || !ensure_init() || !g_recording)
+    return -1;
+  return g_tracker.set_erlang_layout(*layout) ? 0 : -1;
+}
+
 void abi_quiet(int enter) {
   if (enter != 0)
     ++t_quiet;
@@ -53,9 +59,12 @@ uint64_t abi_snapshot(mi_abi_sink sink, void* ctx) {
   mi_abi_entry batch[kBatch];
   size_t n = 0;
   const uint64_t total = g_tracker.for_each_live([&](const mi::track::LiveEntry& e) {
-    batch[n++] =
-        mi_abi_entry{e.address, e.size, e.timestamp_ns, e.stack_id & ~mi::track::kSampledBit,
-                     (e.stack_id & mi::track::kSampledBit) != 0 ? MI_ENTRY_SAMPLED : 0u};
+    batch[n++] = mi_abi_entry{e.address,
+                              e.size,
+                              e.timestamp_ns,
+                              e.stack_id & ~mi::track::kSampledBit,
+                              (e.stack_id & mi::track::kSampledBit) != 0 ? MI_ENTRY_SAMPLED : 0u,
+                              e.pid};
     if (n == kBatch) {
       sink(ctx, batch, n);
       n = 0;
@@ -121,6 +130,8 @@ constexpr mi_preload_abi kAbi = {
     abi_regions,
     // mallocinfo's own work
     abi_quiet,
+    // Erlang context
+    abi_erlang_context,
 };
 
 }  // namespace

@@ -31,8 +31,8 @@
 #include <cstring>
 
 #include "../common/mi_abi.h"
-#include "../track/elf_relocs.h"
 #include "attach.h"
+#include "elf_relocs.h"
 #include "map_runtime.h"
 #include "runtime.h"
 
@@ -40,12 +40,6 @@ extern "C" char __ehdr_start;
 
 namespace mi::preload {
 namespace {
-
-using mi::track::ElfWalk;
-using mi::track::LoadedObject;
-using mi::track::RelocSlot;
-using mi::track::SlotAccess;
-using mi::track::SlotKind;
 
 // Indexes 0..MI_FN_COUNT-1 follow enum mi_fn; dlopen comes next, then the
 // mmap family (issue 14: an attached node sees mappings too).
@@ -140,8 +134,7 @@ Action classify(const LoadedObject& obj, const RelocSlot& s, uintptr_t value) {
   if (value == g_target[s.name_index]) return Action::kPatch;
   // A lazy PLT slot not called yet holds its own PLT stub; the hook
   // forwards to the target the resolver would have found.
-  if (s.kind == SlotKind::kJumpSlot && mi::track::object_contains(obj, value))
-    return Action::kPatch;
+  if (s.kind == SlotKind::kJumpSlot && object_contains(obj, value)) return Action::kPatch;
   // dlopen may be bound to libdl's compatibility wrapper: any dlopen does.
   if (s.name_index == kDlopen && s.kind != SlotKind::kAbs64) return Action::kPatch;
   // Bound elsewhere (RTLD_DEEPBIND, an object still being relocated by a
@@ -163,7 +156,7 @@ long g_fail_after = -1;
 int store_slot(const LoadedObject& obj, uintptr_t address, uintptr_t value, size_t page) {
   if (g_fail_after == 0) return EACCES;
   if (g_fail_after > 0) --g_fail_after;
-  const SlotAccess access = mi::track::slot_access(obj, address, page);
+  const SlotAccess access = slot_access(obj, address, page);
   if (access == SlotAccess::kReadOnly) return EACCES;
   void* const pg = reinterpret_cast<void*>(address & ~(page - 1));
   if (access == SlotAccess::kRelro && ::mprotect(pg, page, PROT_READ | PROT_WRITE) != 0)
@@ -220,7 +213,7 @@ void fail(Walk& w, const char* what, const char* object) {
 
 bool skipped(const LoadedObject& obj) {
   for (uintptr_t a : g_skip)
-    if (a != 0 && mi::track::object_contains(obj, a)) return true;
+    if (a != 0 && object_contains(obj, a)) return true;
   return false;
 }
 
@@ -254,7 +247,7 @@ void on_slot(void* ctx, const RelocSlot& s) {
     return;
   }
   if (a != Action::kPatch) return;
-  if (mi::track::slot_access(*w.obj, s.address, w.page) == SlotAccess::kReadOnly) {
+  if (slot_access(*w.obj, s.address, w.page) == SlotAccess::kReadOnly) {
     ++w.foreign;
     return;
   }
@@ -285,11 +278,10 @@ void on_slot(void* ctx, const RelocSlot& s) {
 // released another thread may dlclose it.
 int on_object(dl_phdr_info* info, size_t, void* ctx) {
   Walk& w = *static_cast<Walk*>(ctx);
-  const LoadedObject obj = mi::track::loaded_object(*info);
+  const LoadedObject obj = loaded_object(*info);
   const bool main_exe = w.first;
   w.first = false;
-  if (main_exe && w.pass == Pass::kCheck &&
-      mi::track::object_contains(obj, g_target[MI_FN_MALLOC])) {
+  if (main_exe && w.pass == Pass::kCheck && object_contains(obj, g_target[MI_FN_MALLOC])) {
     // The executable has its own malloc: its calls to it are not
     // relocated, so most of its allocations could not be seen.
     fail(w, "static_allocator", "");
@@ -298,7 +290,7 @@ int on_object(dl_phdr_info* info, size_t, void* ctx) {
   if (skipped(obj)) return 0;
   w.obj = &obj;
   w.obj_touched = w.obj_hooked = false;
-  const ElfWalk r = mi::track::find_reloc_slots(obj, kName, kNames, on_slot, &w);
+  const ElfWalk r = find_reloc_slots(obj, kName, kNames, on_slot, &w);
   if (r == ElfWalk::kUnknownLayout && w.pass == Pass::kCheck) fail(w, "elf_layout", obj.name);
   if (w.obj_touched) ++w.objects;
   if (w.obj_hooked) ++w.hooked_objects;

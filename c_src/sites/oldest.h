@@ -4,6 +4,7 @@
 //
 // Linked into the NIF and the Catch2 tests. Allocates k entries up front
 // (std::bad_alloc is the NIF's {error, enomem}); offer() never allocates.
+// A collector belongs to one thread at a time.
 #ifndef MALLOCINFO_SITES_OLDEST_H
 #define MALLOCINFO_SITES_OLDEST_H
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "abi_read.h"
 
 namespace mi::sites {
 
@@ -25,6 +27,23 @@ class Oldest {
   Oldest(size_t k, uint64_t born_after, uint64_t born_before, uint64_t min_size)
       : k_(k), after_(born_after), before_(born_before), min_size_(min_size) {
     heap_.reserve(k);
+  }
+
+  // The collector of the k oldest blocks (k capped at 2^20) whose age at
+  // now_ns, in whole ms as age_ms() counts it (abi_read.h), lies in
+  // [min_age_ms, max_age_ms], of at least min_size bytes. Blocks allocated
+  // after now_ns (while the snapshot streams) are 0 ms old. No bound
+  // overflows, whatever the arguments.
+  static Oldest by_age(uint64_t k, uint64_t now_ns, uint64_t min_age_ms, uint64_t max_age_ms,
+                       uint64_t min_size) {
+    constexpr uint64_t kMs = 1000000;
+    // age_ms(now, ts) <= max_age  <=>  ts > now - (max_age + 1) ms
+    const uint64_t span = max_age_ms >= UINT64_MAX / kMs - 1 ? UINT64_MAX : (max_age_ms + 1) * kMs;
+    const uint64_t after = now_ns > span ? now_ns - span + 1 : 0;
+    // age_ms(now, ts) >= min_age  <=>  ts <= now - min_age ms
+    uint64_t before = UINT64_MAX;
+    if (min_age_ms > 0) before = min_age_ms > now_ns / kMs ? 0 : now_ns - min_age_ms * kMs;
+    return Oldest(static_cast<size_t>(std::min<uint64_t>(k, 1 << 20)), after, before, min_size);
   }
 
   void offer(const mi_abi_entry& e) {

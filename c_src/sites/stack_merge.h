@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../common/mi_context.h"
 #include "../common/mi_limits.h"
 
 namespace mi::sites {
@@ -34,8 +35,9 @@ struct StackKey {
   uint64_t hash = 0;       // of the frames; 0 for an unknown stack
 };
 
-// Frames read per stack: the deepest stack the tracker keeps.
-inline constexpr uint32_t kMaxFrames = mi::limits::kMaxStackDepth;
+// Words read per stack: the deepest stack the tracker keeps, and the
+// Erlang context that may follow its frames (common/mi_context.h).
+inline constexpr uint32_t kMaxFrames = mi::limits::kMaxStackDepth + MI_CONTEXT_MAX_WORDS;
 
 // For keys[0..n) with distinct ids, sets each canonical to the smallest id
 // among those whose stack has the same frames, or 0 when its stack is

@@ -23,6 +23,7 @@
 #include "../heapwalk/dump_format.h"
 #include "../heapwalk/heapwalk.h"
 #include "../heapwalk/ptmalloc.h"
+#include "fake_tracker.h"
 #include "scratch_targets.h"
 
 namespace hw = mi::heapwalk;
@@ -438,49 +439,20 @@ TEST_CASE("dumps stay consistent while other threads allocate", "[glibc][heapwal
   b.join();
 }
 
-namespace {
-
-// A tracker ABI with canned live entries and stacks: ids 7 and 9 are two
-// copies of one stack (as racing threads store them), 8 another stack,
-// 99 a stack freed since the snapshot.
-std::vector<mi_abi_entry> g_fake_entries;
-std::map<uint32_t, std::vector<uint64_t>> g_fake_stacks = {
-    {7, {0x1000, 0x2000, 0x3000}}, {8, {0x4000, 0x5000}}, {9, {0x1000, 0x2000, 0x3000}}};
-
-void fake_status(mi_abi_status* out, size_t size) {
-  mi_abi_status s{};
-  s.mode = MI_MODE_FULL;
-  s.recording = 1;
-  s.live_entries = g_fake_entries.size();
-  std::memcpy(out, &s, std::min(size, sizeof s));
-}
-uint64_t fake_snapshot(mi_abi_sink sink, void* ctx) {
-  sink(ctx, g_fake_entries.data(), g_fake_entries.size());
-  return g_fake_entries.size();
-}
-uint32_t fake_stack(uint32_t id, uint64_t* frames, uint32_t max) {
-  auto it = g_fake_stacks.find(id);
-  if (it == g_fake_stacks.end()) return 0;
-  for (uint32_t i = 0; i < max && i < it->second.size(); ++i) frames[i] = it->second[i];
-  return static_cast<uint32_t>(it->second.size());
-}
-
-}  // namespace
-
 TEST_CASE("heap map sites: one site per call stack, whatever its ids", "[glibc][heapwalk]") {
   std::vector<void*> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(std::malloc(100 + 100 * i));
+  // Ids 7 and 9 are two copies of one stack (as racing threads store
+  // them), 8 another stack, 99 a stack freed since the snapshot.
+  mi::test::FakeTracker fake;
+  fake.hashes = false;
+  fake.stacks = {
+      {7, {0x1000, 0x2000, 0x3000}}, {8, {0x4000, 0x5000}}, {9, {0x1000, 0x2000, 0x3000}}};
   const uint32_t ids[] = {7, 9, 8, 99};
-  g_fake_entries.clear();
   for (int i = 0; i < 4; ++i)
-    g_fake_entries.push_back(mi_abi_entry{reinterpret_cast<uint64_t>(blocks[i]),
-                                          static_cast<uint64_t>(100 + 100 * i), 0, ids[i], 0});
-  mi_preload_abi abi{};
-  abi.abi_version = MI_ABI_VERSION;
-  abi.struct_size = sizeof abi;
-  abi.status = fake_status;
-  abi.snapshot = fake_snapshot;
-  abi.stack = fake_stack;
+    fake.entries.push_back(mi_abi_entry{reinterpret_cast<uint64_t>(blocks[i]),
+                                        static_cast<uint64_t>(100 + 100 * i), 0, ids[i], 0, 0});
+  const mi_preload_abi abi = fake.abi();
   hw::DumpOptions o;
   o.tracker = &abi;
   hw::DumpResult r;

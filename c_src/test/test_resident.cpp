@@ -4,13 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "../glibc/resident.h"
+#include "catch.h"
 
 using namespace mi::mem;
 

@@ -11,9 +11,12 @@
 #include <vector>
 #include "catch.h"
 
+#include "../common/mi_sampling.h"
 #include "../track/tracker.h"
+#include "track_fixture.h"
 
 using namespace mi::track;
+using mi::test::status_of;
 
 namespace {
 
@@ -26,12 +29,6 @@ uint64_t zero_clock() {
 }
 size_t real_usable(void* p) {
   return ::malloc_usable_size(p);
-}
-
-mi_abi_status status_of(const Tracker& t) {
-  mi_abi_status s{};
-  t.status(&s);
-  return s;
 }
 
 // What the interposer's hooks do around the real calls (preload/hooks.cpp),
@@ -266,8 +263,8 @@ TEST_CASE("full and sample mode: what reset() and mode switches forget counts as
     t.for_each_live([&](const LiveEntry& e) {
       expected += mode == MI_MODE_FULL
                       ? e.size
-                      : static_cast<uint64_t>(std::llround(static_cast<double>(e.size) /
-                                                           sample_probability(e.size, 4096)));
+                      : static_cast<uint64_t>(std::llround(
+                            static_cast<double>(e.size) / mi::sampling::probability(e.size, 4096)));
     });
     CHECK(s.bytes_allocated - s.bytes_freed == expected);
     if (mode == MI_MODE_FULL) CHECK(s.live_entries == 2000);
@@ -345,7 +342,7 @@ TEST_CASE("sample mode: counters are the sample's estimates and balance", "[trac
   uint64_t weighted = 0, weighted_calls = 0;
   t.for_each_live([&](const LiveEntry& e) {
     REQUIRE((e.stack_id & kSampledBit) != 0);
-    const double p = sample_probability(e.size, c.sample_bytes);
+    const double p = mi::sampling::probability(e.size, c.sample_bytes);
     est_calls += 1 / p;
     weighted += static_cast<uint64_t>(std::llround(static_cast<double>(e.size) / p));
     weighted_calls += static_cast<uint64_t>(std::llround(1 / p));

@@ -32,7 +32,8 @@ void LiveTable::destroy() {
   bytes_ = 0;
 }
 
-bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id) {
+bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
+                       uint64_t pid) {
   const size_t h = home(address);
   for (size_t i = 0; i < kWindow; ++i) {
     Slot& s = slots_[(h + i) & mask_];
@@ -52,6 +53,7 @@ bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, u
     s.size.store(size, std::memory_order_release);
     s.ts.store(timestamp_ns, std::memory_order_release);
     s.stack.store(stack_id, std::memory_order_release);
+    s.pid.store(pid, std::memory_order_release);
     // Even sequence before the key: the next owner claims the slot by CAS
     // on the key, and must then read this even number, or it would start
     // from an odd one and leave the slot's parity flipped for good.
@@ -69,6 +71,7 @@ void LiveTable::release_slot(Slot& s, size_t home_index, LiveEntry* out) {
     out->size = s.size.load(std::memory_order_relaxed);
     out->timestamp_ns = s.ts.load(std::memory_order_relaxed);
     out->stack_id = s.stack.load(std::memory_order_relaxed);
+    out->pid = s.pid.load(std::memory_order_relaxed);
   }
   s.seq.store(q + 2, std::memory_order_release);  // before the key: see insert()
   s.key.store(kTomb, std::memory_order_release);
@@ -105,6 +108,7 @@ bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
       out->size = s.size.load(std::memory_order_acquire);
       out->timestamp_ns = s.ts.load(std::memory_order_acquire);
       out->stack_id = s.stack.load(std::memory_order_acquire);
+      out->pid = s.pid.load(std::memory_order_acquire);
       const uint32_t q2 = s.seq.load(std::memory_order_relaxed);
       if (q1 == q2) {
         if (k <= kBusy) return false;

@@ -1,4 +1,4 @@
-// The live table: one 32-byte slot per recorded live block, keyed by
+// The live table: one 40-byte slot per recorded live block, keyed by
 // address, open addressing with linear probing bounded to kWindow slots.
 //
 // Concurrency: lock-free. Any number of threads insert and remove while any
@@ -34,6 +34,7 @@ struct LiveEntry {
   uint64_t size;
   uint64_t timestamp_ns;
   uint32_t stack_id;  // bit 31: kSampledBit; bits 0-30: the stack's id
+  uint64_t pid;       // the Erlang process that allocated it (mi_abi_entry.pid), or 0
 };
 
 // Set in LiveEntry::stack_id when the block was recorded by the sampler, so
@@ -52,7 +53,8 @@ class LiveTable {
 
   // Records a live block. False when the probe window is full. Precondition:
   // `address` is not already in the table (the allocator just returned it).
-  bool insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id);
+  bool insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
+              uint64_t pid = 0);
   // Removes `address` if present, copying its entry to *out. False if absent.
   bool remove(uint64_t address, LiveEntry* out);
 
@@ -95,8 +97,9 @@ class LiveTable {
     std::atomic<uint64_t> ts;
     std::atomic<uint32_t> stack;
     std::atomic<uint32_t> seq;  // odd while a writer owns the slot's fields
+    std::atomic<uint64_t> pid;
   };
-  static_assert(sizeof(Slot) == 32, "a live entry costs 32 bytes");
+  static_assert(sizeof(Slot) == 40, "a live entry costs 40 bytes");
 
   static constexpr uint64_t kEmpty = 0;
   static constexpr uint64_t kTomb = 1;

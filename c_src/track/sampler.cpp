@@ -28,9 +28,4 @@ int64_t sampler_next_interval(SamplerState& s, uint64_t mean) {
   return static_cast<int64_t>(x);
 }
 
-double sample_probability(uint64_t size, uint64_t mean) {
-  if (mean == 0) return 1.0;
-  return -std::expm1(-static_cast<double>(size) / static_cast<double>(mean));
-}
-
 }  // namespace mi::track

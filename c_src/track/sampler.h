@@ -3,7 +3,8 @@
 // `mean` bytes, so an allocation of n bytes is sampled with probability
 // p(n) = 1 - exp(-n / mean), independently of everything else. Weighting a
 // sampled block by 1/p(n) (count) and n/p(n) (bytes) gives unbiased
-// estimates of the live population (weight() below).
+// estimates of the live population: that estimator is
+// common/mi_sampling.h's, shared with the readers.
 //
 // SamplerState belongs to one thread. Never allocates; no locks.
 #ifndef MALLOCINFO_TRACK_SAMPLER_H
@@ -30,13 +31,11 @@ inline bool sampler_hit(SamplerState& s, uint64_t size, uint64_t mean) {
   s.bytes_until_sample -= static_cast<int64_t>(size);
   if (s.bytes_until_sample > 0) return false;
   // Several sample points may fall inside one large block: it is still one
-  // sample, weighted by weight() (which accounts for that probability).
+  // sample, weighted by mi::sampling::weight() (which accounts for that
+  // probability).
   s.bytes_until_sample = sampler_next_interval(s, mean);
   return true;
 }
-
-// Probability that a block of `size` bytes is sampled.
-double sample_probability(uint64_t size, uint64_t mean);
 
 }  // namespace mi::track
 

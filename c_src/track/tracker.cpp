@@ -1,10 +1,13 @@
 #include "tracker.h"
 
 #include <sched.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "../common/mi_sampling.h"
 #include "os_mem.h"
 
 namespace mi::track {
@@ -31,6 +34,17 @@ inline void unpin_taken(ThreadState* ts) {
     ts->pending.store(0, std::memory_order_release);
 }
 
+// A thread's name is read again after this many of its records.
+constexpr uint32_t kNameRefresh = 4096;
+
+const void* scheduler_data(uint32_t key) {
+  return ::pthread_getspecific(static_cast<pthread_key_t>(key));
+}
+
+bool prctl_name(char out[16]) {
+  return ::prctl(PR_GET_NAME, out, 0, 0, 0) == 0;
+}
+
 // Rounds of pin_id: each failed round means a sweep started meanwhile.
 constexpr int kPinRounds = 4;
 
@@ -48,10 +62,9 @@ struct Weight {
   uint64_t calls, bytes;
 };
 Weight weight_of(uint64_t size, uint64_t mean) {
-  const double p = sample_probability(size, mean);
-  if (!(p > 0)) return {1, size};
-  return {static_cast<uint64_t>(std::llround(1.0 / p)),
-          static_cast<uint64_t>(std::llround(static_cast<double>(size) / p))};
+  const mi::sampling::Weight w = mi::sampling::weight(size, mean);
+  return {static_cast<uint64_t>(std::llround(w.count)),
+          static_cast<uint64_t>(std::llround(w.bytes))};
 }
 
 }  // namespace
@@ -75,7 +88,8 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
   unwind_ = unwind;
   clock_ = clock;
   if (!table_.init(config_.table_capacity)) return false;
-  if (!stacks_.init(config_.stack_capacity, config_.stack_depth)) {
+  // Room for an Erlang context after the native frames (erlang_context.h).
+  if (!stacks_.init(config_.stack_capacity, config_.stack_depth + MI_CONTEXT_MAX_WORDS)) {
     table_.destroy();
     return false;
   }
@@ -180,10 +194,47 @@ bool Tracker::set_mode(uint32_t mode) {
   return true;
 }
 
-uint32_t Tracker::capture(ThreadState* ts) {
-  uintptr_t buf[kMaxStackDepth + 8];
+bool Tracker::set_erlang_layout(const mi_erlang_layout& layout, SchedulerDataFn sd,
+                                ThreadNameFn name) {
+  if (!erlang_layout_valid(layout)) return false;
+  ::pthread_mutex_lock(&erlang_lock_);
+  bool ok = true;
+  if (erlang_on_.load(std::memory_order_relaxed)) {
+    ok = std::memcmp(&erlang_, &layout, sizeof layout) == 0;
+  } else {
+    erlang_ = layout;
+    sd_fn_ = sd != nullptr ? sd : scheduler_data;
+    name_fn_ = name != nullptr ? name : prctl_name;
+    erlang_on_.store(true, std::memory_order_release);
+  }
+  ::pthread_mutex_unlock(&erlang_lock_);
+  return ok;
+}
+
+const uint64_t* Tracker::thread_name(ThreadState* ts) {
+  if (ts->shared != 0) return nullptr;
+  if (ts->name_left == 0) {
+    char raw[16] = {};
+    if (!name_fn_(raw)) raw[0] = '\0';
+    raw[15] = '\0';
+    normalize_thread_name(raw, ts->name);
+    ts->name_left = kNameRefresh;
+  }
+  --ts->name_left;
+  return ts->name;
+}
+
+uint32_t Tracker::capture(ThreadState* ts, uint64_t* pid) {
+  uintptr_t buf[kMaxStackDepth + 8 + MI_CONTEXT_MAX_WORDS];
   size_t skip = 0;
-  const size_t keep = unwind_here(ts, buf, &skip);
+  size_t keep = unwind_here(ts, buf, &skip);
+  *pid = 0;
+  if (erlang_on_.load(std::memory_order_acquire)) {
+    static_assert(sizeof(uintptr_t) == sizeof(uint64_t), "stack words are 64-bit");
+    keep += capture_erlang_context(erlang_, sd_fn_, thread_name(ts),
+                                   reinterpret_cast<uint64_t*>(buf + skip + keep), pid,
+                                   ts->shared != 0 ? nullptr : &ts->context);
+  }
   return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
 }
 
@@ -231,7 +282,8 @@ uint32_t Tracker::pin_id(std::atomic<uint32_t>* pin, uint32_t id, uint32_t e,
     // (the stamp must precede the next pending store), or, if the sweep
     // freed it already, intern it again.
     e = now;
-    if (!stacks_.hold(id, e)) id = recapture != nullptr ? capture(recapture) : 0;
+    uint64_t pid = 0;  // the entry keeps the pid of the first capture
+    if (!stacks_.hold(id, e)) id = recapture != nullptr ? capture(recapture, &pid) : 0;
   }
   pin->store(0, std::memory_order_relaxed);
   stacks_lost_.fetch_add(1, std::memory_order_relaxed);
@@ -255,7 +307,8 @@ void Tracker::leave_table(ThreadState* ts) {
 bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool sampled) {
   std::atomic<uint32_t>* pin = pending_slot(ts);
   const uint32_t e = stacks_.epoch();
-  uint32_t id = capture(ts);
+  uint64_t pid = 0;
+  uint32_t id = capture(ts, &pid);
   if (test_hook_ != nullptr) [[unlikely]]
     test_hook_(TestPoint::kInterned, test_ctx_);
   if (pin != nullptr && id != 0) [[likely]] {
@@ -277,7 +330,8 @@ bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   int inserted = -1;  // -1 not tried, else whether it fit
   if (enter_table(ts)) {
     if (sampled || mode_.load(std::memory_order_seq_cst) == MI_MODE_FULL)
-      inserted = table_.insert(address, size, clock_(), id | (sampled ? kSampledBit : 0u)) ? 1 : 0;
+      inserted =
+          table_.insert(address, size, clock_(), id | (sampled ? kSampledBit : 0u), pid) ? 1 : 0;
     leave_table(ts);
   }
   if (inserted == 1) {
@@ -452,7 +506,9 @@ void Tracker::restore(const LiveEntry& e) {
     entry.stack_id &= kSampledBit;
   int inserted = -1;  // -1 not tried (reset() closed the table), else whether it fit
   if (enter_table(ts)) {
-    inserted = table_.insert(entry.address, entry.size, entry.timestamp_ns, entry.stack_id) ? 1 : 0;
+    inserted =
+        table_.insert(entry.address, entry.size, entry.timestamp_ns, entry.stack_id, entry.pid) ? 1
+                                                                                                : 0;
     leave_table(ts);
   }
   if (inserted == 1) {
@@ -532,6 +588,7 @@ void Tracker::status(mi_abi_status* out) const {
   s.stack_sweeps = sweeps_.load(std::memory_order_relaxed);
   s.stack_generations = stacks_.gen_period();
   s.sample_bytes = config_.sample_bytes;
+  s.erlang_context = erlang_on_.load(std::memory_order_acquire) ? 1 : 0;
   uint64_t inserts = 0, insert_bytes = 0, removes = 0, remove_bytes = 0;
   for (size_t i = 0; i < nstates_; ++i) {
     const ThreadState& t = states_[i];

@@ -108,6 +108,7 @@
 
 #include "../common/mi_abi.h"
 #include "../common/mi_limits.h"
+#include "erlang_context.h"
 #include "live_table.h"
 #include "sampler.h"
 #include "stack_table.h"
@@ -139,6 +140,9 @@ using UnwindFn = size_t (*)(UnwindCache* cache, uintptr_t* out, size_t max);
 using ClockFn = uint64_t (*)();
 // The next allocator's malloc_usable_size (never called with nullptr).
 using UsableFn = size_t (*)(void*);
+// The calling thread's name into out (16 bytes, NUL-terminated); false
+// when it cannot be read. Hook-safe (the interposer's is one prctl call).
+using ThreadNameFn = bool (*)(char out[16]);
 
 // Bytes this thread may still allocate before its next sample point (sample
 // mode's hot path: one subtraction on initial-exec TLS, see sample_due).
@@ -173,6 +177,14 @@ struct alignas(64) ThreadState {
   // The stack id this thread is about to insert (or re-insert) into the
   // live table, 0 when none; read by sweeps. Not used by the shared state.
   std::atomic<uint32_t> pending;
+  // The thread's name as context words (erlang_context.h), read again
+  // every kNameRefresh records (a thread may be named after it started):
+  // recorded on threads that are not schedulers. Owned states only.
+  uint64_t name[2];
+  uint32_t name_left;
+  // The last Erlang context captured on this thread (erlang_context.h).
+  // Owned states only.
+  ContextCache context;
 };
 
 // Where a test can stop a recording thread (Tracker::set_test_hook).
@@ -199,6 +211,15 @@ class Tracker {
   // The next allocator's malloc_usable_size: the byte counters then count
   // usable bytes (see the top of this file). Set before recording starts.
   void set_usable_size(UsableFn f) { usable_ = f; }
+
+  // The Erlang context (erlang_context.h): from the first accepted layout
+  // on, every recorded stack ends in the allocating thread's context and
+  // every entry carries its process's pid. False for an invalid layout, or
+  // one different from the layout already in use. Thread-safe; not for
+  // hooks. `sd` and `name` are the test seams (nullptr: the real ones).
+  bool set_erlang_layout(const mi_erlang_layout& layout, SchedulerDataFn sd = nullptr,
+                         ThreadNameFn name = nullptr);
+  bool erlang_context_on() const { return erlang_on_.load(std::memory_order_acquire); }
 
   uint32_t mode() const { return mode_.load(std::memory_order_relaxed); }
   // Switching to MI_MODE_OFF or MI_MODE_COUNTERS forgets the live table
@@ -370,7 +391,11 @@ class Tracker {
   // count_call for a thread without a state yet, or on the shared one.
   [[gnu::noinline, gnu::cold]] void count_call_slow(mi_fn fn, bool freed, uint64_t bytes);
   static void release_state(void* p);
-  uint32_t capture(ThreadState* ts);
+  // Interns the calling thread's stack (with its Erlang context when on);
+  // *pid gets the context's pid, or 0.
+  uint32_t capture(ThreadState* ts, uint64_t* pid);
+  // The calling thread's name words, or nullptr (the shared state).
+  const uint64_t* thread_name(ThreadState* ts);
   // The calling thread's stack into buf (kMaxStackDepth + 8 slots): returns
   // how many frames to keep from buf[*skip] (the interposer's own frames
   // skipped, at most stack_depth). Hook-safe: no lock, no malloc.
@@ -455,6 +480,12 @@ class Tracker {
   std::atomic<uint64_t> stale_{0};
   TestHook test_hook_ = nullptr;
   void* test_ctx_ = nullptr;
+  // The Erlang context: written once, before erlang_on_ is released.
+  std::atomic<bool> erlang_on_{false};
+  mi_erlang_layout erlang_{};
+  SchedulerDataFn sd_fn_ = nullptr;
+  ThreadNameFn name_fn_ = nullptr;
+  pthread_mutex_t erlang_lock_ = PTHREAD_MUTEX_INITIALIZER;
   // Clears that could not give the pages back (a thread stayed in the table).
   std::atomic<uint64_t> unreleased_clears_{0};
 };

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "../../common/mi_abi.h"
-#include "../../track/elf_relocs.h"
+#include "../../preload/elf_relocs.h"
 #include "../catch.h"
 
 extern "C" {
@@ -68,7 +68,7 @@ const Preload& preload() {
 
 struct Slot {
   uintptr_t address;
-  mi::track::SlotKind kind;
+  mi::preload::SlotKind kind;
   uintptr_t value;
 };
 
@@ -85,9 +85,9 @@ std::vector<Slot> slots_of(const char* lib, const char* name) {
         Ctx& c = *static_cast<Ctx*>(p);
         if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, c.lib) == nullptr) return 0;
         const char* names[] = {c.name};
-        mi::track::find_reloc_slots(
-            mi::track::loaded_object(*info), names, 1,
-            [](void* q, const mi::track::RelocSlot& s) {
+        mi::preload::find_reloc_slots(
+            mi::preload::loaded_object(*info), names, 1,
+            [](void* q, const mi::preload::RelocSlot& s) {
               static_cast<std::vector<Slot>*>(q)->push_back(
                   Slot{s.address, s.kind, *reinterpret_cast<uintptr_t*>(s.address)});
             },
@@ -175,7 +175,8 @@ TEST_CASE("attach: slots of lazy and -z now objects, dlopen after attach, detach
   REQUIRE(!now_before.empty());
   bool lazy_unresolved = false;
   for (const Slot& s : lazy_before)
-    if (s.kind == mi::track::SlotKind::kJumpSlot && s.value != real_malloc) lazy_unresolved = true;
+    if (s.kind == mi::preload::SlotKind::kJumpSlot && s.value != real_malloc)
+      lazy_unresolved = true;
   CHECK(lazy_unresolved);
   for (const Slot& s : now_before) CHECK(s.value == real_malloc);
   CHECK(reinterpret_cast<uintptr_t>(now_malloc_ref()) == real_malloc);

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-namespace mi::track {
+namespace mi::preload {
 
 namespace {
 
@@ -184,4 +184,4 @@ SlotAccess slot_access(const LoadedObject& obj, uintptr_t addr, size_t page_size
   return SlotAccess::kReadOnly;
 }
 
-}  // namespace mi::track
+}  // namespace mi::preload

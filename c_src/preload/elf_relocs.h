@@ -1,23 +1,24 @@
 // Reading the dynamic relocations of an object already loaded in this
 // process: which words the dynamic linker filled with the address of a
-// given symbol (PLT slots, GOT slots, absolute data pointers). Used by
-// attach (preload/attach.cpp) to redirect the malloc family without
-// LD_PRELOAD; kept free of any patching so Catch2 can test it alone.
+// given symbol (PLT slots, GOT slots, absolute data pointers). Used only by
+// attach (attach.cpp) to redirect the malloc family without LD_PRELOAD;
+// kept free of any patching so the attach tests (test/attach/) can link
+// it alone.
 //
 // Everything here only reads memory the loader keeps mapped for the
 // object's lifetime (PT_DYNAMIC, the symbol and string tables, the
 // relocation tables). Thread-safe, never allocates, never locks: callers
 // may use it inside a dl_iterate_phdr callback. The caller keeps the object
 // loaded meanwhile (holding the loader's list lock, as dl_iterate_phdr does).
-#ifndef MALLOCINFO_TRACK_ELF_RELOCS_H
-#define MALLOCINFO_TRACK_ELF_RELOCS_H
+#ifndef MALLOCINFO_PRELOAD_ELF_RELOCS_H
+#define MALLOCINFO_PRELOAD_ELF_RELOCS_H
 
 #include <link.h>
 
 #include <cstddef>
 #include <cstdint>
 
-namespace mi::track {
+namespace mi::preload {
 
 // One loaded object, as dl_iterate_phdr describes it.
 struct LoadedObject {
@@ -69,6 +70,6 @@ bool object_contains(const LoadedObject& obj, uintptr_t addr);
 enum class SlotAccess { kWritable, kRelro, kReadOnly };
 SlotAccess slot_access(const LoadedObject& obj, uintptr_t addr, size_t page_size);
 
-}  // namespace mi::track
+}  // namespace mi::preload
 
 #endif

@@ -1,0 +1,408 @@
+// Catch2 tests for the Erlang context a hook reads (track/erlang_context.h)
+// and its encoding at the end of a stack (common/mi_context.h), on fake VM
+// structures laid out as a mi_erlang_layout says: the reader must take what
+// checks out and stop, without reading further, at what does not.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../common/mi_context.h"
+#include "../track/erlang_context.h"
+#include "../track/tracker.h"
+
+using mi::track::capture_erlang_context;
+using mi::track::erlang_layout_valid;
+using mi::track::normalize_thread_name;
+
+namespace {
+
+constexpr uint64_t kPid = (12345ull << 4) | 0x3;
+// Atom terms: index << 6 | 0x0B.
+constexpr uint64_t atom(uint64_t index) {
+  return (index << 6) | 0x0B;
+}
+
+// One scheduler's worth of fake VM memory.
+struct FakeVm {
+  uint64_t sd[64] = {};
+  uint64_t proc[64] = {};
+  uint64_t shadow[8] = {};
+  uint64_t env[8] = {};
+  uint64_t mfa[3] = {atom(100), atom(200), 2};
+  std::vector<uint64_t> heap = std::vector<uint64_t>(1024, 0);
+  mi_erlang_layout layout{};
+
+  FakeVm() {
+    layout.version = MI_ERLANG_LAYOUT_VERSION;
+    layout.key = 4;
+    layout.sd_process = 21;
+    layout.sd_env = 26;
+    layout.sd_shadow = 27;
+    layout.env_proc = 1;
+    layout.p_current = 58;
+    layout.p_htop = 10;
+    layout.p_stop = 11;
+    layout.p_heap = 24;
+    layout.p_hend = 25;
+    layout.max_cps = 4;
+    layout.scan_words = 64;
+    proc[0] = kPid;
+    shadow[0] = kPid;
+    sd[21] = addr(proc);
+    sd[27] = addr(shadow);
+    sd[26] = addr(env);
+    env[1] = addr(proc);
+    proc[58] = addr(mfa);
+    // Heap [0, 100) used, stack from word 1000 to the end.
+    uint64_t* h = heap.data();
+    proc[24] = addr(h);
+    proc[10] = addr(h + 100);
+    proc[11] = addr(h + 1000);
+    proc[25] = addr(h + 1024);
+    // The stack: a y register (a small integer), a frame pointer into the
+    // stack, a CP, a boxed term, a CP, an atom, two more CPs, a fifth.
+    const uint64_t stack[] = {(7ull << 4) | 0xF, addr(h + 1010),    0x7f0000001000ull,
+                              addr(h + 8) | 2,   0x7f0000002000ull, atom(5),
+                              0x7f0000003000ull, 0x7f0000004000ull, 0x7f0000005000ull};
+    std::memcpy(h + 1000, stack, sizeof stack);
+  }
+  static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+};
+
+FakeVm* g_vm = nullptr;
+bool g_not_a_scheduler = false;  // this thread has no scheduler data
+const void* fake_sd(uint32_t key) {
+  return !g_not_a_scheduler && key == g_vm->layout.key ? g_vm->sd : nullptr;
+}
+
+struct Captured {
+  std::vector<uint64_t> words;
+  uint64_t pid = 0;
+  mi_context ctx{};
+};
+
+Captured capture(const uint64_t* name = nullptr) {
+  Captured c;
+  uint64_t out[MI_CONTEXT_MAX_WORDS];
+  const unsigned n = capture_erlang_context(g_vm->layout, fake_sd, name, out, &c.pid);
+  REQUIRE(n <= MI_CONTEXT_MAX_WORDS);
+  // As it will be stored: after two native frames.
+  c.words = {0x401000, 0x402000};
+  c.words.insert(c.words.end(), out, out + n);
+  const uint32_t native =
+      mi_context_split(c.words.data(), static_cast<uint32_t>(c.words.size()), &c.ctx);
+  CHECK(native == (n == 0 ? c.words.size() : 2u));
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("erlang context: a process in a NIF call gives pid, function and return addresses",
+          "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  const Captured c = capture();
+  CHECK(c.pid == kPid);
+  REQUIRE(c.ctx.kind == MI_CONTEXT_PROCESS);
+  REQUIRE(c.ctx.mfa == 3);
+  CHECK(c.ctx.words[0] == atom(100));
+  CHECK(c.ctx.words[1] == atom(200));
+  CHECK(c.ctx.words[2] == 2);
+  // The frame pointer, the boxed term and the immediates are not CPs; at
+  // most max_cps are kept, innermost first.
+  REQUIRE(c.ctx.cps == 4);
+  CHECK(c.ctx.words[3] == 0x7f0000001000ull);
+  CHECK(c.ctx.words[4] == 0x7f0000002000ull);
+  CHECK(c.ctx.words[5] == 0x7f0000003000ull);
+  CHECK(c.ctx.words[6] == 0x7f0000004000ull);
+  g_vm = nullptr;
+}
+
+TEST_CASE("erlang context: the per-thread cache answers as a fresh capture, never stale",
+          "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  mi::track::ContextCache cache{};
+  auto with_cache = [&] {
+    std::vector<uint64_t> out(MI_CONTEXT_MAX_WORDS);
+    uint64_t pid = 0;
+    const unsigned n =
+        capture_erlang_context(vm.layout, fake_sd, nullptr, out.data(), &pid, &cache);
+    out.resize(n);
+    out.push_back(pid);
+    return out;
+  };
+  auto fresh = [&] {
+    std::vector<uint64_t> out(MI_CONTEXT_MAX_WORDS);
+    uint64_t pid = 0;
+    const unsigned n = capture_erlang_context(vm.layout, fake_sd, nullptr, out.data(), &pid);
+    out.resize(n);
+    out.push_back(pid);
+    return out;
+  };
+  const std::vector<uint64_t> first = with_cache();
+  REQUIRE(cache.scanned != 0);  // kept
+  CHECK(with_cache() == first);
+  CHECK(with_cache() == fresh());
+  // Another caller at the same depth: a return address changed.
+  vm.heap[1002] = 0x7f0000009000ull;
+  CHECK(with_cache() == fresh());
+  CHECK(with_cache() != first);
+  // Another process in the same struct: its pid.
+  vm.proc[0] = (43ull << 4) | 0x3;
+  const std::vector<uint64_t> other = with_cache();
+  CHECK(other.back() == vm.proc[0]);
+  CHECK(other == fresh());
+  // The stack grew (a deeper call): a new scan.
+  vm.proc[11] = FakeVm::addr(vm.heap.data() + 999);
+  vm.heap[999] = 0x7f000000a000ull;
+  CHECK(with_cache() == fresh());
+  g_vm = nullptr;
+}
+
+TEST_CASE("erlang context: a dirty scheduler's env points at the shadow process",
+          "[erlang_context]") {
+  FakeVm vm;
+  vm.env[1] = FakeVm::addr(vm.shadow);
+  g_vm = &vm;
+  const Captured c = capture();
+  CHECK(c.pid == kPid);
+  CHECK(c.ctx.kind == MI_CONTEXT_PROCESS);
+  CHECK(c.ctx.mfa == 3);
+  CHECK(c.ctx.cps == 4);
+  g_vm = nullptr;
+}
+
+TEST_CASE("erlang context: outside a NIF call, or with an env of another process, only the pid",
+          "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  vm.sd[26] = 0;  // no NIF running: the stack may be stale
+  Captured c = capture();
+  CHECK(c.pid == kPid);
+  CHECK(c.ctx.kind == MI_CONTEXT_PROCESS);
+  CHECK(c.ctx.mfa == 0);
+  CHECK(c.ctx.cps == 0);
+  vm.sd[26] = FakeVm::addr(vm.env);
+  uint64_t other[4] = {kPid + 16};
+  vm.env[1] = FakeVm::addr(other);
+  c = capture();
+  CHECK(c.pid == kPid);
+  CHECK(c.ctx.mfa == 0);
+  CHECK(c.ctx.cps == 0);
+  vm.env[1] = 0;  // a null shadow never matches a null word
+  vm.sd[27] = 0;
+  c = capture();
+  CHECK(c.ctx.mfa == 0);
+  g_vm = nullptr;
+}
+
+TEST_CASE("erlang context: what does not check out is left out", "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  SECTION("no process: a scheduler context, no pid") {
+    vm.sd[21] = 0;
+    const Captured c = capture();
+    CHECK(c.pid == 0);
+    CHECK(c.ctx.kind == MI_CONTEXT_SCHEDULER);
+  }
+  SECTION("a misaligned process pointer is not followed") {
+    vm.sd[21] = FakeVm::addr(vm.proc) + 4;
+    const Captured c = capture();
+    CHECK(c.pid == 0);
+    CHECK(c.ctx.kind == MI_CONTEXT_SCHEDULER);
+  }
+  SECTION("a first word that is not a pid") {
+    vm.proc[0] = atom(1);
+    const Captured c = capture();
+    CHECK(c.pid == 0);
+    CHECK(c.ctx.kind == MI_CONTEXT_SCHEDULER);
+  }
+  SECTION("a current function that is not three words of M, F, A") {
+    vm.mfa[1] = 42;
+    Captured c = capture();
+    CHECK(c.ctx.mfa == 0);
+    CHECK(c.ctx.cps == 4);
+    vm.mfa[1] = atom(200);
+    vm.mfa[2] = 300;
+    c = capture();
+    CHECK(c.ctx.mfa == 0);
+  }
+  SECTION("stack pointers out of order: no return addresses") {
+    vm.proc[11] = vm.proc[25] + 8;  // stop past hend
+    const Captured c = capture();
+    CHECK(c.ctx.mfa == 3);
+    CHECK(c.ctx.cps == 0);
+  }
+  SECTION("the scan stops at hend and at scan_words") {
+    vm.layout.scan_words = 3;
+    Captured c = capture();
+    CHECK(c.ctx.cps == 1);  // words 0-2: only the first CP
+    vm.layout.scan_words = 64;
+    vm.proc[11] = vm.proc[25] - 8;  // one word of stack, a zero: nothing past hend is read
+    c = capture();
+    CHECK(c.ctx.cps == 0);
+  }
+  g_vm = nullptr;
+}
+
+TEST_CASE("erlang context: another thread gives its name, or nothing", "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  g_not_a_scheduler = true;
+  uint64_t name[2];
+  normalize_thread_name("erts_async_12", name);
+  Captured c = capture(name);
+  CHECK(c.pid == 0);
+  REQUIRE(c.ctx.kind == MI_CONTEXT_THREAD);
+  REQUIRE(c.ctx.names == 2);
+  char text[17] = {};
+  std::memcpy(text, c.ctx.words, 16);
+  CHECK(std::string(text) == "erts_async_*");
+  c = capture(nullptr);
+  CHECK(c.ctx.kind == 0);
+  CHECK(c.words.size() == 2);
+  g_not_a_scheduler = false;
+  g_vm = nullptr;
+}
+
+TEST_CASE("thread names: a trailing number becomes *", "[erlang_context]") {
+  auto norm = [](const char* in) {
+    uint64_t w[2];
+    normalize_thread_name(in, w);
+    char text[17] = {};
+    std::memcpy(text, w, 16);
+    return std::string(text);
+  };
+  CHECK(norm("erts_async_3") == "erts_async_*");
+  CHECK(norm("my_pool") == "my_pool");
+  CHECK(norm("1234") == "1234");  // all digits: kept
+  CHECK(norm("") == "");
+  CHECK(norm("a_very_long_thread_name_99") == "a_very_long_thr");  // 15 bytes kept
+  CHECK(norm("pool7") == "pool*");
+}
+
+TEST_CASE("mixed stacks: the header is found by value and malformed ones are native frames",
+          "[erlang_context]") {
+  mi_context ctx;
+  const uint64_t plain[] = {0x401000, 0x402000, 0x403000};
+  CHECK(mi_context_split(plain, 3, &ctx) == 3);
+  CHECK(ctx.kind == 0);
+  const uint64_t mixed[] = {0x401000, mi_context_header(MI_CONTEXT_PROCESS, 3, 1, 0),
+                            atom(1),  atom(2),
+                            0,        0x7f0000001000ull};
+  CHECK(mi_context_split(mixed, 6, &ctx) == 1);
+  CHECK(ctx.kind == MI_CONTEXT_PROCESS);
+  CHECK(ctx.words == mixed + 2);
+  // Counts that do not match the words that follow: no context.
+  CHECK(mi_context_split(mixed, 5, &ctx) == 5);
+  CHECK(ctx.kind == 0);
+  const uint64_t bad_kind[] = {0x401000, mi_context_header(9, 0, 0, 0)};
+  CHECK(mi_context_split(bad_kind, 2, &ctx) == 2);
+  const uint64_t only_header[] = {mi_context_header(MI_CONTEXT_SCHEDULER, 0, 0, 0)};
+  CHECK(mi_context_split(only_header, 1, &ctx) == 0);
+  CHECK(ctx.kind == MI_CONTEXT_SCHEDULER);
+}
+
+TEST_CASE("erlang layouts: indices and sizes are bounded", "[erlang_context]") {
+  FakeVm vm;
+  CHECK(erlang_layout_valid(vm.layout));
+  mi_erlang_layout l = vm.layout;
+  l.version = 0;
+  CHECK_FALSE(erlang_layout_valid(l));
+  l = vm.layout;
+  l.p_hend = mi::track::kMaxLayoutWord + 1;
+  CHECK_FALSE(erlang_layout_valid(l));
+  l = vm.layout;
+  l.max_cps = MI_CONTEXT_MAX_CPS + 1;
+  CHECK_FALSE(erlang_layout_valid(l));
+  l = vm.layout;
+  l.key = 5000;
+  CHECK_FALSE(erlang_layout_valid(l));
+}
+
+// --- The tracker records it ---------------------------------------------------
+
+namespace {
+
+size_t three_frames(mi::track::UnwindCache*, uintptr_t* out, size_t max) {
+  const uintptr_t frames[] = {0x401000, 0x402000, 0x403000};
+  size_t n = 0;
+  for (; n < 3 && n < max; ++n) out[n] = frames[n];
+  return n;
+}
+uint64_t zero_clock() {
+  return 0;
+}
+bool test_name(char out[16]) {
+  std::strcpy(out, "nif_pool_7");
+  return true;
+}
+
+std::vector<uint64_t> frames_of(const mi::track::Tracker& t, uint32_t id) {
+  uint64_t words[mi::track::kMaxStackDepth + MI_CONTEXT_MAX_WORDS];
+  const unsigned n = t.stack(id, words, static_cast<unsigned>(std::size(words)));
+  return std::vector<uint64_t>(words, words + n);
+}
+
+}  // namespace
+
+TEST_CASE("tracker: with a layout, entries carry the pid and stacks end in the context",
+          "[erlang_context][track]") {
+  using mi::track::Tracker;
+  Tracker t;
+  mi::track::Config c;
+  c.table_capacity = 4096;
+  c.stack_capacity = 256;
+  REQUIRE(t.init(c, three_frames, zero_clock));
+  // Before a layout: plain stacks, no pid.
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x10000), 100);
+  FakeVm vm;
+  g_vm = &vm;
+  mi_erlang_layout bad = vm.layout;
+  bad.max_cps = 99;
+  CHECK_FALSE(t.set_erlang_layout(bad, fake_sd, test_name));
+  CHECK_FALSE(t.erlang_context_on());
+  REQUIRE(t.set_erlang_layout(vm.layout, fake_sd, test_name));
+  CHECK(t.erlang_context_on());
+  CHECK(t.set_erlang_layout(vm.layout, fake_sd, test_name));  // the same again: fine
+  mi_erlang_layout other = vm.layout;
+  other.p_current = 59;
+  CHECK_FALSE(t.set_erlang_layout(other, fake_sd, test_name));  // a different one: refused
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x20000), 200);
+  g_not_a_scheduler = true;
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x30000), 300);
+  t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(0x30100), 300);
+  g_not_a_scheduler = false;
+  g_vm = nullptr;
+
+  std::map<uint64_t, mi::track::LiveEntry> live;
+  t.for_each_live([&](const mi::track::LiveEntry& e) { live[e.address] = e; });
+  REQUIRE(live.size() == 4);
+  CHECK(live[0x10000].pid == 0);
+  CHECK(live[0x20000].pid == kPid);
+  CHECK(live[0x30000].pid == 0);
+  mi_context ctx;
+  std::vector<uint64_t> f = frames_of(t, live[0x10000].stack_id);
+  CHECK(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(ctx.kind == 0);
+  f = frames_of(t, live[0x20000].stack_id);
+  REQUIRE(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(f[0] == 0x401000);
+  CHECK(ctx.kind == MI_CONTEXT_PROCESS);
+  CHECK(ctx.mfa == 3);
+  CHECK(ctx.cps == 4);
+  // Two allocations of one pool's thread: one stack, named by the pool.
+  CHECK(live[0x30000].stack_id == live[0x30100].stack_id);
+  f = frames_of(t, live[0x30000].stack_id);
+  REQUIRE(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(ctx.kind == MI_CONTEXT_THREAD);
+  char name[17] = {};
+  std::memcpy(name, ctx.words, 16);
+  CHECK(std::string(name) == "nif_pool_*");
+  t.destroy();
+}

@@ -1,0 +1,205 @@
+// Catch2 tests for the tracker's stack table (track/stack_table):
+// deduplication, stable ids, parked and concurrent writers (duplicates the
+// readers merge), reclaimed and revived slots.
+#include "catch.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "../track/stack_table.h"
+#include "track_fixture.h"
+
+using namespace mi::track;
+using namespace mi::test;
+
+TEST_CASE("stack table deduplicates and keeps ids stable", "[track][stacks]") {
+  StackTable st;
+  REQUIRE(st.init(1000, 8));
+  const uintptr_t a[] = {1, 2, 3};
+  const uintptr_t b[] = {1, 2, 4};
+  const uintptr_t deep[] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+  const uint32_t ia = st.intern(a, 3);
+  const uint32_t ib = st.intern(b, 3);
+  CHECK(ia != 0);
+  CHECK(ib != 0);
+  CHECK(ia != ib);
+  CHECK(st.intern(a, 3) == ia);
+  CHECK(st.intern(a, 2) != ia);  // a prefix is another stack
+  CHECK(st.intern(a, 0) == 0);
+  CHECK(st.count() == 3);
+  uint64_t out[16];
+  REQUIRE(st.get(ia, out, 16) == 3);
+  CHECK((out[0] == 1 && out[1] == 2 && out[2] == 3));
+  // Deeper than the table's depth: truncated to it.
+  const uint32_t id = st.intern(deep, 10);
+  CHECK(st.get(id, out, 16) == 8);
+  CHECK(out[7] == 2);
+  CHECK(st.get(0, out, 16) == 0);
+  CHECK(st.get(999999, out, 16) == 0);
+  st.destroy();
+}
+
+TEST_CASE("stack table: a writer parked past the spin limit makes a duplicate readers merge",
+          "[track][stacks][concurrency]") {
+  StackTable st;
+  REQUIRE(st.init(1024, 8));
+  const uintptr_t s[] = {0x11, 0x22, 0x33};
+  Parking parking;
+  st.set_park_hook(&Parking::hook, &parking);
+  uint32_t parked_id = 0;
+  std::thread writer([&] { parked_id = st.intern(s, 3); });
+  parking.wait_parked();
+  // The writer holds the slot s hashes to, mid-write. With no spinning
+  // allowed, the second interner cannot wait for it: it stores s again.
+  st.set_park_hook(nullptr, nullptr);
+  st.set_spin_limit(0);
+  const uint32_t second = st.intern(s, 3);
+  parking.release();
+  writer.join();
+  REQUIRE(parked_id != 0);
+  REQUIRE(second != 0);
+  CHECK(second != parked_id);
+  CHECK(st.count() == 2);
+  CHECK(frames_of(st, second) == frames_of(st, parked_id));
+  // Readers merge the two ids into one call site, the smaller id, whether
+  // they hash the frames themselves or use the table's hashes.
+  for (const bool table_hashes : {true, false}) {
+    const auto canon = canonical_ids(st, {parked_id, second}, table_hashes);
+    CHECK(canon.at(parked_id) == std::min(parked_id, second));
+    CHECK(canon.at(second) == std::min(parked_id, second));
+  }
+  // Once published, the stack is found again: no third copy.
+  CHECK(st.intern(s, 3) == std::min(parked_id, second));
+  CHECK(st.count() == 2);
+  st.destroy();
+}
+
+TEST_CASE("stack table: with a generous spin limit every thread gets the parked writer's id",
+          "[track][stacks][concurrency]") {
+  StackTable st;
+  REQUIRE(st.init(1024, 8));
+  st.set_spin_limit(UINT32_MAX);
+  const uintptr_t s[] = {0x44, 0x55, 0x66, 0x77};
+  Parking parking;
+  st.set_park_hook(&Parking::hook, &parking);
+  uint32_t parked_id = 0;
+  std::thread writer([&] { parked_id = st.intern(s, 4); });
+  parking.wait_parked();
+  st.set_park_hook(nullptr, nullptr);
+  constexpr int kThreads = 4;
+  std::vector<uint32_t> ids(kThreads, 0);
+  std::vector<std::thread> others;
+  for (int t = 0; t < kThreads; ++t) others.emplace_back([&, t] { ids[t] = st.intern(s, 4); });
+  // Whether they arrive while the writer is parked (and wait for it) or
+  // after it published, every thread must find the writer's copy.
+  parking.release();
+  writer.join();
+  for (auto& t : others) t.join();
+  REQUIRE(parked_id != 0);
+  for (uint32_t id : ids) CHECK(id == parked_id);
+  CHECK(st.count() == 1);
+  st.destroy();
+}
+
+TEST_CASE("stack table: concurrent interning of the same stacks", "[track][stacks][concurrency]") {
+  // Two threads intern the same 2000 stacks in the same order. Without
+  // spinning, each stack may be stored twice: up to 4000 copies, so the
+  // table has room for four times that (at 98% full, as 4096 slots would
+  // be, a probe window can be all taken and a stack dropped: a fresh-clone
+  // TSan run saw it).
+  for (const uint32_t limit : {UINT32_MAX, 0u}) {
+    StackTable st;
+    REQUIRE(st.init(16384, 4));
+    st.set_spin_limit(limit);
+    std::vector<uint32_t> ids[2];
+    auto work = [&](int w) {
+      for (uintptr_t i = 1; i <= 2000; ++i) {
+        const uintptr_t f[] = {i, i * 7, i * 13};
+        ids[w].push_back(st.intern(f, 3));
+      }
+    };
+    std::thread t1(work, 0), t2(work, 1);
+    t1.join();
+    t2.join();
+    INFO("spin limit " << limit);
+    std::vector<uint32_t> all(ids[0]);
+    all.insert(all.end(), ids[1].begin(), ids[1].end());
+    const auto canon = canonical_ids(st, all);
+    std::set<uint32_t> sites;
+    size_t same = 0, same_site = 0;
+    for (size_t i = 0; i < 2000; ++i) {
+      REQUIRE(ids[0][i] != 0);
+      REQUIRE(ids[1][i] != 0);
+      REQUIRE(frames_of(st, ids[1][i]) == std::vector<uint64_t>{i + 1, (i + 1) * 7, (i + 1) * 13});
+      if (ids[0][i] == ids[1][i]) ++same;
+      if (canon.at(ids[0][i]) == canon.at(ids[1][i])) ++same_site;
+      sites.insert(canon.at(ids[0][i]));
+    }
+    // Waiting out every writer, the threads agree on every id. Without
+    // waiting they may not, but readers still see exactly one call site per
+    // stack, and every stored copy is one of them.
+    if (limit == UINT32_MAX) {
+      CHECK(same == 2000);
+      CHECK(st.count() == 2000);
+    }
+    CHECK(same_site == 2000);
+    CHECK(sites.size() == 2000);
+    CHECK(st.count() == 2000 + (2000 - same));
+    st.destroy();
+  }
+}
+
+TEST_CASE("stack table: a reclaimed id reads as unknown, never as its slot's next stack",
+          "[track][stacks]") {
+  StackTable st;
+  REQUIRE(st.init(64, 4));  // one probe window: every stack can use every slot
+  std::vector<uint32_t> ids;
+  for (uintptr_t i = 1; i <= 64; ++i) {
+    const uintptr_t f[] = {i, i + 1000};
+    ids.push_back(st.intern(f, 2));
+    REQUIRE(ids.back() != 0);
+  }
+  const uintptr_t extra[] = {7777, 8888};
+  CHECK(st.intern(extra, 2) == 0);  // full
+  CHECK(st.dropped() == 1);
+  // A sweep that marks every stack but the fifth frees the fifth only.
+  const uint32_t e = st.begin_sweep();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (i != 4) REQUIRE(st.mark(ids[i], e));
+  CHECK(st.condemn(0, 64, e) == 1);
+  CHECK(st.finish(0, 64, e) == 1);
+  st.end_sweep(1);
+  CHECK(st.count() == 63);
+  CHECK(st.reclaimed() == 1);
+  CHECK(frames_of(st, ids[4]).empty());
+  CHECK_FALSE(st.hold(ids[4], st.epoch()));
+  // The new stack can only go to the freed slot: same slot, new generation.
+  const uint32_t reused = st.intern(extra, 2);
+  REQUIRE(reused != 0);
+  CHECK((reused & 63) == (ids[4] & 63));
+  CHECK(reused != ids[4]);
+  CHECK(frames_of(st, reused) == std::vector<uint64_t>{7777, 8888});
+  CHECK(frames_of(st, ids[4]).empty());  // still unknown, not 7777/8888
+  CHECK(frames_of(st, ids[5]) == std::vector<uint64_t>{6, 1006});
+  st.destroy();
+}
+
+TEST_CASE("stack table: a condemned stack interned again is revived, not duplicated",
+          "[track][stacks]") {
+  StackTable st;
+  REQUIRE(st.init(1024, 4));
+  const uintptr_t f[] = {5, 6, 7};
+  const uint32_t id = st.intern(f, 3);
+  const uint32_t e = st.begin_sweep();
+  CHECK(st.condemn(0, 1024, e) == 1);
+  CHECK(frames_of(st, id) == std::vector<uint64_t>{5, 6, 7});  // FREEING still reads
+  CHECK(st.intern(f, 3) == id);  // revived and stamped with this epoch
+  CHECK(st.finish(0, 1024, e) == 0);
+  st.end_sweep(0);
+  CHECK(st.count() == 1);
+  CHECK(frames_of(st, id) == std::vector<uint64_t>{5, 6, 7});
+  st.destroy();
+}

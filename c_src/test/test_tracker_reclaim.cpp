@@ -1,0 +1,408 @@
+// Catch2 tests for the Tracker's stack reclamation (track/tracker_sweep):
+// reset and reclaim, sweeps run by hooks chunk by chunk, a sweep racing a
+// hook at each test point, concurrent sweeping, a child forked mid-sweep.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "catch.h"
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../track/tracker.h"
+#include "track_fixture.h"
+
+using namespace mi::track;
+using namespace mi::test;
+
+namespace {
+
+// One thread inside on_alloc(malloc, address, size) with `stack` as its
+// stack, parked at test point `at` until finish().
+struct ParkedAlloc : Parking {
+  TestPoint at;
+  std::thread thread;
+  ParkedAlloc(Tracker& t, TestPoint point, std::vector<uintptr_t> stack, uintptr_t address,
+              size_t size)
+      : at(point) {
+    t.set_test_hook(&ParkedAlloc::hook, this);
+    thread = std::thread([&t, stack, address, size] {
+      t_fake_stack = stack;
+      t.on_alloc(MI_FN_MALLOC, addr(address), size);
+    });
+    wait_parked();
+  }
+  static void hook(TestPoint p, void* ctx) {
+    auto* self = static_cast<ParkedAlloc*>(ctx);
+    if (p == self->at) Parking::hook(ctx);
+  }
+  void finish(Tracker& t) {
+    release();
+    thread.join();
+    t.set_test_hook(nullptr, nullptr);
+  }
+  // A failed check between construction and finish() must not leave the
+  // thread parked (std::thread's destructor would terminate the run).
+  ~ParkedAlloc() {
+    if (thread.joinable()) {
+      release();
+      thread.join();
+    }
+  }
+};
+
+// Live entries of a tracker grouped by call site as a reader does it: ids
+// merged by content, unknown stacks under 0. Frames -> {count, bytes}.
+std::map<std::vector<uint64_t>, std::pair<uint64_t, uint64_t>> sites_of(Tracker& t) {
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> by_id;
+  t.for_each_live([&](const LiveEntry& e) {
+    auto& s = by_id[e.stack_id & ~kSampledBit];
+    s.first += 1;
+    s.second += e.size;
+  });
+  std::map<std::vector<uint64_t>, std::pair<uint64_t, uint64_t>> out;
+  for (const auto& [id, cb] : by_id) {
+    uint64_t f[256];
+    const unsigned n = t.stack(id, f, 256);
+    auto& s = out[std::vector<uint64_t>(f, f + n)];
+    s.first += cb.first;
+    s.second += cb.second;
+  }
+  return out;
+}
+
+std::vector<uint64_t> stack_of(const Tracker& t, uint32_t id) {
+  uint64_t f[256];
+  const unsigned n = t.stack(id & ~kSampledBit, f, 256);
+  return std::vector<uint64_t>(f, f + n);
+}
+
+// The fake stack of distinct call site number i.
+std::vector<uintptr_t> site_stack(uint64_t i) {
+  return {0x400000 + i * 16, 0x500000 + (i % 7) * 16, 0x600000, 0x700000};
+}
+
+// A tracker whose hooks run sweeps: 8 live-table chunks (1 << 13 slots)
+// and one stack-table chunk (256 stacks), so sweeps are wanted from 64
+// stacks on.
+void init_sweeping(Tracker& t) {
+  Config c;
+  c.table_capacity = 1 << 13;
+  c.stack_capacity = 256;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());
+}
+
+// A block of call site `site`, allocated and freed at once: its stack is
+// stored, and no block keeps it.
+void alloc_free(Tracker& t, uint64_t site) {
+  t_fake_stack = site_stack(site);
+  t.on_alloc(MI_FN_MALLOC, addr(0x100000), 8);
+  t.on_free(MI_FN_FREE, addr(0x100000));
+}
+
+}  // namespace
+
+TEST_CASE("tracker: reset frees every stack and reclaim frees unreferenced ones",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  init_small(t);
+  std::vector<uint32_t> ids;
+  for (uint64_t i = 0; i < 100; ++i) {
+    t_fake_stack = site_stack(i);
+    t.on_alloc(MI_FN_MALLOC, addr(0x100000 + i * 64), 10);
+  }
+  t.for_each_live([&](const LiveEntry& e) { ids.push_back(e.stack_id); });
+  REQUIRE(ids.size() == 100);
+  CHECK(status_of(t).stacks == 100);
+  // Nothing is unreferenced yet.
+  CHECK(t.reclaim() == 0);
+  CHECK(status_of(t).stacks == 100);
+  // Free half: reclaim frees exactly those stacks; the others keep their
+  // ids and frames.
+  for (uint64_t i = 0; i < 100; i += 2) t.on_free(MI_FN_FREE, addr(0x100000 + i * 64));
+  CHECK(t.reclaim() == 50);
+  mi_abi_status s = status_of(t);
+  CHECK(s.stacks == 50);
+  CHECK(s.stacks_reclaimed == 50);
+  CHECK(s.stack_sweeps == 2);
+  t.for_each_live([&](const LiveEntry& e) {
+    const uint64_t i = (e.address - 0x100000) / 64;
+    const auto want = site_stack(i);
+    CHECK(stack_of(t, e.stack_id) == std::vector<uint64_t>(want.begin(), want.end()));
+  });
+  CHECK(t.reset() == 50);
+  s = status_of(t);
+  CHECK(s.stacks == 0);
+  CHECK(s.stacks_reclaimed == 100);
+  for (uint32_t id : ids) CHECK(stack_of(t, id).empty());
+  CHECK(t.stale_stacks() == 0);
+  t.destroy();
+}
+
+TEST_CASE("tracker: cycling 10x the stack capacity of call sites leaves a new leak named exactly",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 16;
+  c.stack_capacity = 1 << 16;  // the default 64K stacks
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());  // membarrier and MADV_WIPEONFORK are available
+  // Every 4096th site stays referenced by a long-lived block: its id must
+  // keep naming its own frames through every sweep.
+  const uint64_t sites = 10 * c.stack_capacity;
+  std::map<uint64_t, uint64_t> kept;  // address -> site
+  for (uint64_t i = 0; i < sites; ++i) {
+    t_fake_stack = site_stack(i);
+    const uint64_t a = 0x10000000 + (i % 1024) * 64;
+    if (i % 4096 == 0) {
+      const uint64_t k = 0x90000000 + i * 16;
+      t.on_alloc(MI_FN_MALLOC, addr(k), 24);
+      kept[k] = i;
+    }
+    t.on_alloc(MI_FN_MALLOC, addr(a), 16);
+    t.on_free(MI_FN_FREE, addr(a));
+  }
+  mi_abi_status s = status_of(t);
+  INFO("stacks " << s.stacks << " reclaimed " << s.stacks_reclaimed << " sweeps "
+                 << s.stack_sweeps);
+  CHECK(s.stacks_dropped == 0);
+  CHECK(s.stacks_reclaimed >= sites - c.stack_capacity);
+  CHECK(s.stacks <= c.stack_capacity / 2);
+  CHECK(s.dropped == 0);
+  // The leak that starts in week three.
+  t_fake_stack = {0xdead00, 0xbeef00, 0x600000, 0x700000};
+  for (uint64_t i = 0; i < 1000; ++i) t.on_alloc(MI_FN_MALLOC, addr(0xa0000000 + i * 64), 100);
+  const auto by_site = sites_of(t);
+  const auto leak = by_site.find({0xdead00, 0xbeef00, 0x600000, 0x700000});
+  REQUIRE(leak != by_site.end());
+  CHECK(leak->second == std::make_pair(uint64_t{1000}, uint64_t{100000}));
+  CHECK(by_site.count({}) == 0);  // every live block has its stack
+  size_t checked = 0;
+  t.for_each_live([&](const LiveEntry& e) {
+    auto it = kept.find(e.address);
+    if (it == kept.end()) return;
+    const auto want = site_stack(it->second);
+    CHECK(stack_of(t, e.stack_id) == std::vector<uint64_t>(want.begin(), want.end()));
+    ++checked;
+  });
+  CHECK(checked == kept.size());
+  CHECK(t.stale_stacks() == 0);
+  CHECK(status_of(t).stacks_dropped == 0);
+  t.destroy();
+}
+
+TEST_CASE(
+    "tracker: a sweep between intern and pending publication frees the stack; the hook "
+    "interns it again",
+    "[track][tracker][reclaim][concurrency]") {
+  Tracker t;
+  init_small(t);
+  ParkedAlloc parked(t, TestPoint::kInterned, {0x1234, 0x5678}, 0x40000, 77);
+  // The stack is stored, referenced by nothing a sweep can see: no entry,
+  // no pending id. The sweep frees it.
+  CHECK(status_of(t).stacks == 1);
+  CHECK(t.reclaim() == 1);
+  CHECK(status_of(t).stacks == 0);
+  parked.finish(t);
+  // The hook saw the epoch move and its stack gone, and interned it again.
+  const auto live = live_of(t);
+  REQUIRE(live.size() == 1);
+  CHECK(stack_of(t, live.at(0x40000).stack_id) == std::vector<uint64_t>{0x1234, 0x5678});
+  CHECK(status_of(t).stacks == 1);
+  CHECK(status_of(t).stacks_dropped == 0);
+  CHECK(t.reclaim() == 0);  // now referenced by the entry
+  CHECK(t.stale_stacks() == 0);
+  t.destroy();
+}
+
+TEST_CASE("tracker: a sweep while a hook's id is pending keeps the stack",
+          "[track][tracker][reclaim][concurrency]") {
+  Tracker t;
+  init_small(t);
+  ParkedAlloc parked(t, TestPoint::kPinned, {0xabc0, 0xdef0}, 0x50000, 88);
+  // Not in the live table yet, but pending: the sweep must keep it.
+  CHECK(t.reclaim() == 0);
+  CHECK(status_of(t).stacks == 1);
+  parked.finish(t);
+  const auto live = live_of(t);
+  REQUIRE(live.size() == 1);
+  const uint32_t id = live.at(0x50000).stack_id;
+  CHECK(stack_of(t, id) == std::vector<uint64_t>{0xabc0, 0xdef0});
+  t.on_free(MI_FN_FREE, addr(0x50000));
+  CHECK(t.reclaim() == 1);
+  CHECK(stack_of(t, id).empty());
+  CHECK(t.stale_stacks() == 0);
+  t.destroy();
+}
+
+TEST_CASE("tracker: realloc's taken entry keeps its stack through a sweep",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  init_small(t);
+  t_fake_stack = {0x7100, 0x7200};
+  t.on_alloc(MI_FN_MALLOC, addr(0x60000), 40);
+  LiveEntry taken{};
+  REQUIRE(t.take(addr(0x60000), &taken));
+  // Out of the table, pinned by this thread: a sweep keeps it.
+  CHECK(t.reclaim() == 0);
+  t.restore(taken);  // the realloc failed
+  CHECK(stack_of(t, live_of(t).at(0x60000).stack_id) == std::vector<uint64_t>{0x7100, 0x7200});
+  // A successful realloc drops the pin: the old stack can go.
+  REQUIRE(t.take(addr(0x60000), &taken));
+  t_fake_stack = {0x7300};
+  t.on_alloc(MI_FN_REALLOC, addr(0x61000), 80);
+  CHECK(t.reclaim() == 1);
+  CHECK(stack_of(t, live_of(t).at(0x61000).stack_id) == std::vector<uint64_t>{0x7300});
+  CHECK(t.stale_stacks() == 0);
+  t.destroy();
+}
+
+TEST_CASE("tracker: hooks carry a sweep chunk by chunk; reclaim helps it finish, then runs its own",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  init_sweeping(t);
+  for (uint64_t i = 0; i < 63; ++i) alloc_free(t, i);
+  CHECK(status_of(t).stack_sweeps == 0);
+  // The 64th stack makes the table want a sweep: that allocation starts it
+  // (barrier, pending ids), the next ones each scan one chunk.
+  alloc_free(t, 63);
+  for (uint64_t i = 0; i < 4; ++i) alloc_free(t, 0);
+  mi_abi_status s = status_of(t);
+  CHECK(s.stack_sweeps == 0);  // 4 of 8 scan chunks done, then condemn, finish
+  CHECK(s.stacks == 64);
+  // reclaim() helps that sweep to its end (site 0, re-interned while it
+  // ran, is kept), then runs a sweep of its own, which frees site 0.
+  CHECK(t.reclaim() == 64);
+  s = status_of(t);
+  CHECK(s.stack_sweeps == 2);
+  CHECK(s.stacks == 0);
+  CHECK(s.stacks_reclaimed == 64);
+  CHECK(s.stacks_dropped == 0);
+  t.destroy();
+}
+
+TEST_CASE("tracker: concurrent recording, freeing and sweeping keep every id's own frames",
+          "[track][tracker][reclaim][concurrency]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 16;
+  c.stack_capacity = 16384;  // 20000 sites: hooks sweep often
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  constexpr int kThreads = 3;
+  constexpr uint64_t kOps = 30000;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> wrong{0}, reads{0};
+  // A reader checks, while everything runs, that every live entry's stack
+  // reads as its own frames or as nothing.
+  std::thread reader([&] {
+    while (!stop.load()) {
+      t.for_each_live([&](const LiveEntry& e) {
+        const uint64_t site = (e.address >> 4) & 0xFFFFF;
+        const auto got = stack_of(t, e.stack_id);
+        const auto want = site_stack(site);
+        if (!got.empty() && got != std::vector<uint64_t>(want.begin(), want.end())) ++wrong;
+        ++reads;
+      });
+      t.reclaim();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&, w] {
+      uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(w + 1);
+      std::vector<uint64_t> held;
+      for (uint64_t i = 0; i < kOps; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Addresses encode the site; each thread its own address range.
+        const uint64_t site = x % 20000;
+        t_fake_stack = site_stack(site);
+        const uint64_t a = (static_cast<uint64_t>(w + 1) << 40) | (i << 24) | (site << 4);
+        t.on_alloc(MI_FN_MALLOC, addr(a), 32);
+        held.push_back(a);
+        if (held.size() > 64) {
+          const size_t at = x % held.size();
+          t.on_free(MI_FN_FREE, addr(held[at]));
+          held[at] = held.back();
+          held.pop_back();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  stop = true;
+  reader.join();
+  INFO("reads " << reads.load());
+  CHECK(wrong.load() == 0);
+  // Quiescent: every live entry names its own stack, or none when its
+  // stack could not be stored: four threads on two cores can stall a sweep
+  // (a thread descheduled inside a chunk) long enough for three others to
+  // fill the table; such blocks are counted, never given a wrong stack.
+  t.reclaim();
+  size_t live = 0, unknown = 0;
+  t.for_each_live([&](const LiveEntry& e) {
+    const uint64_t site = (e.address >> 4) & 0xFFFFF;
+    const auto want = site_stack(site);
+    const auto got = stack_of(t, e.stack_id);
+    if (got.empty())
+      ++unknown;
+    else
+      CHECK(got == std::vector<uint64_t>(want.begin(), want.end()));
+    ++live;
+  });
+  CHECK(live == kThreads * 64);
+  const mi_abi_status s = status_of(t);
+  CHECK(unknown <= s.stacks_dropped);
+  CHECK(s.stack_sweeps > 0);
+  CHECK(t.stale_stacks() == 0);
+  // Only referenced stacks survive a quiescent sweep.
+  CHECK(s.stacks <= live);
+  t.destroy();
+}
+
+TEST_CASE("tracker: a child forked mid-sweep starts with no sweep and frees what was condemned",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  init_sweeping(t);
+  t_fake_stack = site_stack(5);
+  t.on_alloc(MI_FN_MALLOC, addr(0x200000), 8);
+  const uint32_t condemned_id = live_of(t).at(0x200000).stack_id;
+  t.on_free(MI_FN_FREE, addr(0x200000));
+  for (uint64_t i = 0; i < 64; ++i) alloc_free(t, i);  // the 64th starts a sweep
+  for (int k = 0; k < 9; ++k) alloc_free(t, 0);        // 8 scan chunks, 1 condemn chunk
+  // The sweep now waits in its finish phase with 63 stacks condemned (all
+  // but site 0, interned during the sweep).
+  uint64_t f[8];
+  REQUIRE(status_of(t).stack_sweeps == 0);
+  REQUIRE(t.stack(condemned_id, f, 8) == 4);  // FREEING still reads
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // The child: no sweep in progress (its control page was wiped), so
+    // reclaim() runs one of its own, which resolves the parent's
+    // condemned stacks. Every stack is unreferenced here.
+    int code = 0;
+    if (t.reclaim() != 64) code |= 1;
+    mi_abi_status s{};
+    t.status(&s);
+    if (s.stacks != 0) code |= 2;
+    if (t.stack(condemned_id, f, 8) != 0) code |= 4;
+    ::_exit(code);
+  }
+  REQUIRE(pid > 0);
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  // The parent's sweep goes on where it was (63 freed, site 0 kept), then
+  // reclaim() runs its own (site 0 freed).
+  CHECK(t.reclaim() == 64);
+  CHECK(status_of(t).stack_sweeps == 2);
+  CHECK(status_of(t).stacks == 0);
+  t.destroy();
+}

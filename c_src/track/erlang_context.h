@@ -1,0 +1,77 @@
+// The Erlang context of an allocation, read inside a hook (issue 25): on a
+// scheduler thread, the running process's pid, the function it runs and
+// the first return addresses of its Erlang stack; on any other thread, the
+// thread's name. Encoded after the native frames of the recorded stack
+// (common/mi_context.h); the pid goes into the live entry.
+//
+// Where these live in the VM is not known here: the NIF learns it from its
+// own calls (nif/erlang_context_nif.cpp) and hands over a mi_erlang_layout,
+// which erlang_layout_valid() checks before the tracker uses it.
+//
+// Hook-safe: plain loads only, no lock, no allocation, no system call. The
+// only pointers followed are the scheduler data (the VM's own thread-
+// specific value for this thread), the process it runs, the NIF env and the
+// current function's three words, and the process's own stack: each
+// reached through words of the layout, and each checked first (non-null,
+// aligned, the env pointing back at the process, heap <= stop <= hend); a
+// value that does not check out ends the context there. Stale code
+// addresses are never followed: return addresses are stored, and named at
+// read time.
+#ifndef MALLOCINFO_TRACK_ERLANG_CONTEXT_H
+#define MALLOCINFO_TRACK_ERLANG_CONTEXT_H
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../common/mi_abi.h"
+#include "../common/mi_context.h"
+
+namespace mi::track {
+
+// The largest word index a layout may name (the structs are read that far).
+constexpr uint32_t kMaxLayoutWord = 255;
+
+// True when the layout can be used: the right version, every index within
+// kMaxLayoutWord, max_cps within MI_CONTEXT_MAX_CPS, a bounded scan.
+bool erlang_layout_valid(const mi_erlang_layout& l);
+
+// The calling thread's value of pthread key `key` (the VM's scheduler
+// data), or nullptr. The interposer's is pthread_getspecific; tests pass
+// their own.
+using SchedulerDataFn = const void* (*)(uint32_t key);
+
+// The last context a thread captured inside a NIF call, and everything it
+// was made from: the words of the process and of the env it read, and the
+// stack words it scanned. A capture that reads the same words makes the
+// same context, so it is copied instead of scanned again (a NIF that
+// allocates in a loop scans its process's stack once). Per thread, owned
+// by the caller; never shared.
+struct ContextCache {
+  static constexpr unsigned kMaxScanned = 64;  // longer scans are not kept
+  uint64_t sd, proc, env, env_proc, current, heap, stop, hend;
+  unsigned scanned;  // stack words scanned; 0: nothing kept
+  unsigned n;        // context words
+  uint64_t pid;
+  uint64_t stack[kMaxScanned];
+  uint64_t words[MI_CONTEXT_MAX_WORDS];
+};
+
+// Writes the calling thread's context into out (room for
+// MI_CONTEXT_MAX_WORDS), header first, and returns the words written
+// (0: nothing to say: no scheduler data and no name). *pid is set to the
+// running process's pid term, or 0. `name` is the thread's name (2 words,
+// see normalize_thread_name) or nullptr when unknown. Hook-safe (above).
+// `cache` (nullptr: none) is the calling thread's ContextCache: read and
+// refilled; the answer is the same with or without it.
+unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of,
+                                const uint64_t* name, uint64_t* out, uint64_t* pid,
+                                ContextCache* cache = nullptr);
+
+// A thread name (at most 15 bytes, NUL-terminated) as the 2 context words:
+// a trailing run of digits becomes one '*' (erts_async_3 -> erts_async_*),
+// so the threads of one pool record one stack. No allocation.
+void normalize_thread_name(const char* name, uint64_t out[2]);
+
+}  // namespace mi::track
+
+#endif
