@@ -317,7 +317,7 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
          _ -> [[io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
                               [bytes(B), count(C), count(St),
                                frame_text(maps:get(frame, F, undefined), 50)]),
-                ["                              called from " ++ callers_text(Erl, B) ++ "\n"
+                [["    ", wrap("called from " ++ callers_text(Erl, B), 76, "      "), "\n"]
                  || Erl <- [maps:get(erlang, F, [])], Erl =/= []]]
                || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)]
      end,
@@ -367,8 +367,8 @@ share(B, Total) -> io_lib:format("~b%", [round(100 * B / Total)]).
 processes_lines([]) ->
     [];
 processes_lines(Rows) ->
-    ["processes holding the most native memory (live bytes, blocks, process; every malloc made\n"
-     "  while they ran, the VM's own on their behalf included):\n",
+    [para("processes holding the most native memory (live bytes, blocks, process; every "
+          "malloc made while they ran, the VM's own on their behalf included):"),
      [io_lib:format("  ~10ts ~7ts  ~ts~ts~n", [bytes(B), count(C), pid_to_list(P),
                                                mallocinfo_process:name_text(Name)])
       || #{pid := P, name := Name, bytes := B, count := C} <- Rows]].
