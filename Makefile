@@ -126,6 +126,7 @@ soak: build
 bench: demo
 	@c_src/bench/run.sh
 	@c_src/bench/heapmap.sh
+	@c_src/bench/sampler.sh
 	@c_src/bench/context.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.

@@ -28,6 +28,8 @@
          mallinfo/0, trim/0, trim/1, mallopt/2, version/0, rss/0, libc_version/0]).
 %% The report (mallocinfo_report): printed, for this node or a cluster.
 -export([report/0, report/1, report/2]).
+%% The timeline (mallocinfo_watch): every layer over time.
+-export([watch/0, watch/1, unwatch/0, history/0]).
 
 -export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
@@ -211,3 +213,37 @@ report(Nodes) ->
 report(Nodes, Opts) ->
     %% collect/2 raises badarg for a bad node list or bad options.
     io:put_chars(mallocinfo_report:format_cluster(mallocinfo_report:collect(Nodes, Opts))).
+
+%%% ---------------------------------------------------------------------------
+%%% The timeline (see mallocinfo_watch)
+
+%% @doc Starts the sampler with the default period (10 s): {@link watch/1}.
+-spec watch() -> ok | {error, term()}.
+watch() ->
+    mallocinfo_watch:watch().
+
+%% @doc Starts a supervised sampler that reads every layer of the node's
+%% memory every `period' ms (1000 to 3600000, default 10000) into a ring
+%% of fixed size (an hour at the period, then a day at one sample a
+%% minute), and names what grows and who holds it ({@link history/0},
+%% `/timeline.html'). `ok', or `{error, {already_watching, #{period =>
+%% P}}}' when it runs with another period, `{error, {start_failed, Why}}'.
+%% Starts mallocinfo's application if it does not run. A wrong option
+%% raises `badarg'. See doc/report.md, "The timeline".
+-spec watch(#{period => pos_integer()}) -> ok | {error, term()}.
+watch(Opts) ->
+    mallocinfo_watch:watch(Opts).
+
+%% @doc Stops the sampler; its history is gone. Always `ok'.
+-spec unwatch() -> ok.
+unwatch() ->
+    mallocinfo_watch:unwatch().
+
+%% @doc `{ok, History}': the sampler's samples, oldest first, what grew
+%% over the last minute (`verdicts', each with its rate and culprit), each
+%% part's rate, the latest culprits per layer, the ring's size and the
+%% samples' cost; `{error, not_watching}'. See
+%% {@link mallocinfo_watch:history/0}.
+-spec history() -> {ok, map()} | {error, not_watching}.
+history() ->
+    mallocinfo_watch:history().

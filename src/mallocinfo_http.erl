@@ -15,6 +15,11 @@
 %% GET /heap.folded       the same as collapsed stacks (flamegraph.pl, speedscope)
 %% GET /flamegraph.html   a self-contained flame graph page of the live heap
 %%                        (?view=stack|function|object, ?search=Text)
+%% GET /report.txt        mallocinfo:report()'s text
+%% GET /timeline.json     the sampler's history (mallocinfo:watch/0): every
+%%                        layer over time, what grows, its culprits
+%% GET /timeline.html     the same as a self-contained page: RSS by layer
+%%                        as a stacked chart, the verdicts, each part's rate
 %% '''
 %%
 %% The server binds to 127.0.0.1 unless an address is given explicitly, and
@@ -327,6 +332,9 @@ endpoint("/metrics") -> fun metrics/1;
 endpoint("/debug/pprof/heap") -> fun pprof_heap/1;
 endpoint("/heap.folded") -> fun heap_folded/1;
 endpoint("/flamegraph.html") -> fun flamegraph/1;
+endpoint("/report.txt") -> fun report_txt/1;
+endpoint("/timeline.json") -> fun timeline_json/1;
+endpoint("/timeline.html") -> fun timeline_html/1;
 endpoint(_) -> undefined.
 
 params(#{query := Query}) ->
@@ -353,7 +361,10 @@ index([]) ->
                "                        and is still live\n"
                "GET /heap.folded      the same as collapsed stacks (flamegraph.pl)\n"
                "GET /flamegraph.html  the live heap as a flame graph "
-               "(?view=stack|function|object)\n"]);
+               "(?view=stack|function|object)\n"
+               "GET /report.txt       mallocinfo:report()'s text\n"
+               "GET /timeline.json    every layer over time (mallocinfo:watch/0), as JSON\n"
+               "GET /timeline.html    the same as a page: RSS by layer, what grows, rates\n"]);
 index(Params) ->
     no_params(Params).
 
@@ -419,6 +430,38 @@ metrics(Params) ->
 
 no_params(_) ->
     text(400, "this endpoint takes no parameters\n").
+
+%%% /report.txt, /timeline.json, /timeline.html -----------------------------------
+
+report_txt([]) ->
+    text(200, mallocinfo_report:format(mallocinfo_report:collect()));
+report_txt(Params) ->
+    no_params(Params).
+
+timeline_json([]) ->
+    timeline(fun(H, Who) ->
+                     {200, [{"Content-Type", "application/json"}],
+                      [mallocinfo_http_timeline:json(H, Who), $\n]}
+             end);
+timeline_json(Params) ->
+    no_params(Params).
+
+timeline_html([]) ->
+    timeline(fun(H, Who) ->
+                     {200, [{"Content-Type", "text/html; charset=utf-8"}],
+                      mallocinfo_http_timeline:page(H, Who)}
+             end);
+timeline_html(Params) ->
+    no_params(Params).
+
+%% The sampler is the operator's to start: a GET does not start one.
+timeline(Respond) ->
+    case mallocinfo_watch:history() of
+        {ok, H} -> Respond(H, #{node => node(), os_pid => os:getpid()});
+        {error, not_watching} ->
+            text(409, "no timeline: the sampler does not run; mallocinfo:watch() starts it "
+                      "(a sample every 10 s), mallocinfo:unwatch() stops it\n")
+    end.
 
 %%% /debug/pprof/heap, /heap.folded, /flamegraph.html ---------------------------
 

@@ -38,7 +38,8 @@
 -export([in_process/3, remote/3, report_local/2]).
 %% Pure, exported for tests.
 -export([verdict/1, binaries/1]).
-%% A process's name and how it prints, for the report and the tracker.
+%% A process's name and how it prints, for the report, the tracker and the
+%% layers' culprits.
 -export([name/1, name_text/1]).
 
 -export_type([opts/0, item/0, gap/0]).

@@ -207,7 +207,44 @@ gather(Opts) ->
       regions => Regions,
       jemalloc => guard(fun mallocinfo_jemalloc:summary/0),
       tcmalloc => guard(fun mallocinfo_tcmalloc:stats/0)},
-    maps:merge(maps:merge(Raw, heap_evidence(Smaps)), culprits(Opts)).
+    Layers = layer_sampler(Opts),
+    Culprits = culprits(Opts),
+    maps:merge(maps:merge(Raw, mallocinfo_layers:heap_evidence(Smaps)),
+               Culprits#{layer_samples => layer_samples(Layers)}).
+
+%% With `interval', every layer is sampled at 0, half-way and at the end
+%% (mallocinfo_layers, as the sampler reads them), beside the tracker's
+%% snapshots: in a process of its own, so the tracker's samples keep
+%% their times. Each sample searches the culprits of the process and
+%% table layers (the native ones are the tracker's), the later two
+%% ranked by growth since the first. Without `interval', none.
+layer_sampler(#{interval := Ms}) ->
+    Caller = self(),
+    Exclude = [Caller | [P || P <- element(2, process_info(Caller, links)), is_pid(P)]],
+    spawn_monitor(fun() -> exit({layer_samples, layer_samples(Ms, Exclude)}) end);
+layer_sampler(_) ->
+    none.
+
+layer_samples(none) ->
+    none;
+layer_samples({Pid, Ref}) ->
+    receive
+        {'DOWN', Ref, process, Pid, {layer_samples, Samples}} -> Samples;
+        {'DOWN', Ref, process, Pid, Other} -> {error, Other}
+    end.
+
+layer_samples(Ms, Exclude) ->
+    Opts = #{culprits => [L || L <- mallocinfo_layers:culprit_layers(), L =/= native],
+             exclude => [self() | Exclude]},
+    #{figures := Since, t := Start} = S0 = mallocinfo_layers:sample(Opts#{figures => true}),
+    sleep_until(Start + Ms div 2),
+    S1 = mallocinfo_layers:sample(Opts#{since => Since}),
+    sleep_until(Start + Ms),
+    S2 = mallocinfo_layers:sample(Opts#{since => Since}),
+    [maps:remove(figures, S0), S1, S2].
+
+sleep_until(T) ->
+    timer:sleep(max(0, T - erlang:monotonic_time(millisecond))).
 
 %% The tracker's culprits from one snapshot (so the roll-ups, the totals
 %% and the oldest blocks agree with each other), the growth over `interval'
@@ -368,45 +405,6 @@ parse_smaps(Text) when is_binary(Text) ->
     end;
 parse_smaps({error, _} = Error) ->
     Error.
-
-%% What confirms glibc's heaps (see mallocinfo_report_smaps:heap_windows/2):
-%% the first bytes at each candidate address, read from /proc/self/mem
-%% (the kernel copies them: nothing in this process can fault), and, for
-%% a mapping that merged with a heap, its resident pages inside the heap
-%% from /proc/self/pagemap (bit 63: present). Where either cannot be read
-%% the report falls back to the heaps' shape and to proportions.
-heap_evidence(Vmas) when is_list(Vmas) ->
-    case guard(fun() ->
-                       Candidates = mallocinfo_report_smaps:heap_candidates(Vmas),
-                       Headers = read_at("/proc/self/mem", [{A, 48} || A <- Candidates]),
-                       Windows = mallocinfo_report_smaps:heap_windows(Vmas, Headers),
-                       Straddling = mallocinfo_report_smaps:straddling(Vmas, Windows),
-                       #{heap_headers => Headers,
-                         straddle_rss => maps:from_list(
-                                           [{Start, resident_in(Page, Ranges)}
-                                            || {Start, Page, Ranges} <- Straddling])}
-               end) of
-        #{} = Evidence -> Evidence;
-        {error, _} -> #{}
-    end;
-heap_evidence(_) ->
-    #{}.
-
-%% #{Offset => Bytes} for the ranges that could be read (a mapping may be
-%% gone since smaps was read); throws when the file cannot be opened.
-read_at(File, Ranges) ->
-    {ok, F} = file:open(File, [read, raw, binary]),
-    try
-        maps:from_list([{Off, Bin} || {Off, Len} <- Ranges,
-                                      {ok, Bin} <- [file:pread(F, Off, Len)]])
-    after
-        file:close(F)
-    end.
-
-resident_in(Page, Ranges) ->
-    Entries = read_at("/proc/self/pagemap",
-                      [{From div Page * 8, (To - From) div Page * 8} || {From, To} <- Ranges]),
-    Page * lists:sum([1 || Bin <- maps:values(Entries), <<E:64/native>> <= Bin, E bsr 63 =:= 1]).
 
 %% instrument is in the tools application, which a release may lack.
 instrument_call(F) ->

@@ -29,7 +29,7 @@
 build(Raw) ->
     Sections = [{resident, fun resident/1}, {erts, fun erts/1}, {libc, fun libc/1},
                 {native, fun native/1}, {other_allocator, fun other_allocator/1},
-                {mappings, fun mappings/1}],
+                {mappings, fun mappings/1}, {layer_growth, fun layer_growth/1}],
     Base = maps:merge(maps:with([node, os_pid, otp_release, time, libc_version, allocator], Raw),
                       maps:from_list([{K, section(F, Raw)} || {K, F} <- Sections])),
     R = maps:merge(Base, account(Base)),
@@ -412,6 +412,18 @@ previous_view(#{monotonic_ms := T0, live_bytes := L0, functions := F0} = Prev,
     #{age_ms => T1 - T0, time_ms => maps:get(time_ms, Prev, undefined),
       native_delta => L1 - L0, grew => Grew};
 previous_view(_, _) ->
+    none.
+
+%%% Every layer's growth (issue 24) --------------------------------------------
+
+%% The growth of every layer over the report's interval
+%% (mallocinfo_layers_growth), `none' without one. The tracker's own
+%% growth rule names native call sites: the native part is left to it.
+layer_growth(#{layer_samples := [_, _ | _] = Samples}) ->
+    mallocinfo_layers_growth:growth(Samples, #{exclude => [native]});
+layer_growth(#{layer_samples := {error, _} = E}) ->
+    unavailable(E, <<"sampling the layers failed during the interval">>);
+layer_growth(_) ->
     none.
 
 %%% Other allocator -----------------------------------------------------------

@@ -21,7 +21,7 @@ format(R) ->
     %% argument too. io_lib formats eagerly, so every failure is raised
     %% here.
     try
-        [header(R), section_verdicts(R), section_resident(R), section_erts(R),
+        [header(R), section_verdicts(R), section_growth(R), section_resident(R), section_erts(R),
          section_libc(R), section_native(R), section_other(R), section_unaccounted(R)]
     catch
         error:_ -> erlang:error(badarg, [R])
@@ -90,6 +90,48 @@ section_verdicts(R) ->
     [rule_line("Verdict"),
      [io_lib:format("~2b. ~ts~n", [I, wrap(V, 76, "    ")])
       || {I, V} <- lists:zip(lists:seq(1, length(Vs)), Vs)]].
+
+%% With `interval': every part's change and rate, and who holds what grew.
+section_growth(#{layer_growth := {unavailable, _, _} = U}) ->
+    [rule_line("Growth"), unavailable_line(U)];
+section_growth(#{layer_growth := #{parts := Parts, span_ms := Ms, samples := N} = G}) ->
+    Rss = maps:get(rss, G),
+    Rows = [Rss#{part => rss} || is_map(Rss), is_integer(map_get(delta, Rss))]
+        ++ [P || #{delta := D} = P <- Parts, is_integer(D)],
+    [rule_line(io_lib:format("Growth over ~ts (~b samples)", [age(Ms), N])),
+     io_lib:format("  ~-38ts ~10ts ~10ts ~10ts~n", ["part", "at end", "change", "per s"]),
+     [io_lib:format("  ~-38ts ~10ts ~10ts ~10ts~ts~n",
+                    [mallocinfo_layers_growth:part_label(P), bytes(Last), signed(D), signed(Rate),
+                     case Growing of true -> "  grew"; false -> "" end])
+      || #{part := P, last := Last, delta := D, rate := Rate, growing := Growing} <- Rows],
+     para(io_lib:format("noise threshold: a part grew when it grew by ~ts or more over the "
+                        "interval (free space: ~ts) and never fell by that much between two "
+                        "samples",
+                        [bytes(maps:get(noise_bytes, G)), bytes(4 * maps:get(noise_bytes, G))])),
+     [[io_lib:format("~ts (largest growth first):~n", [mallocinfo_layers_growth:part_label(P)]),
+       [io_lib:format("  ~ts~n", [culprit_line(C)]) || C <- lists:sublist(Cs, 3)]]
+      || #{part := P, culprits := [_ | _] = Cs} <- maps:get(growing, G)]];
+section_growth(_) ->
+    [].
+
+signed(D) when D < 0 -> ["-", bytes(-D)];
+signed(D) -> ["+", bytes(D)].
+
+culprit_line(#{pid := Pid, bytes := B} = C) ->
+    Name = case C of #{name := N} when N =/= <<>> -> [" (", N, ")"]; _ -> "" end,
+    Queue = case C of
+                #{message_queue_len := Q} when is_integer(Q) -> [", queue ", count(Q)];
+                _ -> ""
+            end,
+    truncate([delta_text(C), bytes(B), " ", Pid, Name, Queue], 76);
+culprit_line(#{table := T, bytes := B, owner := O} = C) ->
+    truncate([delta_text(C), bytes(B), " table ", T, " owner ", O, " ",
+              maps:get(owner_name, C, <<>>)], 76);
+culprit_line(#{function := F, object := O, bytes := B}) ->
+    truncate([bytes(B), " ", case F of undefined -> "?"; _ -> F end, " (", O, ")"], 76).
+
+delta_text(#{delta := D}) when is_integer(D) -> [signed(D), " to "];
+delta_text(_) -> "".
 
 section_resident(#{resident := {unavailable, _, _} = U}) ->
     [rule_line("1. Resident set"), unavailable_line(U)];
@@ -275,7 +317,7 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
          _ -> [[io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
                               [bytes(B), count(C), count(St),
                                frame_text(maps:get(frame, F, undefined), 50)]),
-                ["                              called from " ++ callers_text(Erl, B) ++ "\n"
+                [["    ", wrap("called from " ++ callers_text(Erl, B), 76, "      "), "\n"]
                  || Erl <- [maps:get(erlang, F, [])], Erl =/= []]]
                || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)]
      end,
@@ -325,8 +367,8 @@ share(B, Total) -> io_lib:format("~b%", [round(100 * B / Total)]).
 processes_lines([]) ->
     [];
 processes_lines(Rows) ->
-    ["processes holding the most native memory (live bytes, blocks, process; every malloc made\n"
-     "  while they ran, the VM's own on their behalf included):\n",
+    [para("processes holding the most native memory (live bytes, blocks, process; every "
+          "malloc made while they ran, the VM's own on their behalf included):"),
      [io_lib:format("  ~10ts ~7ts  ~ts~ts~n", [bytes(B), count(C), pid_to_list(P),
                                                mallocinfo_process:name_text(Name)])
       || #{pid := P, name := Name, bytes := B, count := C} <- Rows]].

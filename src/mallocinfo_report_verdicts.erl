@@ -27,7 +27,7 @@
 rules() ->
     [native_holder, native_growth, native_stable, libc_fragmentation, erts_fragmentation,
      erts_mseg_cache, process_heap, erts_binary, erts_ets, other_allocator, tracker_tables,
-     unexplained].
+     unexplained, layer_growth, layers_stable].
 
 %% @doc The sentences of every rule that fires, most bytes first; a single
 %% "nothing stands out" sentence, with the two largest groups, when none
@@ -36,7 +36,8 @@ rules() ->
 verdicts(R) ->
     %% A rule that meets a shape it does not know says nothing rather than
     %% taking the report down.
-    Fired = [V || Name <- rules(), {_, _} = V <- [safe_rule(Name, R)]],
+    %% layer_growth says one sentence per part that grew.
+    Fired = [V || Name <- rules(), V <- lists:flatten([safe_rule(Name, R)]), is_tuple(V)],
     case lists:reverse(lists:keysort(1, Fired)) of
         [] -> [nothing_stands_out(R)];
         [{0, _} | _] = Sorted -> [nothing_stands_out(R) | [S || {_, S} <- Sorted]];
@@ -59,8 +60,23 @@ same_function(_, _) -> false.
 
 %% @doc One rule on a report: `{Bytes, Sentence}' when its evidence is in
 %% the report (Bytes ranks it), `none' otherwise. A rule needs at least
-%% 16 MiB and 5% of RSS behind it.
--spec rule(atom(), mallocinfo_report:report()) -> {non_neg_integer(), binary()} | none.
+%% 16 MiB and 5% of RSS behind it, but the growth rules: `layer_growth'
+%% says one sentence per part of the node that grew beyond the noise over
+%% the report's interval, fastest first (a list, ranked by the growth over
+%% an hour at that rate), `layers_stable' that none did.
+-spec rule(atom(), mallocinfo_report:report()) ->
+          {non_neg_integer(), binary()} | [{non_neg_integer(), binary()}] | none.
+rule(layer_growth, #{layer_growth := #{growing := _} = G}) ->
+    case mallocinfo_layers_growth:verdicts(G) of
+        [] -> none;
+        Vs -> Vs
+    end;
+rule(layers_stable, #{layer_growth := #{growing := [], span_ms := Ms, rss := Rss} = G}) ->
+    case Rss of
+        #{growing := true} -> none;
+        _ -> {0, fmt("every layer stable over ~ts: no part of the node's memory grew by the "
+                     "noise threshold (~ts)", [age(Ms), bytes(maps:get(noise_bytes, G))])}
+    end;
 rule(native_holder, #{native := #{functions := [#{bytes := B, count := C} = F | _]} = N} = R) ->
     case significant(B, R) of
         false -> none;

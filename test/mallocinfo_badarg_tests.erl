@@ -62,7 +62,20 @@ excluded_modules() ->
                                 "with what the NIF gave them; tested by mallocinfo_context_SUITE"},
      {mallocinfo_trace_growth, "@private: the pure parts of growth and roll-ups, exported for "
                                "their EUnit tests; mallocinfo_trace and mallocinfo_report check "
-                               "arguments before calling them"}].
+                               "arguments before calling them"},
+     {mallocinfo_layers, "@private: every layer sampled, for mallocinfo_report (which checked "
+                         "its options) with options it builds itself"},
+     {mallocinfo_layers_growth, "@private: the growth of every layer, pure, fed only with "
+                                "mallocinfo_layers' samples; EUnit in "
+                                "mallocinfo_layers_growth_tests"},
+     {mallocinfo_app, "@private: the application callback and supervisors, called by OTP's "
+                      "application and supervisor modules"},
+     {mallocinfo_watch_server, "@private: the sampler's gen_server callbacks, started by "
+                               "mallocinfo_app with options mallocinfo_watch checked"},
+     {mallocinfo_watch_ring, "@private: the sampler's ring, pure, fed only by "
+                             "mallocinfo_watch_server; EUnit in mallocinfo_watch_ring_tests"},
+     {mallocinfo_http_timeline, "@private: the timeline's JSON and page, made only by "
+                                "mallocinfo_http from mallocinfo_watch:history/0"}].
 
 %% {Module, Function, Arity, Position, Reason}: a position that accepts any
 %% term. Every other position of that function is still checked.
@@ -133,6 +146,8 @@ cases(S) ->
     SnapOpts = [#{by => B, snapshot => F} || B <- [function, object], F <- Forged],
     GrowthOpts = not_opts() ++ [#{limit => -1}, #{limit => junk}, #{demangle => 1},
                                 #{min_age_ms => 1}],
+    WatchOpts = not_opts() ++ [#{junk => 1}, #{period => 999}, #{period => 3600001},
+                                #{period => 1.5e3}, #{period => "1000"}, #{period => 1000, junk => 1}],
     ReportOpts = [#{junk => 1}, #{interval => 0}, #{interval => 1.5}, #{interval => 1 bsl 32},
                   #{interval => junk}, #{startup_blocks => 1}],
     Count = [junk, -1, 1.5, [a | b], <<"1">>, "1", {1}, 1 bsl 64],
@@ -161,6 +176,8 @@ cases(S) ->
                             {0, [1.5, junk, "1", <<"1">>, [a | b]]}]},
      {mallocinfo, report, [{[], [junk, [a | b], [junk | b], {a, b}, <<"n">>, ["node"], [1],
                                  -1] ++ ReportOpts}]},
+     {mallocinfo, watch, [{#{period => 1000}, WatchOpts}]},
+     {mallocinfo_watch, watch, [{#{period => 1000}, WatchOpts}]},
      {mallocinfo_lib, path_binary, [{Path, not_a_path()}, {[], []}]},
      {mallocinfo_lib, path_name, [{Path, not_a_path()}, {[], []}]},
      {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
@@ -342,7 +359,7 @@ cases(S) ->
                                          lists:member({F, length(A)}, Old)]
     %% The internal homes of public functions that delegate to them: the
     %% same cases, so the checks are theirs, not the delegations'.
-        ++ [{mallocinfo_glibc, F, A} || {mallocinfo, F, A} <- Cases, F =/= report]
+        ++ [{mallocinfo_glibc, F, A} || {mallocinfo, F, A} <- Cases, F =/= report, F =/= watch]
         ++ [{mallocinfo_heapmap_summary, totals, A} || {mallocinfo_heap, totals, A} <- Cases].
 
 not_pid() ->
@@ -432,6 +449,7 @@ valid_values_are_valid_test_() ->
              with_scratch(
                fun(S) ->
                        Unsafe = [{mallocinfo_http, start}, {mallocinfo_http, do},
+                                 {mallocinfo, watch}, {mallocinfo_watch, watch},
                                  {mallocinfo, mallopt}, {mallocinfo, trim},
                                  {mallocinfo_trace, set_mode}, {mallocinfo_trace, attach},
                                  {mallocinfo_jemalloc, profile_active},

@@ -9,13 +9,14 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([demo_report/1, direct_mmap_is_unaccounted/1, mapped_by_nif_is_attributed/1,
-         odd_names/1, without_interposer/1, cluster/1]).
+         odd_names/1, without_interposer/1, cluster/1, growing_layers/1, idle_node/1,
+         cluster_growth/1]).
 
 -define(MiB, (1024 * 1024)).
 
 all() ->
     [demo_report, direct_mmap_is_unaccounted, mapped_by_nif_is_attributed, odd_names,
-     without_interposer, cluster].
+     without_interposer, cluster, growing_layers, idle_node, cluster_growth].
 
 init_per_suite(Config) ->
     ok = mi_ct:build_nif(Config, "mi_mmap_nif"),
@@ -389,6 +390,123 @@ cluster(Config) ->
     after
         [mi_ct:caught(fun() -> peer:stop(P) end) || P <- Peers]
     end.
+
+%% The RabbitMQ case (issue 24): on a node without the tracker, a queue
+%% process keeps the refc binaries it is sent (2 MB/s), a table grows, a
+%% process heap grows. report(#{interval => 10000}) names each part with
+%% its rate and its culprit: the queue by pid, name and message queue,
+%% the table by name and owner, the heap by pid. The verdict's rate is
+%% the growth over the samples' span; the culprit holds nearly all of its
+%% part's growth.
+growing_layers(Config) ->
+    {ok, Peer, _} = peer:start_link(#{connection => standard_io,
+                                      args => ["-pa", ebin(), "-pa", test_dir()]}),
+    try
+        Call = fun(M, F, A) -> peer:call(Peer, M, F, A, 120000) end,
+        #{queue := Queue, owner := Owner, heap := Heap} = Call(mi_grower, start, []),
+        R = Call(mallocinfo_report, collect, [#{interval => 10000}]),
+        Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format(R)])),
+        ct:pal("~ts", [Text]),
+        assert_80_columns(Text),
+        #{layer_growth := #{growing := Growing, samples := 3, span_ms := Span} = G,
+          verdicts := Verdicts} = R,
+        ?assert(Span >= 10000),
+        ByPart = maps:from_list([{P, X} || #{part := P} = X <- Growing]),
+        %% As the peer prints them (this node may be distributed).
+        Pid = fun(P) -> list_to_binary(Call(erlang, pid_to_list, [P])) end,
+        %% Each part: its rate is its growth over the span, its first
+        %% culprit the process or table that grows, holding at least 90%
+        %% of the part's growth.
+        Check = fun(Part) ->
+                        #{Part := #{delta := D, rate := Rate,
+                                    culprits := [#{delta := Dc} = C | _]}} = ByPart,
+                        ?assertEqual(D * 1000 div Span, Rate),
+                        ?assert(D >= mallocinfo_layers_growth:noise_bytes()),
+                        ?assert(Dc * 10 >= D * 9),
+                        C
+                end,
+        QueueName = <<"{resource,<<\"/\">>,queue,<<\"q_grow\">>}">>,
+        ?assertMatch(#{pid := _, name := QueueName, message_queue_len := _}, Check(binary)),
+        ?assertEqual(Pid(Queue), maps:get(pid, Check(binary))),
+        ?assertMatch(#{table := <<"mi_growing_tab">>}, Check(ets)),
+        ?assertEqual(Pid(Owner), maps:get(owner, Check(ets))),
+        ?assertEqual(Pid(Heap), maps:get(pid, Check(processes))),
+        %% The sentences: one per part, each with its rate, the fastest
+        %% first, the culprit named.
+        Rate = fun(Part) -> mallocinfo_units:bytes(maps:get(rate, maps:get(Part, ByPart))) end,
+        Sentence = fun(Prefix, Parts) ->
+                           [V] = [V || V <- Verdicts, string:prefix(V, Prefix) =/= nomatch],
+                           [?assert(has(V, P)) || P <- Parts],
+                           V
+                   end,
+        B = Sentence(<<"refc binaries grew ">>,
+                     [iolist_to_binary([Rate(binary), "/s"]), Pid(Queue), <<"q_grow">>,
+                      <<"message queue">>]),
+        E = Sentence(<<"ETS tables grew ">>, [iolist_to_binary([Rate(ets), "/s"]),
+                                              <<"mi_growing_tab">>, Pid(Owner)]),
+        H = Sentence(<<"process memory (heaps, stacks, queues) grew ">>,
+                     [iolist_to_binary([Rate(processes), "/s"]), Pid(Heap)]),
+        Growth = [V || V <- Verdicts, lists:member(V, [B, E, H])],
+        Fastest = [S || {_, S} <- lists:reverse(lists:keysort(1, [{maps:get(rate, maps:get(P, ByPart)), S}
+                                                                    || {P, S} <- [{binary, B}, {ets, E},
+                                                                                  {processes, H}]]))],
+        ?assertEqual(Fastest, Growth),
+        ?assertEqual([], [V || V <- Verdicts, has(V, <<"every layer stable">>)]),
+        ct:pal("growth: ~p", [maps:without([parts], G)]),
+        ok = file:write_file(filename:join(?config(priv_dir, Config), "growth_verdicts.txt"),
+                             [[V, "\n"] || V <- Verdicts]),
+        ok = file:write_file(filename:join(?config(priv_dir, Config), "growth_report.txt"), Text),
+        ok
+    after
+        peer:stop(Peer)
+    end.
+
+%% A node that does nothing gets no growth verdict over 10 s: every part
+%% stays within the noise threshold, and the report says so.
+idle_node(Config) ->
+    {ok, Peer, _} = peer:start_link(#{connection => standard_io, args => ["-pa", ebin()]}),
+    try
+        R = peer:call(Peer, mallocinfo_report, collect, [#{interval => 10000}], 120000),
+        Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format(R)])),
+        ct:pal("~ts", [Text]),
+        #{layer_growth := #{growing := Growing, parts := Parts, rss := Rss}, verdicts := Vs} = R,
+        Moves = [{P, D} || #{part := P, delta := D} <- [Rss#{part => rss} | Parts],
+                           is_integer(D)],
+        ct:pal("idle changes: ~p", [Moves]),
+        ok = file:write_file(filename:join(?config(priv_dir, Config), "idle_changes.txt"),
+                             io_lib:format("~p.~n", [Moves])),
+        ?assertEqual([], Growing),
+        ?assertEqual([], [V || V <- Vs, has(V, <<"/s (+">>)]),
+        [_] = [V || V <- Vs, has(V, <<"every layer stable over 10 s">>)]
+    after
+        peer:stop(Peer)
+    end.
+
+%% The cluster form: report(Nodes, #{interval => Ms}) samples every layer
+%% on every node, and each node's verdicts name what grows there.
+cluster_growth(_Config) ->
+    mi_ct:ensure_distributed(),
+    {ok, PA, A} = peer:start(#{name => peer:random_name(),
+                               args => ["-pa", ebin(), "-pa", test_dir()]}),
+    try
+        #{queue := Queue} = erpc:call(A, mi_grower, start, [[queue]]),
+        Results = mallocinfo_report:collect([A, node()], #{interval => 5000}),
+        [{A, {ok, RA}}, {_, {ok, Local}}] = Results,
+        Text = lists:flatten(io_lib:format("~ts", [mallocinfo_report:format_cluster(Results)])),
+        ct:pal("~ts", [Text]),
+        assert_80_columns(Text),
+        #{layer_growth := #{growing := [#{part := binary} | _]}} = RA,
+        ?assertMatch(#{layer_growth := #{samples := 3}}, Local),
+        QueuePid = erpc:call(A, erlang, pid_to_list, [Queue]),
+        [_] = [V || V <- maps:get(verdicts, RA), has(V, <<"refc binaries grew ">>),
+                    has(V, list_to_binary(QueuePid))],
+        ?assertNotEqual(nomatch, string:find(Text, "refc binaries grew "))
+    after
+        mi_ct:caught(fun() -> peer:stop(PA) end)
+    end.
+
+test_dir() ->
+    filename:dirname(code:which(mi_grower)).
 
 %%% Helpers ------------------------------------------------------------------
 
