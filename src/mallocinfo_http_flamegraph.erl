@@ -106,15 +106,8 @@ view: <button data-view=\"stack\">by stack</button>
 <pre id=\"errors\"></pre>\n">>.
 
 script() ->
-    <<"<script>
-'use strict';
-var errorsSeen = [];
-window.onerror = function (msg, src, line) {
-  errorsSeen.push(msg + ' (line ' + line + ')');
-  document.getElementById('errors').textContent = errorsSeen.join('\\n');
-  document.body.setAttribute('data-errors', String(errorsSeen.length));
-};
-var ROW = 18;
+    [mallocinfo_http_page:script_head(),
+     <<"var ROW = 18;
 var sites = [];
 var total = 0;
 var view = 'stack';
@@ -296,4 +289,4 @@ function show(v) {
   document.body.setAttribute('data-errors', String(errorsSeen.length));
   document.body.setAttribute('data-ok', '1');
 })();
-</script>\n">>.
+</script>\n">>].

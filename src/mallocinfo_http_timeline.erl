@@ -122,15 +122,8 @@ svg text { font: 11px sans-serif; fill: #444; }
 </style>\n">>.
 
 script() ->
-    <<"<script>
-'use strict';
-var errorsSeen = [];
-window.onerror = function (msg, src, line) {
-  errorsSeen.push(msg + ' (line ' + line + ')');
-  document.getElementById('errors').textContent = errorsSeen.join('\\n');
-  document.body.setAttribute('data-errors', String(errorsSeen.length));
-};
-var COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1',
+    [mallocinfo_http_page:script_head(),
+     <<"var COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1',
               '#9c755f'];
 var SVG = 'http://www.w3.org/2000/svg';
 
@@ -294,4 +287,4 @@ function main() {
   document.body.setAttribute('data-ok', '1');
 }
 main();
-</script>\n">>.
+</script>\n">>].

@@ -271,27 +271,6 @@ sample_mode(Config) ->
 
 %%% The flame graph page -------------------------------------------------------------
 
-chromium() ->
-    case os:find_executable("chromium") of
-        false -> ct:fail("chromium is not installed: make deps installs it (docker/packages.txt)");
-        Path -> Path
-    end.
-
-chromium(Config, Args) ->
-    Dir = scratch(Config, "chromium"),
-    Cmd = lists:flatten(lists:join(" ", ["timeout", "120", chromium(), "--headless=new",
-                                         "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
-                                         "--user-data-dir=" ++ Dir | Args]
-                                  ++ ["2>/dev/null"])),
-    unicode:characters_to_binary(os:cmd(Cmd)).
-
-%% The <body ...> attributes of a dumped DOM.
-body_attrs(Dom) ->
-    {match, [Body]} = re:run(Dom, "<body([^>]*)>", [{capture, all_but_first, binary}]),
-    maps:from_list([{K, V} || [K, V] <- element(2, re:run(Body, "([a-z-]+)=\"([^\"]*)\"",
-                                                          [global, {capture, all_but_first,
-                                                                    binary}]))]).
-
 %% Served over HTTP, drawn by Chromium: no script error, and the test
 %% function, holding 64 MB, is the widest frame by function; by object its
 %% NIF's file is. A screenshot is kept (README shows one).
@@ -303,9 +282,9 @@ flamegraph_chromium(Config) ->
     nomatch = re:run(Page, "(src|href)=|fetch\\(|XMLHttpRequest|https?://"),
     Views = [{"function", <<"mi_pprof_leak_here">>}, {"object", <<"mi_pprof_nif.so">>}],
     [begin
-         Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+         Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                                  "'" ++ url(Config, "/flamegraph.html?view=" ++ View) ++ "'"]),
-         Attrs = body_attrs(Dom),
+         Attrs = mi_ct:body_attrs(Dom),
          ct:log("view ~s: ~p", [View, Attrs]),
          ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-errors">> := <<"0">>}, Attrs),
          ?assertEqual(list_to_binary(View), maps:get(<<"data-view">>, Attrs)),
@@ -313,13 +292,13 @@ flamegraph_chromium(Config) ->
          ?assert(binary_to_integer(maps:get(<<"data-total">>, Attrs)) >= 64 * 1024 * 1024)
      end || {View, Widest} <- Views],
     %% The search box: searching the function highlights exactly its bytes.
-    Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+    Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                             "'" ++ url(Config, "/flamegraph.html?view=stack&search=mi_pprof_leak")
                             ++ "'"]),
     ?assertMatch(#{<<"data-matched">> := <<"67108864">>, <<"data-ok">> := <<"1">>},
-                 body_attrs(Dom)),
+                 mi_ct:body_attrs(Dom)),
     Shot = filename:join(scratch(Config, "shot"), "flamegraph.png"),
-    _ = chromium(Config, ["--window-size=1200,700", "--virtual-time-budget=10000",
+    _ = mi_ct:chromium(Config, ["--window-size=1200,700", "--virtual-time-budget=10000",
                           "--screenshot=" ++ Shot,
                           "'" ++ url(Config, "/flamegraph.html?view=function") ++ "'"]),
     {ok, Png} = file:read_file(Shot),
@@ -341,9 +320,9 @@ small_leak_on_top(Config) ->
                  ok_call(Config, mallocinfo_trace, sites, [1])),
     [{Top, Flat, _} | _] = go_top(Config, url(Config, "/debug/pprof/heap")),
     ?assertEqual({<<"mi_pprof_leak_here">>, 333000}, {Top, Flat}),
-    Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+    Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                             "'" ++ url(Config, "/flamegraph.html?view=function") ++ "'"]),
-    Attrs = body_attrs(Dom),
+    Attrs = mi_ct:body_attrs(Dom),
     ct:log("~p", [Attrs]),
     ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-widest">> := <<"mi_pprof_leak_here">>},
                  Attrs),
@@ -359,8 +338,8 @@ flamegraph_harness_sees_errors(Config) ->
     ?assertNotEqual(Page, Broken),
     File = filename:join(scratch(Config, "broken"), "broken.html"),
     ok = file:write_file(File, Broken),
-    Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom", "file://" ++ File]),
-    Attrs = body_attrs(Dom),
+    Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom", "file://" ++ File]),
+    Attrs = mi_ct:body_attrs(Dom),
     ?assertEqual(<<"1">>, maps:get(<<"data-errors">>, Attrs)),
     ?assertNot(maps:is_key(<<"data-ok">>, Attrs)),
     ?assertMatch({_, _}, binary:match(Dom, <<"undefinedFunction">>)).
@@ -378,9 +357,9 @@ flamegraph_prototype_names(Config) ->
     File = filename:join(scratch(Config, "prototype"), "flamegraph.html"),
     ok = file:write_file(File, mallocinfo_http_flamegraph:page(Folded, "prototype names")),
     [begin
-         Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+         Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                                  "'file://" ++ File ++ "?view=" ++ View ++ "'"]),
-         Attrs = body_attrs(Dom),
+         Attrs = mi_ct:body_attrs(Dom),
          ct:log("view ~s: ~p", [View, Attrs]),
          ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-errors">> := <<"0">>}, Attrs),
          ?assertEqual(list_to_binary(View), maps:get(<<"data-view">>, Attrs)),

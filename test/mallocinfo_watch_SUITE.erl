@@ -232,8 +232,8 @@ timeline_chromium(Config) ->
     _ = call(Config, mi_grower, start, []),
     #{samples := Samples} = wait_for(Config, 20, [<<"refc binaries grew ">>]),
     Url = "http://127.0.0.1:" ++ integer_to_list(Port) ++ "/timeline.html",
-    Dom = chromium(Config, ["--virtual-time-budget=10000", "--dump-dom", Url]),
-    Attrs = body_attrs(Dom),
+    Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom", Url]),
+    Attrs = mi_ct:body_attrs(Dom),
     ct:log("~p", [Attrs]),
     ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-errors">> := <<"0">>,
                    <<"data-layers">> := <<"8">>}, Attrs),
@@ -241,7 +241,7 @@ timeline_chromium(Config) ->
     ?assertNotEqual(nomatch, binary:match(Dom, <<"refc binaries grew ">>)),
     ?assertEqual(8, length(binary:matches(Dom, <<"<polygon ">>))),
     Shot = filename:join(?config(priv_dir, Config), "timeline.png"),
-    _ = chromium(Config, ["--window-size=1100,1200", "--virtual-time-budget=10000",
+    _ = mi_ct:chromium(Config, ["--window-size=1100,1200", "--virtual-time-budget=10000",
                           "--screenshot=" ++ Shot, Url]),
     {ok, <<137, "PNG", _/binary>>} = file:read_file(Shot),
     ct:log("screenshot: <a href=\"~ts\">~ts</a>", [Shot, Shot]).
@@ -256,7 +256,7 @@ timeline_harness_sees_errors(Config) ->
     ?assertNotEqual(Page, Broken),
     File = filename:join(?config(priv_dir, Config), "broken.html"),
     ok = file:write_file(File, Broken),
-    Attrs = body_attrs(chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
+    Attrs = mi_ct:body_attrs(mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
                                          "file://" ++ File])),
     ?assertEqual(<<"1">>, maps:get(<<"data-errors">>, Attrs)),
     ?assertNot(maps:is_key(<<"data-ok">>, Attrs)).
@@ -269,25 +269,3 @@ get(Port, Path) ->
         httpc:request(get, {Url, []}, [{timeout, 120000}], [{body_format, binary}], ?HTTPC),
     {Code, Headers, Body}.
 
-chromium() ->
-    case os:find_executable("chromium") of
-        false -> ct:fail("chromium is not installed: make deps installs it (docker/packages.txt)");
-        Path -> Path
-    end.
-
-chromium(Config, Args) ->
-    Dir = filename:join(?config(priv_dir, Config), "chromium"),
-    ok = filelib:ensure_path(Dir),
-    Cmd = lists:flatten(lists:join(" ", ["timeout", "120", chromium(), "--headless=new",
-                                         "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
-                                         "--user-data-dir=" ++ Dir
-                                         | ["'" ++ A ++ "'" || A <- Args]]
-                                   ++ ["2>/dev/null"])),
-    unicode:characters_to_binary(os:cmd(Cmd)).
-
-%% The <body ...> attributes of a dumped DOM.
-body_attrs(Dom) ->
-    {match, [Body]} = re:run(Dom, "<body([^>]*)>", [{capture, all_but_first, binary}]),
-    maps:from_list([{K, V} || [K, V] <- element(2, re:run(Body, "([a-z-]+)=\"([^\"]*)\"",
-                                                          [global, {capture, all_but_first,
-                                                                    binary}]))]).

@@ -2,7 +2,7 @@
 %% data directory, peer nodes (with or without the interposer) that see
 %% mallocinfo and the suite's priv_dir, and a distributed CT node.
 -module(mi_ct).
--export([caught/1, pprof/0, ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
+-export([caught/1, chromium/2, body_attrs/1, pprof/0, ensure_distributed/0, build_nif/2, build_nif/3, build_nif/4, init_tracker_suite/2,
          compile_module/2, compile_module/3, include_dir/1, start_peer/2, start_peer/3, stop_peer/1, call/4,
          project_root/0, tarball/0, demo_dir/0, ok_call/4]).
 
@@ -199,3 +199,29 @@ pprof() ->
         false -> "jeprof";
         _ -> "google-pprof"
     end.
+
+%% Headless Chromium on Args (e.g. "--dump-dom", a URL), its profile in the
+%% case's priv_dir; what it printed. Fails the case when Chromium is not
+%% installed (make deps installs it: docker/packages.txt).
+chromium(Config, Args) ->
+    Exe = case os:find_executable("chromium") of
+              false -> ct:fail("chromium is not installed: make deps installs it "
+                               "(docker/packages.txt)");
+              Path -> Path
+          end,
+    Dir = filename:join(?config(priv_dir, Config), "chromium"),
+    ok = filelib:ensure_path(Dir),
+    Cmd = lists:flatten(lists:join(" ", ["timeout", "120", Exe, "--headless=new",
+                                         "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+                                         "--user-data-dir=" ++ Dir
+                                         | ["'" ++ A ++ "'" || A <- Args]]
+                                   ++ ["2>/dev/null"])),
+    unicode:characters_to_binary(os:cmd(Cmd)).
+
+%% The <body ...> attributes of a DOM Chromium dumped: the pages report
+%% their state there (data-ok, data-errors).
+body_attrs(Dom) ->
+    {match, [Body]} = re:run(Dom, "<body([^>]*)>", [{capture, all_but_first, binary}]),
+    maps:from_list([{K, V} || [K, V] <- element(2, re:run(Body, "([a-z-]+)=\"([^\"]*)\"",
+                                                          [global, {capture, all_but_first,
+                                                                    binary}]))]).

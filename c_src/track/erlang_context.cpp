@@ -72,8 +72,9 @@ unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of
   const uint64_t limit = stack_words < l.scan_words ? stack_words : l.scan_words;
   const auto* sp = reinterpret_cast<const uint64_t*>(stop);
   // The same process (at the same address, with the same pid), env,
-  // function, bounds and stack words as the last capture: the same context. (The MFA words behind
-  // `current` are code metadata, unchanged while the function runs.)
+  // function, bounds and stack words as the last capture: the same
+  // context. (The MFA words behind `current` are code metadata, unchanged
+  // while the function runs.)
   if (cache != nullptr && cache->scanned != 0 && cache->sd == reinterpret_cast<uint64_t>(sd) &&
       cache->proc == procw && cache->pid == pid_term && cache->env == envw &&
       cache->env_proc == env_proc && cache->current == current && cache->heap == heap &&
