@@ -42,7 +42,8 @@ stop(_State) ->
     ok.
 
 %% @private
--spec init(top | {watch, map()} | {capture, map()}) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
+-spec init(top | {watch, map()} | {capture, map()}) ->
+          {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init(top) ->
     Children = case application:get_env(mallocinfo, watch) of
                    {ok, true} -> [watch_child(#{})];
@@ -52,9 +53,9 @@ init(top) ->
     {ok, {#{strategy => one_for_one, intensity => 5, period => 60}, Children}};
 init({capture, Opts}) ->
     {ok, {#{strategy => one_for_one, intensity => 3, period => 60},
-          [#{id => capture, start => {mallocinfo_watch_capture, start_link, [Opts]},
+          [#{id => capture, start => {mallocinfo_watch_capture_server, start_link, [Opts]},
              restart => permanent, shutdown => 5000, type => worker,
-             modules => [mallocinfo_watch_capture]}]}};
+             modules => [mallocinfo_watch_capture_server]}]}};
 init({watch, Opts}) ->
     {ok, {#{strategy => one_for_one, intensity => 3, period => 60},
           [#{id => sampler, start => {mallocinfo_watch_server, start_link, [Opts]},
@@ -98,7 +99,7 @@ spec() ->
      [{description, "Where did my memory go? glibc malloc introspection for a running BEAM node"},
       {vsn, "loaded"},
       {modules, mallocinfo_lib:app_modules()},
-      {registered, [?SUP, mallocinfo_watch_server, mallocinfo_watch_capture]},
+      {registered, [?SUP, mallocinfo_watch_server, mallocinfo_watch_capture_server]},
       {applications, [kernel, stdlib]},
       {mod, {?MODULE, []}},
       {env, []}]}.
