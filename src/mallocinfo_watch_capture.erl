@@ -105,7 +105,8 @@ options(#{rss_above := Above, dir := Dir} = Opts) ->
         andalso in(maps:get(keep, O), 1, 1000)
         andalso in(maps:get(max_file_bytes, O), 4096, 1 bsl 40),
     Ok orelse erlang:error(badarg, [Opts]),
-    O#{dir => Name};
+    %% Absolute: the node's working directory may change while it runs.
+    O#{dir => filename:absname(Name)};
 options(Opts) ->
     erlang:error(badarg, [Opts]).
 

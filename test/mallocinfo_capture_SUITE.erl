@@ -141,7 +141,7 @@ capture_once_per_crossing(Config) ->
                                                    "record">>)),
     %% Above the mark for many more checks: nothing more.
     checks(Config, 10),
-    ?assertMatch(#{captures := [_], armed := false}, status(Config)),
+    ?assertMatch(#{captures := [_], armed := false, busy := false}, status(Config)),
     ?assertEqual(length(Kinds) + 2, length(files(Dir))),
 
     %% Second and third crossings.
@@ -172,13 +172,19 @@ capture_once_per_crossing(Config) ->
     ok = call(Config, mallocinfo, capture_off, []).
 
 %% A second crossing within min_interval is held: armed, no capture, until
-%% the interval ends.
+%% the interval ends. (And a relative dir stays the one it named.)
 capture_rate_limited(Config) ->
     Dir = ?config(scratch, Config),
     Mark = call(Config, mallocinfo, rss, []) + ?ABOVE,
-    ok = call(Config, mallocinfo, capture_on, [#{rss_above => Mark, dir => Dir, period => 100}]),
+    %% A relative dir is the one it names when capture_on/1 is called,
+    %% whatever the node's working directory is later.
+    ok = call(Config, file, set_cwd, [filename:dirname(Dir)]),
+    ok = call(Config, mallocinfo, capture_on, [#{rss_above => Mark, dir => filename:basename(Dir),
+                                                 period => 100}]),
+    ok = call(Config, file, set_cwd, ["/"]),
     Hog1 = cross(Config),
-    _ = captured(Config, 1),
+    #{captures := [#{stamp := Stamp}]} = captured(Config, 1),
+    ?assert(lists:member("mallocinfo-" ++ Stamp ++ "-notes.txt", files(Dir))),
     ok = call(Config, mi_hog, stop, [Hog1]),
     _ = rearmed(Config),
     _ = cross(Config),
