@@ -30,6 +30,8 @@
 -export([report/0, report/1, report/2]).
 %% The timeline (mallocinfo_watch): every layer over time.
 -export([watch/0, watch/1, unwatch/0, history/0]).
+%% Capture under pressure (mallocinfo_watch_capture).
+-export([capture_on/1, capture_off/0]).
 
 -export_type([posix/0, mallopt_param/0, allocator/0, wrong_allocator/0]).
 
@@ -247,3 +249,20 @@ unwatch() ->
 -spec history() -> {ok, map()} | {error, not_watching}.
 history() ->
     mallocinfo_watch:history().
+
+%%% Capture under pressure (see mallocinfo_watch_capture)
+
+%% @doc When the node's RSS crosses `rss_above' (bytes, or `{fraction, F}'
+%% of its cgroup v2 `memory.high'/`memory.max'), writes the report, the
+%% tracker's pprof and folded stacks, the timeline and the top processes
+%% into `dir', once per crossing, never over an existing file, bounded and
+%% rate-limited: {@link mallocinfo_watch_capture:capture_on/1}. `ok' or
+%% `{error, Posix | no_limit | already_capturing | {start_failed, R}}'.
+-spec capture_on(mallocinfo_watch_capture:opts()) -> ok | {error, term()}.
+capture_on(Opts) ->
+    mallocinfo_watch_capture:capture_on(Opts).
+
+%% @doc Stops the capture: {@link mallocinfo_watch_capture:capture_off/0}.
+-spec capture_off() -> ok.
+capture_off() ->
+    mallocinfo_watch_capture:capture_off().

@@ -12,7 +12,12 @@
 %% `mallocinfo_allocator_info' and `mallocinfo_resident_bytes' always;
 %% `mallocinfo_mallinfo_*' and `mallocinfo_arena_*' (label `arena') when
 %% glibc is the allocator; `mallocinfo_tracker_*' when the interposer is
-%% preloaded; `mallocinfo_jemalloc_*' when jemalloc is the allocator.
+%% preloaded; `mallocinfo_jemalloc_*' when jemalloc is the allocator;
+%% `mallocinfo_layer_bytes' (label `layer'), `mallocinfo_layer_mappings'
+%% and `mallocinfo_layer_sample_time_seconds' (label `source') always: every
+%% layer of `mallocinfo_layers', named as `/timeline.json' names them, from
+%% the sampler's newest sample when `mallocinfo:watch/0' runs, else read
+%% for the scrape.
 -module(mallocinfo_prom).
 
 -export([metrics/0, collect/0, families/1, render/1]).
@@ -31,7 +36,9 @@
                      mallinfo => map(),
                      heaps => map(),
                      tracker => map(),
-                     jemalloc => map()}.
+                     jemalloc => map(),
+                     layers => #{source := watch | scrape, time := integer(),
+                                 values := #{term() => integer() | undefined}}}.
 
 -define(PREFIX, "mallocinfo_").
 
@@ -64,7 +71,18 @@ collect() ->
                    jemalloc -> ok_sources([{jemalloc, fun mallocinfo_jemalloc:summary/0}]);
                    _ -> #{}
                end,
-    maps:merge(maps:merge(Base, Glibc), maps:merge(Tracker, Jemalloc)).
+    maps:merge(maps:merge(Base#{layers => layers()}, Glibc), maps:merge(Tracker, Jemalloc)).
+
+%% The sampler's newest sample when it runs (its mappings carried from
+%% the last minute's read: mallocinfo_watch:latest_layers/0), so a scrape
+%% costs it nothing; else the layers read now, mappings included.
+layers() ->
+    {Source, #{time := Time, layers := L}} =
+        case mallocinfo_watch:latest_layers() of
+            {ok, Sample} -> {watch, Sample};
+            {error, _} -> {scrape, mallocinfo_layers:sample()}
+        end,
+    #{source => Source, time => Time, values => L}.
 
 ok_sources(Readers) ->
     maps:from_list([{Key, V} || {Key, Read} <- Readers, {ok, V} <- [Read()]]).
@@ -80,7 +98,7 @@ families(Sources) ->
     %% map belongs, say) is a wrong argument too.
     Fams = try
                allocator(Sources) ++ rss(Sources) ++ mallinfo(Sources) ++ arenas(Sources)
-                   ++ tracker(Sources) ++ jemalloc(Sources)
+                   ++ tracker(Sources) ++ jemalloc(Sources) ++ layers(Sources)
            catch
                error:_ -> erlang:error(badarg, [Sources])
            end,
@@ -92,10 +110,22 @@ families(Sources) ->
 sources(#{} = S) ->
     lists:all(fun({allocator, A}) -> is_atom(A);
                  ({rss, R}) -> R =:= undefined orelse (is_integer(R) andalso R >= 0);
+                 ({layers, #{source := Src, time := T, values := #{} = L} = M})
+                    when map_size(M) =:= 3 ->
+                      (Src =:= watch orelse Src =:= scrape) andalso is_integer(T)
+                          andalso lists:all(fun layer_value/1, maps:to_list(L));
                  ({K, M}) -> lists:member(K, [mallinfo, heaps, tracker, jemalloc]) andalso is_map(M)
               end, maps:to_list(S));
 sources(_) ->
     false.
+
+%% A key of mallocinfo_layers:keys/0 and its value.
+layer_value({K, V}) ->
+    (lists:member(K, [rss, mappings, native, mapped_sites])
+     orelse is_tuple(K) andalso tuple_size(K) =:= 2
+     andalso lists:member(element(1, K), [smaps, memory, allocated, used, libc])
+     andalso is_atom(element(2, K)))
+        andalso (V =:= undefined orelse is_integer(V) andalso V >= 0).
 
 allocator(#{allocator := A}) ->
     [gauge(<<"allocator_info">>,
@@ -206,6 +236,27 @@ jemalloc(#{jemalloc := J}) ->
     [gauge(<<"jemalloc_", (atom_to_binary(K))/binary, "_bytes">>, Help, [{[], V}])
      || {K, Help} <- Fields, #{K := V} <- [J]];
 jemalloc(#{}) ->
+    [].
+
+%% One family for every layer in bytes, labelled as /timeline.json names
+%% the layers (`rss', `erts_binary', `smaps_anon', `alloc_binary_alloc_used',
+%% `libc_in_use', `native', ...): they overlap (RSS holds the rest), so
+%% they are never summed across `layer'. A layer that could not be read is
+%% left out of the scrape.
+layers(#{layers := #{source := Source, time := Time, values := L}}) ->
+    Bytes = lists:sort([{mallocinfo_layers_growth:layer_name(K), V}
+                        || {K, V} <- maps:to_list(L), K =/= mappings, is_integer(V)]),
+    [gauge(<<"layer_bytes">>,
+           <<"Every layer of the node's memory (mallocinfo:watch/0's, named as in /timeline.json); "
+             "layers overlap, never sum them">>,
+           [{[{layer, N}], V} || {N, V} <- Bytes]),
+     gauge(<<"layer_mappings">>, <<"Mappings of the process (/proc/self/smaps)">>,
+           [{[], V} || #{mappings := V} <- [L], is_integer(V)]),
+     gauge(<<"layer_sample_time_seconds">>,
+           <<"When the layers were read (Unix time): source watch is the sampler's newest sample, "
+             "scrape a read for this scrape">>,
+           [{[{source, Source}], Time / 1000}])];
+layers(#{}) ->
     [].
 
 gauge(Name, Help, Samples) -> family(Name, gauge, Help, Samples).

@@ -38,7 +38,7 @@
 %% able to stop the node. See doc/report.md, "The timeline".
 -module(mallocinfo_watch).
 
--export([watch/0, watch/1, unwatch/0, history/0, latest/0]).
+-export([watch/0, watch/1, unwatch/0, history/0, latest/0, latest_layers/0]).
 -define(SERVER, mallocinfo_watch_server).
 -define(SUP, mallocinfo_sup).
 -define(DEFAULT_PERIOD, 10000).
@@ -62,7 +62,7 @@ watch(Opts) when is_map(Opts) ->
     Period = maps:get(period, Opts, ?DEFAULT_PERIOD),
     maps:keys(Opts) -- [period] =:= [] andalso is_integer(Period) andalso Period >= 1000
         andalso Period =< 3600000 orelse erlang:error(badarg, [Opts]),
-    case ensure_app() of
+    case mallocinfo_app:ensure_started() of
         ok -> start_sampler(#{period => Period});
         {error, _} = E -> E
     end;
@@ -86,21 +86,6 @@ same_period(Period) ->
         {ok, Period} -> ok;
         {ok, Other} -> {error, {already_watching, #{period => Other}}};
         {error, _} = E -> E
-    end.
-
-%% mallocinfo's application, started if it is not: from its .app file, or
-%% (loaded over distribution, no file) from mallocinfo_app:spec/0.
-ensure_app() ->
-    case whereis(?SUP) of
-        Pid when is_pid(Pid) ->
-            ok;
-        undefined ->
-            _ = application:load(mallocinfo) =:= ok
-                orelse application:load(mallocinfo_app:spec()),
-            case application:ensure_all_started(mallocinfo) of
-                {ok, _} -> ok;
-                {error, Reason} -> {error, {start_failed, Reason}}
-            end
     end.
 
 %% @doc Stops the sampler: its history is gone. Always
@@ -136,6 +121,15 @@ history() ->
 -spec latest() -> {ok, map()} | {error, not_watching}.
 latest() ->
     call(latest).
+
+%% @doc `{ok, Sample}': the sampler's newest sample as latest/0 returns
+%% it, but with the mappings' layers (`mappings', `{smaps, Kind}', read
+%% once a minute) taken from the last sample that read them when the
+%% newest did not: the gauges of `/metrics'. `{error, not_watching}' as
+%% latest/0.
+-spec latest_layers() -> {ok, map()} | {error, not_watching}.
+latest_layers() ->
+    call(layers).
 
 call(Request) ->
     try gen_server:call(?SERVER, Request, 60000)

@@ -34,7 +34,7 @@ init(Opts) ->
     self() ! tick,
     {ok, #{period => Period, ring => mallocinfo_watch_ring:new(mallocinfo_layers:keys(), Period),
            started => erlang:system_time(millisecond), next => erlang:monotonic_time(millisecond),
-           culprits => #{}, searched => #{}, since => #{}, smaps_t => undefined,
+           culprits => #{}, searched => #{}, since => #{}, smaps_t => undefined, smaps => #{},
            cost => #{last_us => 0, max_us => 0, total_us => 0, count => 0}}}.
 
 %% @private
@@ -46,6 +46,17 @@ handle_call(latest, _From, #{ring := Ring} = S) ->
     case mallocinfo_watch_ring:latest(Ring) of
         none -> {reply, {error, not_watching}, S};
         Sample -> {reply, {ok, Sample}, S}
+    end;
+handle_call(layers, _From, #{ring := Ring, smaps := Smaps} = S) ->
+    case mallocinfo_watch_ring:latest(Ring) of
+        none ->
+            {reply, {error, not_watching}, S};
+        #{layers := L} = Sample ->
+            %% The mappings are read once a minute: a sample without them
+            %% takes the last ones read.
+            Filled = maps:merge(L, maps:filter(fun(K, _) -> maps:get(K, L) =:= undefined end,
+                                               Smaps)),
+            {reply, {ok, Sample#{layers => Filled}}, S}
     end;
 handle_call(_, _From, S) ->
     {reply, {error, unknown_request}, S}.
@@ -70,7 +81,7 @@ terminate(_, _) ->
     ok.
 
 sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Since,
-          cost := Cost, smaps_t := SmapsT} = S) ->
+          cost := Cost, smaps_t := SmapsT, smaps := SmapsLast} = S) ->
     Due = due(Ring, Searched),
     %% A search made because its layer grew (any but the first).
     Growing = map_size(Searched) > 0,
@@ -86,6 +97,13 @@ sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Sinc
                       true -> T;
                       false -> SmapsT
                   end,
+       smaps => case Smaps of
+                    true -> maps:filter(fun({smaps, _}, _) -> true;
+                                           (mappings, _) -> true;
+                                           (_, _) -> false
+                                        end, L);
+                    false -> SmapsLast
+                end,
        culprits => maps:merge(Culprits,
                               maps:map(fun(Layer, Cs) ->
                                                #{time => Time,

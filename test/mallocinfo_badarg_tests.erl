@@ -72,6 +72,9 @@ excluded_modules() ->
                       "application and supervisor modules"},
      {mallocinfo_watch_server, "@private: the sampler's gen_server callbacks, started by "
                                "mallocinfo_app with options mallocinfo_watch checked"},
+     {mallocinfo_watch_capture_server, "@private: the capture's gen_server callbacks, started "
+                                       "by mallocinfo_app with options "
+                                       "mallocinfo_watch_capture:capture_on/1 checked"},
      {mallocinfo_watch_ring, "@private: the sampler's ring, pure, fed only by "
                              "mallocinfo_watch_server; EUnit in mallocinfo_watch_ring_tests"},
      {mallocinfo_http_timeline, "@private: the timeline's JSON and page, made only by "
@@ -148,6 +151,20 @@ cases(S) ->
                                 #{min_age_ms => 1}],
     WatchOpts = not_opts() ++ [#{junk => 1}, #{period => 999}, #{period => 3600001},
                                 #{period => 1.5e3}, #{period => "1000"}, #{period => 1000, junk => 1}],
+    Capture = #{rss_above => 1 bsl 60, dir => S},
+    CaptureOpts = not_opts() ++ [maps:remove(dir, Capture), maps:remove(rss_above, Capture),
+                                 Capture#{junk => 1}, Capture#{rss_above => 0},
+                                 Capture#{rss_above => -1}, Capture#{rss_above => 1.5},
+                                 Capture#{rss_above => {fraction, 0}},
+                                 Capture#{rss_above => {fraction, 1.5}},
+                                 Capture#{rss_above => {fraction, "0.5"}},
+                                 Capture#{rss_above => {fractions, 0.5}},
+                                 Capture#{dir => ""}, Capture#{period => 99},
+                                 Capture#{period => 60001}, Capture#{min_interval => -1},
+                                 Capture#{keep => 0}, Capture#{keep => 1001},
+                                 Capture#{max_file_bytes => 4095}, Capture#{keep => 1.5}]
+        ++ [Capture#{dir => D} || D <- not_a_path()],
+    CaptureState = #{mark => 1, min_interval => 0, armed => true, last => undefined},
     ReportOpts = [#{junk => 1}, #{interval => 0}, #{interval => 1.5}, #{interval => 1 bsl 32},
                   #{interval => junk}, #{startup_blocks => 1}],
     Count = [junk, -1, 1.5, [a | b], <<"1">>, "1", {1}, 1 bsl 64],
@@ -178,6 +195,29 @@ cases(S) ->
                                  -1] ++ ReportOpts}]},
      {mallocinfo, watch, [{#{period => 1000}, WatchOpts}]},
      {mallocinfo_watch, watch, [{#{period => 1000}, WatchOpts}]},
+     {mallocinfo, capture_on, [{Capture, CaptureOpts}]},
+     %% mallocinfo_watch_capture
+     {mallocinfo_watch_capture, capture_on, [{Capture, CaptureOpts}]},
+     {mallocinfo_watch_capture, cgroup_limit, [{Path, not_a_path()}, {S, not_a_path()}]},
+     {mallocinfo_watch_capture, mark, [{1, junk() ++ [0, {fraction, 0}, {fraction, 2}]},
+                                       {fun() -> {error, no_limit} end,
+                                        [junk, fun(_) -> 1 end, {a, b}]}]},
+     {mallocinfo_watch_capture, step, [{0, [junk, -1, 1.5, "1", <<"1">>]},
+                                       {0, [junk, 1.5, "1", <<"1">>, [a | b]]},
+                                       {CaptureState,
+                                        junk() ++ [#{}, CaptureState#{mark => 0},
+                                                   CaptureState#{armed => 1},
+                                                   CaptureState#{last => junk},
+                                                   CaptureState#{min_interval => -1},
+                                                   maps:remove(last, CaptureState)]}]},
+     {mallocinfo_watch_capture, rearm, [{1, [0, -1, 1.5, junk, "1", <<"1">>, [a | b]]}]},
+     {mallocinfo_watch_capture, stamp, [{0, [-1, 1.5, junk, "1", <<"1">>, [a | b]]}]},
+     {mallocinfo_watch_capture, file_name, [{"s", [junk, [a | b], <<"s">>, [-1], {a}, 1]},
+                                            {"k", [junk, [a | b], <<"k">>, [-1], {a}, 1]}]},
+     {mallocinfo_watch_capture, write_new, [{S, not_a_path()}, {"valid-new.txt", not_a_path()},
+                                            {<<"x">>, [junk, [a | b], [-1], 1, self(), [256],
+                                                       {a}]}]},
+     {mallocinfo_watch_capture, check_dir, [{S, not_a_path()}]},
      {mallocinfo_lib, path_binary, [{Path, not_a_path()}, {[], []}]},
      {mallocinfo_lib, path_name, [{Path, not_a_path()}, {[], []}]},
      {mallocinfo_lib, xmerl_candidates, [{[], [junk, [a | b], ["ok" | b], [junk], [<<"bin">>], {a},
@@ -287,7 +327,19 @@ cases(S) ->
                                         [#{junk => 1}, #{allocator => "glibc"}, #{rss => -1},
                                          #{rss => junk}, #{mallinfo => [a]},
                                          #{heaps => #{heaps => junk}},
-                                         #{tracker => #{preloaded => true, calls => junk}}]}]},
+                                         #{tracker => #{preloaded => true, calls => junk}},
+                                         #{layers => junk}, #{layers => #{}},
+                                         #{layers => #{source => junk, time => 1, values => #{}}},
+                                         #{layers => #{source => watch, time => 1.5,
+                                                       values => #{}}},
+                                         #{layers => #{source => watch, time => 1,
+                                                       values => [a]}},
+                                         #{layers => #{source => watch, time => 1,
+                                                       values => #{junk => 1}}},
+                                         #{layers => #{source => watch, time => 1,
+                                                       values => #{rss => -1}}},
+                                         #{layers => #{source => watch, time => 1,
+                                                       values => #{{memory, "x"} => 1}}}]}]},
      {mallocinfo_prom, render, [{[Family], [junk, [a | b], [Family | b], {a, b}, [junk],
                                             [Family#{type => histogram}], [Family, Family],
                                             [Family#{name => <<"1x">>}],
@@ -359,7 +411,8 @@ cases(S) ->
                                          lists:member({F, length(A)}, Old)]
     %% The internal homes of public functions that delegate to them: the
     %% same cases, so the checks are theirs, not the delegations'.
-        ++ [{mallocinfo_glibc, F, A} || {mallocinfo, F, A} <- Cases, F =/= report, F =/= watch]
+        ++ [{mallocinfo_glibc, F, A} || {mallocinfo, F, A} <- Cases, F =/= report, F =/= watch,
+                                        F =/= capture_on]
         ++ [{mallocinfo_heapmap_summary, totals, A} || {mallocinfo_heap, totals, A} <- Cases].
 
 not_pid() ->
@@ -450,6 +503,7 @@ valid_values_are_valid_test_() ->
                fun(S) ->
                        Unsafe = [{mallocinfo_http, start}, {mallocinfo_http, do},
                                  {mallocinfo, watch}, {mallocinfo_watch, watch},
+                                 {mallocinfo, capture_on}, {mallocinfo_watch_capture, capture_on},
                                  {mallocinfo, mallopt}, {mallocinfo, trim},
                                  {mallocinfo_trace, set_mode}, {mallocinfo_trace, attach},
                                  {mallocinfo_jemalloc, profile_active},

@@ -108,6 +108,40 @@ families_from_readings_test() ->
     %% usmblks is always 0 in glibc: not exported.
     ?assertEqual([], [N || N <- Names, binary:match(N, <<"usmblks">>) =/= nomatch]).
 
+%% The layers: one bytes family labelled as /timeline.json names them,
+%% the mappings' count apart, unread layers left out, and when they were
+%% read with their source.
+families_layers_test() ->
+    Layers = #{source => watch, time => 1700000000500,
+               values => #{rss => 100, mappings => 7, {smaps, anon} => 40,
+                           {memory, binary} => 30, {allocated, binary_alloc} => 20,
+                           {used, binary_alloc} => 10, {libc, in_use} => 5, native => undefined}},
+    Fams = mi_prom_parse:parse(mallocinfo_prom:render(mallocinfo_prom:families(
+                                                        #{layers => Layers}))),
+    ?assertEqual([<<"mallocinfo_layer_bytes">>, <<"mallocinfo_layer_mappings">>,
+                  <<"mallocinfo_layer_sample_time_seconds">>], [N || #{name := N} <- Fams]),
+    [?assertEqual(gauge, T) || #{type := T} <- Fams],
+    V = values(Fams),
+    Bytes = fun(L) -> maps:get({<<"mallocinfo_layer_bytes">>, #{<<"layer">> => L}}, V, none) end,
+    ?assertEqual([100, 40, 30, 20, 10, 5, none, none],
+                 [Bytes(L) || L <- [<<"rss">>, <<"smaps_anon">>, <<"erts_binary">>,
+                                    <<"alloc_binary_alloc_allocated">>,
+                                    <<"alloc_binary_alloc_used">>, <<"libc_in_use">>,
+                                    <<"native">>, <<"mappings">>]]),
+    ?assertEqual(6, length([K || {<<"mallocinfo_layer_bytes">>, _} = K <- maps:keys(V)])),
+    ?assertEqual(7, maps:get({<<"mallocinfo_layer_mappings">>, #{}}, V)),
+    ?assertEqual(1700000000.5, maps:get({<<"mallocinfo_layer_sample_time_seconds">>,
+                                         #{<<"source">> => <<"watch">>}}, V)).
+
+%% This node's scrape has the layers, read for the scrape (no sampler).
+metrics_has_layers_test() ->
+    V = values(mi_prom_parse:parse(iolist_to_binary(mallocinfo_prom:metrics()))),
+    Rss = maps:get({<<"mallocinfo_layer_bytes">>, #{<<"layer">> => <<"rss">>}}, V),
+    ?assert(Rss > 0),
+    ?assert(maps:get({<<"mallocinfo_layer_bytes">>, #{<<"layer">> => <<"erts_total">>}}, V) > 0),
+    ?assert(maps:is_key({<<"mallocinfo_layer_sample_time_seconds">>,
+                         #{<<"source">> => <<"scrape">>}}, V)).
+
 %% Only what is there: no tracker, no glibc, no jemalloc families.
 families_absent_sources_test() ->
     Fams = mallocinfo_prom:families(#{allocator => tcmalloc, rss => undefined,

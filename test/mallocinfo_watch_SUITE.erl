@@ -2,20 +2,23 @@
 %% was only loaded (as from the tarball) or sent over distribution (no .app
 %% file), the supervised sampler and its ring, history/0 naming what grows
 %% and who holds it, unwatch/0, and /timeline.json and /timeline.html, the
-%% page drawn by headless Chromium without a script error.
+%% page drawn by headless Chromium without a script error; /metrics's layer
+%% gauges scraped by a real Prometheus and read back with PromQL.
 -module(mallocinfo_watch_SUITE).
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([watch_names_growth/1, watch_options/1, sampler_restarts/1, watch_over_distribution/1,
-         timeline_endpoints/1, timeline_chromium/1, timeline_harness_sees_errors/1]).
+         timeline_endpoints/1, timeline_chromium/1, timeline_harness_sees_errors/1,
+         prometheus_scrapes_layers/1]).
 
 -define(HTTPC, mallocinfo_watch_suite).
 
 all() ->
     [watch_names_growth, watch_options, sampler_restarts, watch_over_distribution,
-     timeline_endpoints, timeline_chromium, timeline_harness_sees_errors].
+     timeline_endpoints, timeline_chromium, timeline_harness_sees_errors,
+     prometheus_scrapes_layers].
 
 init_per_suite(Config) ->
     {ok, _} = application:ensure_all_started(inets),
@@ -260,6 +263,98 @@ timeline_harness_sees_errors(Config) ->
                                          "file://" ++ File])),
     ?assertEqual(<<"1">>, maps:get(<<"data-errors">>, Attrs)),
     ?assertNot(maps:is_key(<<"data-ok">>, Attrs)).
+
+%% Debian's Prometheus scrapes the node's /metrics on loopback every
+%% second; PromQL through its HTTP API returns the layer series, their
+%% values the sampler's (each one an RSS the sampler's history holds), and
+%% every layer of /metrics.
+prometheus_scrapes_layers(Config) ->
+    Prom = case os:find_executable("prometheus") of
+               false -> ct:fail("prometheus is not installed: make deps installs it "
+                                "(docker/packages.txt)");
+               P -> P
+           end,
+    {ok, #{port := Port}} = call(Config, mallocinfo_http, start, []),
+    ok = call(Config, mallocinfo, watch, [#{period => 1000}]),
+    _ = wait_for(Config, 2, []),
+    Scratch = string:trim(os:cmd("mktemp -d")),
+    true = filelib:is_dir(Scratch),
+    PromPort = free_port(),
+    Yml = filename:join(Scratch, "prometheus.yml"),
+    ok = file:write_file(Yml, ["global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                               "scrape_configs:\n  - job_name: mallocinfo\n"
+                               "    static_configs:\n      - targets: ['127.0.0.1:",
+                               integer_to_list(Port), "']\n"]),
+    Log = filename:join(Scratch, "prometheus.log"),
+    PromArgs = ["--config.file=" ++ Yml, "--storage.tsdb.path=" ++ filename:join(Scratch, "data"),
+                "--web.listen-address=127.0.0.1:" ++ integer_to_list(PromPort)],
+    %% Through sh so its output goes to a file; exec keeps the pid ours.
+    PortRef = open_port({spawn_executable, "/bin/sh"},
+                        [{args, ["-c", "exec \"$0\" \"$@\" >" ++ Log ++ " 2>&1", Prom | PromArgs]},
+                         exit_status]),
+    {os_pid, OsPid} = erlang:port_info(PortRef, os_pid),
+    try
+        Query = fun(Q) -> prom_query(PromPort, Q) end,
+        %% Until the scrapes have landed (CT's timetrap bounds the wait).
+        [#{<<"metric">> := RssLabels, <<"value">> := [_, RssText]}] =
+            wait_series(Query, "mallocinfo_layer_bytes{layer=\"rss\"}", 1),
+        ct:log("rss series ~p = ~s", [RssLabels, RssText]),
+        ?assertMatch(#{<<"__name__">> := <<"mallocinfo_layer_bytes">>, <<"layer">> := <<"rss">>,
+                       <<"job">> := <<"mallocinfo">>}, RssLabels),
+        ?assertEqual(<<"127.0.0.1:", (integer_to_binary(Port))/binary>>,
+                     maps:get(<<"instance">>, RssLabels)),
+        {ok, #{samples := Samples}} = call(Config, mallocinfo, history, []),
+        Rss = binary_to_integer(RssText),
+        ?assert(lists:member(Rss, [R || #{layers := #{rss := R}} <- Samples])),
+        %% Every layer of the scrape is a series in Prometheus.
+        {200, _, Metrics} = get(Port, "/metrics"),
+        Layers = lists:usort([L || #{name := <<"mallocinfo_layer_bytes">>, samples := S}
+                                       <- mi_prom_parse:parse(Metrics),
+                                   #{labels := #{<<"layer">> := L}} <- S]),
+        ?assert(length(Layers) > 20),
+        Series = wait_series(Query, "mallocinfo_layer_bytes", length(Layers)),
+        ?assertEqual(Layers,
+                     lists:usort([L || #{<<"metric">> := #{<<"layer">> := L}} <- Series])),
+        [#{<<"value">> := [_, Sum]}] =
+            Query("sum(mallocinfo_layer_bytes{layer=~\"erts_(binary|ets)\"})"),
+        ?assert(binary_to_integer(Sum) > 0),
+        [#{<<"metric">> := #{<<"source">> := <<"watch">>}}] =
+            Query("mallocinfo_layer_sample_time_seconds")
+    after
+        os:cmd("kill " ++ integer_to_list(OsPid)),
+        receive {PortRef, {exit_status, St}} -> ct:log("prometheus exited ~p", [St]) end,
+        {ok, PromLog} = file:read_file(Log),
+        ct:log("~ts", [PromLog]),
+        "" = os:cmd("rm -r -- '" ++ Scratch ++ "'")
+    end.
+
+free_port() ->
+    {ok, L} = gen_tcp:listen(0, [{ip, {127, 0, 0, 1}}]),
+    {ok, P} = inet:port(L),
+    ok = gen_tcp:close(L),
+    P.
+
+%% The query's result; [] while Prometheus is not listening yet, or
+%% listens but answers 503 (its storage not ready: it says so until it is).
+prom_query(PromPort, Q) ->
+    Url = "http://127.0.0.1:" ++ integer_to_list(PromPort) ++ "/api/v1/query?"
+        ++ uri_string:compose_query([{"query", Q}]),
+    case httpc:request(get, {Url, []}, [{timeout, 120000}], [{body_format, binary}], ?HTTPC) of
+        {ok, {{_, 200, _}, _, Body}} ->
+            #{<<"status">> := <<"success">>, <<"data">> := #{<<"result">> := Result}} =
+                mi_json_decode:decode(Body),
+            Result;
+        {ok, {{_, 503, _}, _, _}} ->
+            [];
+        {error, {failed_connect, _}} ->
+            []
+    end.
+
+wait_series(Query, Q, N) ->
+    case Query(Q) of
+        Result when length(Result) >= N -> Result;
+        _ -> timer:sleep(500), wait_series(Query, Q, N)
+    end.
 
 %%% Helpers ------------------------------------------------------------------
 
