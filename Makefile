@@ -59,10 +59,12 @@ endif
 
 test-here: versions build fmt-check lint tarball test-c eunit ct
 
-# The glibc, OTP and compiler this runs on (first line of each matrix log).
+# The glibc, OTP, Elixir (when there is one) and compiler this runs on
+# (first line of each matrix log).
 versions:
-	@printf 'glibc %s, OTP %s, %s\n' "$$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" \
+	@printf 'glibc %s, OTP %s, %s%s\n' "$$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" \
 	  "$$(erl -noshell -eval 'io:put_chars(erlang:system_info(otp_release)), halt().')" \
+	  "$$(command -v elixir >/dev/null && elixir --version | sed -n 's/^\(Elixir [0-9.]*\).*/\1, /p')" \
 	  "$$($${CXX:-g++} --version | head -1)"
 
 # What the short matrix runs in each root: the build with warnings as
@@ -104,7 +106,8 @@ ct: demo tarball
 	@$(REBAR) ct --suite=$(CT_SUITES)
 
 # mallocinfo as a Mix dependency, its mix release with the tracker
-# preloaded and an iex session (doc/elixir.md; make test-matrix).
+# preloaded and an iex session (doc/elixir.md; make test-matrix, and alone
+# in the matrix's roots: scripts/matrix.sh elixir SUITE...).
 test-elixir: demo tarball
 	@$(REBAR) ct --suite=test/mallocinfo_elixir_SUITE
 

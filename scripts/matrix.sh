@@ -9,7 +9,10 @@
 #   scripts/matrix.sh full SUITE...    make test-matrix: the whole make test,
 #                                      the sanitizer builds (make test-san) and
 #                                      the Elixir suite (make test-elixir)
-#   scripts/matrix.sh start short|full SUITE...
+#   scripts/matrix.sh elixir SUITE...  only the Elixir suite (make test-elixir:
+#                                      the Mix dependency, mix release with the
+#                                      preloaded tracker, iex), in the full roots
+#   scripts/matrix.sh start short|full|elixir SUITE...
 #                                      the same in the background (make test
 #                                      runs its short matrix beside its own
 #                                      tests); its output in <log dir>/<flavour>.out
@@ -131,9 +134,9 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null 2>&1 || die "needs root or sudo (mmdebstrap builds the roots, bwrap runs them)"
   exec sudo --preserve-env=MALLOCINFO_MATRIX_CACHE,MALLOCINFO_MATRIX_LOGS,MALLOCINFO_MATRIX_MIRROR "$0" "$@"
 fi
-usage="usage: $0 short|full SUITE... | $0 start|prefetch short|full SUITE... | $0 wait|stop | $0 root short|full SUITE"
+usage="usage: $0 short|full|elixir SUITE... | $0 start short|full|elixir SUITE... | $0 prefetch short|full SUITE... | $0 wait|stop | $0 root short|full SUITE"
 case ${1:-} in
-  short | full) [ $# -ge 2 ] || die "$usage" ;;
+  short | full | elixir) [ $# -ge 2 ] || die "$usage" ;;
   start | prefetch) [ $# -ge 3 ] || die "$usage" ;;
   root) [ $# -eq 3 ] || die "$usage" ;;
   wait | stop) ;;
@@ -176,9 +179,12 @@ case $1 in
     ;;
   short) target=(test-short DEPS=--short) ;;
   full) target=(test test-san test-elixir) ;;
+  elixir) target=(versions test-elixir) ;;  # in the full root: elixir, tmux
   *) die "unknown flavour $1" ;;
 esac
+name=$1
 flavour=$1
+[ "$flavour" = elixir ] && flavour=full
 shift
 mkdir -p "$logs"
 # The roots of the later suites build while the first one's run.
@@ -189,9 +195,9 @@ for suite in "$@"; do
   root=$(build_root "$flavour" "$suite")
   log="$logs/$suite.log"
   if run_in_root "$suite" "$root" "${target[@]}" >"$log" 2>&1; then
-    echo "matrix: $suite ($flavour) passed in $((SECONDS - start)) s: $(grep -o 'glibc [0-9.]*, OTP [0-9]*' "$log" | head -1)"
+    echo "matrix: $suite ($name) passed in $((SECONDS - start)) s: $(grep -o 'glibc [0-9.]*, OTP [0-9]*\(, Elixir [0-9.]*\)\?' "$log" | head -1)"
   else
-    echo "matrix: $suite ($flavour) FAILED after $((SECONDS - start)) s; the end of $log:" >&2
+    echo "matrix: $suite ($name) FAILED after $((SECONDS - start)) s; the end of $log:" >&2
     tail -n 40 "$log" >&2
     failed+=("$suite")
   fi

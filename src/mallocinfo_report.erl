@@ -406,11 +406,15 @@ parse_smaps(Text) when is_binary(Text) ->
 parse_smaps({error, _} = Error) ->
     Error.
 
-%% instrument is in the tools application, which a release may lack.
+%% instrument is in the tools application up to OTP 25 and in runtime_tools
+%% from OTP 26 on; a release may lack either.
 instrument_call(F) ->
     case code:ensure_loaded(instrument) of
-        {module, instrument} -> guard(fun() -> instrument:F() end);
-        {error, _} -> {error, {missing_application, tools}}
+        {module, instrument} ->
+            guard(fun() -> instrument:F() end);
+        {error, _} ->
+            App = mallocinfo_report_build:instrument_app(erlang:system_info(otp_release)),
+            {error, {missing_application, App}}
     end.
 
 allocator() ->

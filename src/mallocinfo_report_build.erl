@@ -11,7 +11,8 @@
 -export([build/1]).
 %% The pieces, exported for tests.
 -export([allocator_types/1, erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1,
-         arena_max/2, culprit_view/3, growth_view/1, previous_view/2, mappings/1]).
+         instrument_app/1, arena_max/2, culprit_view/3, growth_view/1, previous_view/2,
+         mappings/1]).
 
 -define(MiB, (1 bsl 20)).
 %% A native call site that grew in every sample by at least this much over
@@ -203,8 +204,9 @@ carriers_summary({ok, {HistStart, Carriers}}) when is_list(Carriers) ->
       free_histogram => Hist,
       by_type => lists:reverse(lists:keysort(2, [{T, S, C, A}
                                                   || {T, {C, S, A}} <- maps:to_list(ByType)]))};
-carriers_summary({error, {missing_application, tools}} = E) ->
-    unavailable(E, <<"instrument is in the tools application: add tools to the release">>);
+carriers_summary({error, {missing_application, App}} = E)
+  when App =:= tools; App =:= runtime_tools ->
+    unavailable(E, add_instrument_app(App));
 carriers_summary(Other) ->
     unavailable(Other, <<"instrument:carriers/0 failed">>).
 
@@ -235,10 +237,25 @@ allocations_summary({ok, {HistStart, _Unscanned, ByOrigin}}) when is_map(ByOrigi
             end || {Origin, Types} <- maps:to_list(ByOrigin), is_map(Types),
                    {Type, Hist} <- maps:to_list(Types), is_tuple(Hist)],
     lists:reverse(lists:sort(fun(#{max_bytes := A}, #{max_bytes := B}) -> A =< B end, Rows));
-allocations_summary({error, {missing_application, tools}} = E) ->
-    unavailable(E, <<"instrument is in the tools application: add tools to the release">>);
+allocations_summary({error, {missing_application, App}} = E)
+  when App =:= tools; App =:= runtime_tools ->
+    unavailable(E, add_instrument_app(App));
 allocations_summary(Other) ->
     unavailable(Other, <<"instrument:allocations/0 failed">>).
+
+%% @doc The application `instrument' belongs to on an OTP release (as
+%% `erlang:system_info(otp_release)' gives it): tools up to OTP 25,
+%% runtime_tools from OTP 26 on, where it moved.
+-spec instrument_app(string()) -> tools | runtime_tools.
+instrument_app(OtpRelease) ->
+    case string:to_integer(OtpRelease) of
+        {N, _} when is_integer(N), N >= 26 -> runtime_tools;
+        _ -> tools
+    end.
+
+add_instrument_app(App) ->
+    A = atom_to_binary(App, utf8),
+    <<"instrument is in the ", A/binary, " application: add ", A/binary, " to the release">>.
 
 unavailable({error, Why}, How) -> {unavailable, Why, How};
 unavailable(Why, How) -> {unavailable, Why, How}.

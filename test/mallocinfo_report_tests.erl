@@ -88,8 +88,24 @@ carriers_summary_test() ->
                    hist_start := 512, free_histogram := [5, 4, 3, 2]}, S),
     ?assertEqual([{eheap_alloc, 524288, 1, 427048}, {binary_alloc, 131072, 2, 5504}],
                  maps:get(by_type, S)),
-    ?assertMatch({unavailable, {missing_application, tools}, _},
-                 ?R:carriers_summary({error, {missing_application, tools}})).
+    ?assertMatch({unavailable, {missing_application, tools},
+                  <<"instrument is in the tools application: add tools to the release">>},
+                 ?R:carriers_summary({error, {missing_application, tools}})),
+    ?assertMatch({unavailable, {missing_application, runtime_tools},
+                  <<"instrument is in the runtime_tools application: "
+                    "add runtime_tools to the release">>},
+                 ?R:allocations_summary({error, {missing_application, runtime_tools}})).
+
+%% instrument moved from tools to runtime_tools in OTP 26: the report's
+%% hint names the application that holds it on the running release.
+instrument_app_test() ->
+    ?assertEqual(tools, ?R:instrument_app("25")),
+    ?assertEqual(runtime_tools, ?R:instrument_app("26")),
+    ?assertEqual(runtime_tools, ?R:instrument_app("29")),
+    App = ?R:instrument_app(erlang:system_info(otp_release)),
+    %% .../lib/<app>-<vsn>/ebin/instrument.beam
+    LibDir = filename:basename(filename:dirname(filename:dirname(code:which(instrument)))),
+    ?assertEqual(atom_to_list(App), hd(string:split(LibDir, "-"))).
 
 allocations_summary_test() ->
     %% 64 blocks in bucket 10, i.e. above 128 * 2^9 and up to 128 * 2^10

@@ -34,6 +34,14 @@ struct FakeTracker {
     status.mode = MI_MODE_FULL;
     status.recording = 1;
   }
+  // A fake is a test case's local: once it is gone nothing reads it (one
+  // fake at a time, as above), and GCC 14's -Wdangling-pointer sees the
+  // installed pointer cleared.
+  ~FakeTracker() {
+    current() = nullptr;
+  }
+  FakeTracker(const FakeTracker&) = delete;
+  FakeTracker& operator=(const FakeTracker&) = delete;
 
   // The ABI reading this fake until another one's abi() is called.
   mi_preload_abi abi() {
