@@ -37,9 +37,7 @@ struct FakeTracker {
   // A fake is a test case's local: once it is gone nothing reads it (one
   // fake at a time, as above), and GCC 14's -Wdangling-pointer sees the
   // installed pointer cleared.
-  ~FakeTracker() {
-    current() = nullptr;
-  }
+  ~FakeTracker() { current() = nullptr; }
   FakeTracker(const FakeTracker&) = delete;
   FakeTracker& operator=(const FakeTracker&) = delete;
 
