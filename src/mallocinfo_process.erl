@@ -208,6 +208,9 @@ heap(Pid, Opts) ->
           [#{pid := pid(), name := term(), value := non_neg_integer(), by := atom(),
              atom() => term()}].
 top(N, native) when is_integer(N), N >= 0 ->
+    %% The context on (on a preloaded node, from this call on) and the
+    %% atom bound fresh, as mallocinfo_trace's views do.
+    _ = mallocinfo_trace_context:ensure(),
     ok = mallocinfo_trace_context:refresh(),
     case mallocinfo_nif:trace_by_context(N, process) of
         {ok, Rows, _Without} ->
