@@ -23,6 +23,13 @@
 -define(SMAPS_MS, 60000).
 %% Culprit figures kept between two searches, per layer (the largest).
 -define(KEEP_FIGURES, 300).
+%% The sampler's budget: a sample that searched culprits (a walk of every
+%% process, seconds on a node with 100k of them) is followed by no other
+%% search for 1/?BUDGET of its duration, so searching takes at most 0.3% of
+%% a core over time, however often layers grow: with the samples
+%% themselves (0.17% on a node of 100k processes, BENCHMARKS.md), the
+%% sampler stays within 0.5% of a core.
+-define(BUDGET, 0.003).
 
 -spec start_link(map()) -> {ok, pid()} | {error, term()}.
 start_link(Opts) ->
@@ -35,6 +42,7 @@ init(Opts) ->
     {ok, #{period => Period, ring => mallocinfo_watch_ring:new(mallocinfo_layers:keys(), Period),
            started => erlang:system_time(millisecond), next => erlang:monotonic_time(millisecond),
            culprits => #{}, searched => #{}, since => #{}, smaps_t => undefined, smaps => #{},
+           search_after => undefined,
            cost => #{last_us => 0, max_us => 0, total_us => 0, count => 0}}}.
 
 %% @private
@@ -81,8 +89,14 @@ terminate(_, _) ->
     ok.
 
 sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Since,
-          cost := Cost, smaps_t := SmapsT, smaps := SmapsLast} = S) ->
-    Due = due(Ring, Searched),
+          cost := Cost, smaps_t := SmapsT, smaps := SmapsLast, search_after := After} = S) ->
+    Due = case After of
+              undefined -> due(Ring, Searched);
+              _ -> case erlang:monotonic_time(millisecond) >= After of
+                       true -> due(Ring, Searched);
+                       false -> []
+                   end
+          end,
     %% A search made because its layer grew (any but the first).
     Growing = map_size(Searched) > 0,
     Now = erlang:monotonic_time(millisecond),
@@ -112,6 +126,10 @@ sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Sinc
                                        end, Found)),
        searched => maps:merge(Searched, maps:map(fun(_, V) -> {T, V, Growing} end, Values)),
        since => maps:merge(Since, maps:map(fun(_, M) -> largest(M) end, Figures)),
+       search_after => case Due of
+                           [] -> After;
+                           _ -> erlang:monotonic_time(millisecond) + round(Us / 1000 / ?BUDGET)
+                       end,
        cost => #{last_us => Us, max_us => max(Us, maps:get(max_us, Cost)),
                  total_us => maps:get(total_us, Cost) + Us, count => maps:get(count, Cost) + 1}}.
 

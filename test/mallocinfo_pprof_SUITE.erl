@@ -283,7 +283,7 @@ flamegraph_chromium(Config) ->
     Views = [{"function", <<"mi_pprof_leak_here">>}, {"object", <<"mi_pprof_nif.so">>}],
     [begin
          Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
-                                 "'" ++ url(Config, "/flamegraph.html?view=" ++ View) ++ "'"]),
+                                 url(Config, "/flamegraph.html?view=" ++ View)]),
          Attrs = mi_ct:body_attrs(Dom),
          ct:log("view ~s: ~p", [View, Attrs]),
          ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-errors">> := <<"0">>}, Attrs),
@@ -293,14 +293,13 @@ flamegraph_chromium(Config) ->
      end || {View, Widest} <- Views],
     %% The search box: searching the function highlights exactly its bytes.
     Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
-                            "'" ++ url(Config, "/flamegraph.html?view=stack&search=mi_pprof_leak")
-                            ++ "'"]),
+                            url(Config, "/flamegraph.html?view=stack&search=mi_pprof_leak")]),
     ?assertMatch(#{<<"data-matched">> := <<"67108864">>, <<"data-ok">> := <<"1">>},
                  mi_ct:body_attrs(Dom)),
     Shot = filename:join(scratch(Config, "shot"), "flamegraph.png"),
     _ = mi_ct:chromium(Config, ["--window-size=1200,700", "--virtual-time-budget=10000",
                           "--screenshot=" ++ Shot,
-                          "'" ++ url(Config, "/flamegraph.html?view=function") ++ "'"]),
+                          url(Config, "/flamegraph.html?view=function")]),
     {ok, Png} = file:read_file(Shot),
     <<137, "PNG", _/binary>> = Png,
     ct:log("screenshot: <a href=\"~ts\">~ts</a>", [Shot, Shot]).
@@ -321,7 +320,7 @@ small_leak_on_top(Config) ->
     [{Top, Flat, _} | _] = go_top(Config, url(Config, "/debug/pprof/heap")),
     ?assertEqual({<<"mi_pprof_leak_here">>, 333000}, {Top, Flat}),
     Dom = mi_ct:chromium(Config, ["--virtual-time-budget=10000", "--dump-dom",
-                            "'" ++ url(Config, "/flamegraph.html?view=function") ++ "'"]),
+                            url(Config, "/flamegraph.html?view=function")]),
     Attrs = mi_ct:body_attrs(Dom),
     ct:log("~p", [Attrs]),
     ?assertMatch(#{<<"data-ok">> := <<"1">>, <<"data-widest">> := <<"mi_pprof_leak_here">>},
