@@ -90,13 +90,8 @@ terminate(_, _) ->
 
 sample(#{ring := Ring, culprits := Culprits, searched := Searched, since := Since,
           cost := Cost, smaps_t := SmapsT, smaps := SmapsLast, search_after := After} = S) ->
-    Due = case After of
-              undefined -> due(Ring, Searched);
-              _ -> case erlang:monotonic_time(millisecond) >= After of
-                       true -> due(Ring, Searched);
-                       false -> []
-                   end
-          end,
+    Budget = After =:= undefined orelse erlang:monotonic_time(millisecond) >= After,
+    Due = due(Ring, Searched, Budget),
     %% A search made because its layer grew (any but the first).
     Growing = map_size(Searched) > 0,
     Now = erlang:monotonic_time(millisecond),
@@ -166,9 +161,12 @@ largest(Values) ->
 %% The culprit layers to search in this sample: never searched yet, or
 %% grown by the noise threshold since their last search, and then at once
 %% if that search found the layer idle (the growth has just begun: its
-%% culprits are wanted now), else a minute after it. binary and processes
-%% share a walk.
-due(Ring, Searched) ->
+%% culprits are wanted now), else a minute after it and once the budget
+%% allows (Budget: the time ?BUDGET set after the last search has passed).
+%% The search made at once is one per layer per watch (only the first
+%% sample's searches find a layer idle), so the budget bounds the rest.
+%% binary and processes share a walk.
+due(Ring, Searched, Budget) ->
     case mallocinfo_watch_ring:latest(Ring) of
         none ->
             [binary, processes, ets, native];
@@ -179,7 +177,8 @@ due(Ring, Searched) ->
                                   true;
                               {T, V, WasGrowing} ->
                                   grown(mallocinfo_layers_growth:part_value(Layer, L), V)
-                                      andalso (not WasGrowing orelse Now - T >= ?CULPRIT_MS)
+                                      andalso (not WasGrowing
+                                               orelse Now - T >= ?CULPRIT_MS andalso Budget)
                           end
                   end,
             [Layer || Layer <- [binary, processes, ets, native], Due(Layer)]
