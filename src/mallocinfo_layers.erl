@@ -33,6 +33,8 @@
 
 -export([sample/0, sample/1, culprits/2, figures/3, heap_evidence/1]).
 -export([keys/0, smaps_kinds/0, culprit_layers/0]).
+%% An allocator's figures, for the report's accounting too.
+-export([current/2, blocks_size/1]).
 
 -export_type([sample/0, key/0, culprit/0]).
 
@@ -139,12 +141,19 @@ allocator_sizes(Instances) when is_list(Instances) ->
 allocator_sizes(_) ->
     {undefined, undefined}.
 
+%% @doc The current value of figure Key of an allocator instance's
+%% properties (`erlang:system_info({allocator, A})'): `{Key, Cur, ...}',
+%% 0 when absent.
+-spec current(atom(), list()) -> non_neg_integer().
 current(Key, Props) ->
     case lists:keyfind(Key, 1, Props) of
         T when is_tuple(T), tuple_size(T) >= 2, is_integer(element(2, T)) -> element(2, T);
         _ -> 0
     end.
 
+%% @doc The bytes of an allocator instance's blocks. OTP 23+: {blocks,
+%% [{Type, [{count, ...}, {size, Cur, ...}]}]}; before: {blocks_size, Cur, ...}.
+-spec blocks_size(list()) -> non_neg_integer().
 blocks_size(Props) ->
     case lists:keyfind(blocks, 1, Props) of
         {blocks, Types} when is_list(Types) ->

@@ -8,6 +8,9 @@
 %% arguments are not checked.
 -module(mallocinfo_report_build).
 
+%% An allocator's figures as erlang:system_info({allocator, A}) gives them.
+-import(mallocinfo_layers, [current/2, blocks_size/1]).
+
 -export([build/1]).
 %% The pieces, exported for tests.
 -export([allocator_types/1, erts_mmap_bytes/1, carriers_summary/1, allocations_summary/1,
@@ -125,7 +128,7 @@ allocator_type(Name, Instances) ->
     Sum = fun(F) -> lists:sum([F(P) || {_, P} <- Parts]) end,
     #{name => Name,
       allocated => Sum(fun(P) -> current(carriers_size, P) end),
-      used => Sum(fun blocks_size/1),
+      used => Sum(fun mallocinfo_layers:blocks_size/1),
       sys_alloc => Sum(fun(P) -> current(sys_alloc_carriers_size, P) end),
       mseg => Sum(fun(P) -> current(mseg_alloc_carriers_size, P) end),
       headroom => lists:sum([headroom(Info) || Info <- Infos])}.
@@ -150,22 +153,6 @@ headroom(Info) ->
     end.
 
 %% {Key, Current, ...}: the current value is the first.
-current(Key, Props) ->
-    case lists:keyfind(Key, 1, Props) of
-        T when is_tuple(T), tuple_size(T) >= 2, is_integer(element(2, T)) -> element(2, T);
-        _ -> 0
-    end.
-
-%% OTP 23+: {blocks, [{Type, [{count, ...}, {size, Cur, ...}]}]};
-%% before: {blocks_size, Cur, ...}.
-blocks_size(Props) ->
-    case lists:keyfind(blocks, 1, Props) of
-        {blocks, Types} when is_list(Types) ->
-            lists:sum([current(size, L) || {_, L} <- Types, is_list(L)]);
-        _ ->
-            current(blocks_size, Props)
-    end.
-
 %% @doc Bytes ERTS has mapped itself (mseg carriers, the literal area):
 %% the `used' sizes of `erlang:system_info({allocator, erts_mmap})', over
 %% the default and literal mappers, OS and super-carrier parts.
