@@ -92,9 +92,11 @@ rss() ->
 %% turn, whatever fails is said in the notes.
 write(#{dir := Dir, mark := Mark, rss := Rss, max_file_bytes := Max}) ->
     Stamp = ?CAPTURE:stamp(erlang:system_time(millisecond)),
-    Recording = case catch mallocinfo_trace:status() of
+    Recording = try mallocinfo_trace:status() of
                     #{recording := true} -> true;
                     _ -> false
+                catch
+                    _:_ -> false
                 end,
     Parts = [{"report.txt",
               fun() -> {ok, mallocinfo_report:format(mallocinfo_report:collect())} end},
