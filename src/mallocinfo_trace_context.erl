@@ -25,8 +25,6 @@
                       p_hend]).
 -define(MAX_CPS, 8).
 -define(SCAN_WORDS, 256).
-%% The top 16 bits of a context header word (c_src/common/mi_context.h).
--define(HEADER_TAG, 16#E7C0).
 
 %% @doc Learns the VM's layout and hands it to the tracker. `ok' (also when
 %% the tracker had it already), `{error, not_preloaded | not_recording}'
@@ -136,21 +134,18 @@ dedup([]) -> [].
 %% Mfa a `{ModuleWord, FunctionWord, Arity}' of raw words or `none'.
 -spec split(binary()) -> {binary(), none | tuple()}.
 split(Bin) ->
-    split(Bin, 0).
-
-split(Bin, At) when At + 8 =< byte_size(Bin) ->
-    <<_:At/binary, W:64/native, Rest/binary>> = Bin,
-    case W bsr 48 of
-        ?HEADER_TAG ->
-            case context(W, [X || <<X:64/native>> <= Rest]) of
+    %% The header is found where mallocinfo_trace_growth:native/1 ends the
+    %% native frames.
+    At = byte_size(mallocinfo_trace_growth:native(Bin)),
+    case Bin of
+        <<_:At/binary, H:64/native, Rest/binary>> ->
+            case context(H, [X || <<X:64/native>> <= Rest]) of
                 none -> {Bin, none};
                 Ctx -> {binary:part(Bin, 0, At), Ctx}
             end;
         _ ->
-            split(Bin, At + 8)
-    end;
-split(Bin, _) ->
-    {Bin, none}.
+            {Bin, none}
+    end.
 
 context(H, Words) ->
     Kind = (H bsr 16) band 16#FF,
