@@ -96,7 +96,9 @@ start() ->
 %% once, the next one is answered 503; `max_header_size' (8192) bytes of
 %% request headers, more is a 413; `keep_alive_timeout' (10, at most
 %% 86400) seconds a connection may take to send a whole request head, and
-%% may stay idle between requests; `max_requests_per_connection' (100),
+%% may stay idle between requests (OTP 27's inets and later count the head
+%% from each packet instead, and have no deadline before the first byte
+%% without keep-alive: doc/http.md); `max_requests_per_connection' (100),
 %% then the server closes it (1: no keep-alive); `minimum_bytes_per_second'
 %% (100, or `false' for no minimum): a connection that sent fewer than 3
 %% times that in its first 3 seconds, or fewer than that in any second
@@ -168,8 +170,12 @@ start_httpd(Port, Ip, Limits) ->
     end.
 
 %% The limits as inets' httpd options.
+limits_conf(Limits) ->
+    limits_conf(Limits, request_timeout_option()).
+
 limits_conf(#{max_clients := Clients, max_header_size := Header, keep_alive_timeout := Timeout,
-              max_requests_per_connection := Requests, minimum_bytes_per_second := Rate}) ->
+              max_requests_per_connection := Requests, minimum_bytes_per_second := Rate},
+            RequestTimeout) ->
     [%% inets stops reading a request line at this many URI bytes (414),
      %% headers at max_header_size (413), before the end of either: its
      %% parser keeps them as lists, 16 bytes a character, so without a
@@ -180,16 +186,35 @@ limits_conf(#{max_clients := Clients, max_header_size := Header, keep_alive_time
      %% one is refused (413) before it is read.
      {max_body_size, ?MAX_BODY_SIZE},
      {max_clients, Clients},
-     %% The deadline for a request head, from the connection's start or
-     %% the previous response; data that trickles in does not move it.
-     {keep_alive_timeout, Timeout},
      {minimum_bytes_per_second, Rate}
-     | case Requests of
-           1 -> [{keep_alive, false}];
+     | timeouts_conf(Timeout, Requests, RequestTimeout)].
+
+%% inets up to 9.0 (OTP 25) has one deadline, keep_alive_timeout: for a
+%% request head, from the connection's start or the previous response;
+%% data that trickles in does not move it. Later inets (9.3 on OTP 27,
+%% 9.8 on OTP 29) split it: keep_alive_timeout until a request's first
+%% byte, then request_timeout until its end, re-armed by every packet (a
+%% trickle is ended by minimum_bytes_per_second alone), and it refuses a
+%% keep_alive_timeout beside {keep_alive, false}: without keep-alive it
+%% waits for the first byte with no deadline (minimum_bytes_per_second
+%% closes a silent connection after 3 s).
+timeouts_conf(Timeout, Requests, RequestTimeout) ->
+    [{request_timeout, Timeout} || RequestTimeout]
+    ++ case Requests of
+           1 when RequestTimeout -> [{keep_alive, false}];
+           1 -> [{keep_alive, false}, {keep_alive_timeout, Timeout}];
            %% inets counts the first request apart: its
            %% max_keep_alive_request N serves N + 1 requests.
-           _ -> [{keep_alive, true}, {max_keep_alive_request, Requests - 1}]
-       end].
+           _ -> [{keep_alive, true}, {max_keep_alive_request, Requests - 1},
+                 {keep_alive_timeout, Timeout}]
+       end.
+
+%% Whether this inets has request_timeout (the split deadlines above). Its
+%% request handler's own function tells, with no version table to keep:
+%% module_info lists local functions too.
+request_timeout_option() ->
+    _ = code:ensure_loaded(httpd_request_handler),
+    lists:member({get_request_timeout, 1}, httpd_request_handler:module_info(functions)).
 
 listen_error({listen, Posix}) when is_atom(Posix) ->
     Posix;
