@@ -151,6 +151,8 @@ fmt:
 # matrix's bookworm root check the format.
 FMT_MAJOR := 14
 fmt-check: deps
+	@! grep -ln 'include <catch2/' c_src/test/*.cpp || \
+	  { echo "fmt-check: include Catch2 through c_src/test/catch.h (version 2 and 3)"; exit 1; }
 	@v=$$(clang-format --version | sed -n 's/.*version \([0-9]*\).*/\1/p'); \
 	if [ "$$v" = $(FMT_MAJOR) ]; then clang-format --dry-run --Werror $(FMT_FILES); \
 	else echo "fmt-check: clang-format $$v is not $(FMT_MAJOR), which the tree follows: not checked here"; fi

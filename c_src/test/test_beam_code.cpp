@@ -2,11 +2,11 @@
 // before them (symbolize/beam_code.h), on fake code memory laid out as the
 // VM lays it out: shared stubs first, then each function's ErtsCodeInfo
 // (op, breakpoint, module, function, arity) right before its code.
-#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <vector>
+#include "catch.h"
 
 #include "../symbolize/beam_code.h"
 

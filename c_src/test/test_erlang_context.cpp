@@ -2,13 +2,13 @@
 // and its encoding at the end of a stack (common/mi_context.h), on fake VM
 // structures laid out as a mi_erlang_layout says: the reader must take what
 // checks out and stop, without reading further, at what does not.
-#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <string>
 #include <vector>
+#include "catch.h"
 
 #include "../common/mi_context.h"
 #include "../track/erlang_context.h"
