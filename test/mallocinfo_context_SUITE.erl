@@ -197,6 +197,25 @@ leak_and_check(Config, Estimated, Cut) ->
     Mine = fun(Rows) -> lists:sort([R || #{pid := P} = R <- Rows, P =:= Alpha orelse P =:= Beta])
            end,
     ?assertEqual(Mine(ByProcess), Mine(ByProcess2)),
+
+    %% The report names the processes holding the leak's function, by what
+    %% they run: three unregistered proc_lib processes by their
+    %% '$initial_call', the two registered ones by their names.
+    Workers = [begin
+                   {ok, W} = call(Config, proc_lib, start, [mi_ctx_alpha, proc_leak, [10, 128]]),
+                   W
+               end || _ <- lists:seq(1, 3)],
+    Report2 = call(Config, mallocinfo_report, collect, []),
+    #{native := #{functions := Functions2}} = Report2,
+    [LeakRow] = [F || #{function := <<"mi_ctx_leak_here">>} = F <- Functions2],
+    ?assertEqual([{{mi_ctx_alpha, proc_leak, 2}, 3}, {mi_ctx_alpha, 1}, {mi_ctx_beta, 1}],
+                 maps:get(processes, LeakRow)),
+    Text2 = iolist_to_binary(call(Config, mallocinfo_report, format, [Report2])),
+    Flat = iolist_to_binary(re:replace(Text2, "\n +", " ", [global])),
+    ct:pal("~ts", [Text2]),
+    ?assertNotEqual(nomatch, binary:match(Flat, <<"in 5 processes (3 mi_ctx_alpha:proc_leak/2, "
+                                                  "1 mi_ctx_alpha, 1 mi_ctx_beta)">>)),
+    [W ! stop || W <- Workers],
     ok = call(Config, mi_ctx_nif, release, []).
 
 %% A caller module's count and bytes, over both its functions.
