@@ -332,7 +332,8 @@ culprits_of(Snaps, Interval) ->
 %% The first ?PROCESS_ROWS native functions with `processes': the
 %% processes holding their blocks (the Erlang context), by name, as
 %% `[{Name, HowMany}]', most first (Name as mallocinfo_process:name/1 gives
-%% it, `undefined' for a process that exited). Read right after the
+%% it, `undefined' for a process that exited), and `processes_bytes', the
+%% bytes of the row they hold (blocks without a process are the rest). Read right after the
 %% snapshot the roll-up is of; the rows as they were without the context.
 with_processes(Functions) ->
     case mallocinfo_trace_culprits:function_processes(true) of
@@ -362,7 +363,7 @@ row_processes(#{label := native} = Row, ByKey, Names0) ->
                                  #{}, Names),
             Sorted = lists:sort(fun({A, X}, {B, Y}) -> X > Y orelse (X =:= Y andalso A =< B) end,
                                 maps:to_list(Counts)),
-            {Row#{processes => Sorted}, Names1}
+            {Row#{processes => Sorted, processes_bytes => lists:sum(maps:values(Pids))}, Names1}
     end;
 row_processes(Row, _, Names) ->
     {Row, Names}.

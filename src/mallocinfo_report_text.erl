@@ -317,7 +317,7 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
          _ -> [[io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
                               [bytes(B), count(C), count(St),
                                frame_text(maps:get(frame, F, undefined), 50)]),
-                erlang_lines(maps:get(erlang, F, []), maps:get(processes, F, []), B)]
+                erlang_lines(maps:get(erlang, F, []), F, B)]
                || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)]
      end,
      processes_lines(maps:get(processes, N, [])),
@@ -356,15 +356,15 @@ section_native(#{native := N}) ->
 %% Under a function: the Erlang functions that drove its blocks, and the
 %% processes holding them ("called from m:f/2 (80%), n:g/1 (20%) in 16
 %% xmpp_stream_in processes").
-erlang_lines([], [], _) ->
-    [];
-erlang_lines(Erl, Procs, B) ->
+erlang_lines(Erl, Row, B) ->
     Callers = case Erl of
                   [] -> "";
                   _ -> "called from " ++ callers_text(Erl, B)
               end,
-    Text = string:trim(Callers ++ mallocinfo_report_verdicts:processes_text(Procs), leading),
-    ["    ", wrap(Text, 76, "      "), "\n"].
+    case string:trim(Callers ++ mallocinfo_report_verdicts:row_processes_text(Row), leading) of
+        "" -> [];
+        Text -> ["    ", wrap(Text, 76, "      "), "\n"]
+    end.
 
 %% "m:f/2 (80%), n:g/1 (20%)": the Erlang functions that drove a row's
 %% blocks, with their share of its bytes.

@@ -12,7 +12,7 @@
 -export([rules/0, rule/2, verdicts/1]).
 %% What the report's text shares with the sentences.
 -export([culprit/1, proc_name/1, resident_parts/1, part_label/1, rss/1, mfa_text/1,
-         processes_text/1]).
+         processes_text/1, row_processes_text/1]).
 
 -define(MiB, (1 bsl 20)).
 %% A verdict needs at least this many bytes and this share of RSS.
@@ -98,7 +98,7 @@ rule(native_holder, #{native := #{functions := [#{bytes := B, count := C} = F | 
             {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts~ts~ts: ~ts",
                     [Who, About, bytes(B), About, count(C), From,
                      called_from(maps:get(erlang, F, []), B),
-                     processes_text(maps:get(processes, F, [])), Tail])}
+                     row_processes_text(F), Tail])}
     end;
 rule(native_growth, #{native := #{growth := #{leak := true, interval_ms := Ms0,
                                               growers := [G | _]} = Growth}}) ->
@@ -448,6 +448,18 @@ processes_text(Kinds) ->
            end,
     lists:flatten(io_lib:format(" in ~ts processes (~ts~ts)",
                                 [count(Total), lists:join(", ", Named), More])).
+
+%% @doc processes_text/1 of a roll-up row's `processes', followed by the
+%% share of the row's bytes they hold when it is not all of them (the
+%% rest was allocated outside any process, or before the Erlang context
+%% was on): " in 1 ssl_gen_statem process (4% of the bytes)".
+-spec row_processes_text(map()) -> string().
+row_processes_text(#{processes := [_ | _] = Procs, processes_bytes := Held, bytes := B})
+  when Held < B ->
+    lists:flatten([processes_text(Procs),
+                   io_lib:format(" (~b% of the bytes)", [Held * 100 div max(1, B)])]);
+row_processes_text(Row) ->
+    processes_text(maps:get(processes, Row, [])).
 
 plural(1) -> "";
 plural(_) -> "es".

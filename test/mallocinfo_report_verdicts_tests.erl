@@ -78,6 +78,12 @@ native_holder_names_processes_test() ->
     ?assertEqual(" in 2 processes (1 m:f/0, 1 {queue,<<\"q1\">>})",
                  ?V:processes_text([{{m, f, 0}, 1}, {{queue, <<"q1">>}, 1}])),
     ?assertEqual("", ?V:processes_text([])),
+    %% Processes holding part of the row's bytes: their share.
+    {_, S1} = ?V:rule(native_holder,
+                      (quiet())#{native := Native#{functions := [Row#{processes => [{{ssl_gen_statem, init, 1}, 1}],
+                                                                     processes_bytes => 30 * ?MiB}]}}),
+    ?assertMatch({_, _}, binary:match(S1, <<"(100%) in 1 ssl_gen_statem process (10% of the "
+                                            "bytes): ">>)),
     %% Without processes: the sentence as before.
     {_, S0} = ?V:rule(native_holder, (quiet())#{native := Native#{functions := [Row]}}),
     ?assertEqual(nomatch, binary:match(S0, <<" processes">>)).
