@@ -190,8 +190,9 @@ ectx_probe_dirty(_Tuple) -> erlang:nif_error(nif_not_loaded).
 ectx_enable(_Layout) -> erlang:nif_error(nif_not_loaded).
 -spec ectx_atoms(AtomCount :: non_neg_integer()) -> ok.
 ectx_atoms(_AtomCount) -> erlang:nif_error(nif_not_loaded).
--spec trace_by_context(N :: non_neg_integer(), process | erlang_function) ->
-          {ok, [{pid() | mfa(), non_neg_integer(), non_neg_integer(), boolean()}],
+-spec trace_by_context(N :: non_neg_integer(), process | erlang_function | site_process) ->
+          {ok, [{pid() | mfa(), non_neg_integer(), non_neg_integer(), boolean()}
+                | {binary(), pid(), non_neg_integer(), non_neg_integer(), boolean()}],
            {non_neg_integer(), non_neg_integer()}}
           | {error, no_tracker() | eagain}.
 trace_by_context(_N, _By) -> erlang:nif_error(nif_not_loaded).

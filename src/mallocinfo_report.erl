@@ -51,6 +51,8 @@
 -type report() :: #{atom() => term()}.
 -type node_result() :: {node(), {ok, report()} | {error, term()}}.
 
+%% Native function rows whose processes the report names.
+-define(PROCESS_ROWS, 20).
 -define(HEAP_MAP_TIMEOUT, 10000).
 -define(DEFAULT_TIMEOUT, 30000).
 -define(OLDS, 3).
@@ -283,7 +285,7 @@ culprits_of(Snaps, Interval) ->
                                                                     #{by => function,
                                                                       snapshot => Last,
                                                                       demangle => true}),
-                           #{functions => Functions,
+                           #{functions => with_processes(Functions),
                              objects => mallocinfo_trace_growth:objects_of(Functions),
                              live_bytes => maps:get(live_bytes, Last),
                              live_blocks => maps:get(live_blocks, Last)}
@@ -326,6 +328,45 @@ culprits_of(Snaps, Interval) ->
                 end,
     #{rollup => Rollup, olds => Olds, growth => Growth, previous_run => Previous,
       this_run => This, native_processes => Processes}.
+
+%% The first ?PROCESS_ROWS native functions with `processes': the
+%% processes holding their blocks (the Erlang context), by name, as
+%% `[{Name, HowMany}]', most first (Name as mallocinfo_process:name/1 gives
+%% it, `undefined' for a process that exited), and `processes_bytes', the
+%% bytes of the row they hold (blocks without a process are the rest). Read right after the
+%% snapshot the roll-up is of; the rows as they were without the context.
+with_processes(Functions) ->
+    case mallocinfo_trace_culprits:function_processes(true) of
+        {ok, ByKey} when map_size(ByKey) > 0 ->
+            {Top, Rest} = lists:split(min(?PROCESS_ROWS, length(Functions)), Functions),
+            {Named, _} = lists:mapfoldl(fun(Row, Names) -> row_processes(Row, ByKey, Names) end,
+                                        #{}, Top),
+            Named ++ Rest;
+        _ ->
+            Functions
+    end.
+
+row_processes(#{label := native} = Row, ByKey, Names0) ->
+    case maps:get(mallocinfo_trace_growth:row_key(Row), ByKey, #{}) of
+        Pids when map_size(Pids) =:= 0 ->
+            {Row, Names0};
+        Pids ->
+            {Names, Names1} =
+                lists:mapfoldl(fun(P, N) ->
+                                       case N of
+                                           #{P := Name} -> {Name, N};
+                                           #{} -> Name = mallocinfo_process:name(P),
+                                                  {Name, N#{P => Name}}
+                                       end
+                               end, Names0, maps:keys(Pids)),
+            Counts = lists:foldl(fun(Name, M) -> M#{Name => maps:get(Name, M, 0) + 1} end,
+                                 #{}, Names),
+            Sorted = lists:sort(fun({A, X}, {B, Y}) -> X > Y orelse (X =:= Y andalso A =< B) end,
+                                maps:to_list(Counts)),
+            {Row#{processes => Sorted, processes_bytes => lists:sum(maps:values(Pids))}, Names1}
+    end;
+row_processes(Row, _, Names) ->
+    {Row, Names}.
 
 %% What the next report compares with: when, the tracker's live bytes and
 %% the native functions' bytes (the largest 100).

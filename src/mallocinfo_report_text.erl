@@ -317,8 +317,7 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
          _ -> [[io_lib:format("  ~10ts ~7ts ~6ts  ~ts~n",
                               [bytes(B), count(C), count(St),
                                frame_text(maps:get(frame, F, undefined), 50)]),
-                [["    ", wrap("called from " ++ callers_text(Erl, B), 76, "      "), "\n"]
-                 || Erl <- [maps:get(erlang, F, [])], Erl =/= []]]
+                erlang_lines(maps:get(erlang, F, []), F, B)]
                || #{bytes := B, count := C, stacks := St} = F <- lists:sublist(Functions, 6)]
      end,
      processes_lines(maps:get(processes, N, [])),
@@ -353,6 +352,19 @@ section_native(#{native := N}) ->
      "oldest live blocks (size, age, allocated from):\n",
      [io_lib:format("  ~10ts ~8ts  ~ts~n", [bytes(Sz), age(A), frame_text(culprit(St), 57)])
       || #{size := Sz, age_ms := A, stack := St} <- Olds]].
+
+%% Under a function: the Erlang functions that drove its blocks, and the
+%% processes holding them ("called from m:f/2 (80%), n:g/1 (20%) in 16
+%% xmpp_stream_in processes").
+erlang_lines(Erl, Row, B) ->
+    Callers = case Erl of
+                  [] -> "";
+                  _ -> "called from " ++ callers_text(Erl, B)
+              end,
+    case string:trim(Callers ++ mallocinfo_report_verdicts:row_processes_text(Row), leading) of
+        "" -> [];
+        Text -> ["    ", wrap(Text, 76, "      "), "\n"]
+    end.
 
 %% "m:f/2 (80%), n:g/1 (20%)": the Erlang functions that drove a row's
 %% blocks, with their share of its bytes.

@@ -11,7 +11,8 @@
 
 -export([rules/0, rule/2, verdicts/1]).
 %% What the report's text shares with the sentences.
--export([culprit/1, proc_name/1, resident_parts/1, part_label/1, rss/1, mfa_text/1]).
+-export([culprit/1, proc_name/1, resident_parts/1, part_label/1, rss/1, mfa_text/1,
+         processes_text/1, row_processes_text/1]).
 
 -define(MiB, (1 bsl 20)).
 %% A verdict needs at least this many bytes and this share of RSS.
@@ -94,9 +95,10 @@ rule(native_holder, #{native := #{functions := [#{bytes := B, count := C} = F | 
                            <<"a leak if it keeps growing: mallocinfo:report(#{interval => 60000})"
                              " measures that">>
                    end,
-            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts~ts: ~ts",
+            {B, fmt("~ts holds ~ts~ts in ~ts~ts live blocks allocated from ~ts~ts~ts: ~ts",
                     [Who, About, bytes(B), About, count(C), From,
-                     called_from(maps:get(erlang, F, []), B), Tail])}
+                     called_from(maps:get(erlang, F, []), B),
+                     row_processes_text(F), Tail])}
     end;
 rule(native_growth, #{native := #{growth := #{leak := true, interval_ms := Ms0,
                                               growers := [G | _]} = Growth}}) ->
@@ -422,6 +424,53 @@ tracker_tables_text(B, Reserved, N, R) ->
 -spec mfa_text(#{module := atom(), function := atom(), arity := arity()}) -> string().
 mfa_text(#{module := M, function := F, arity := A}) ->
     lists:flatten(io_lib:format("~ts:~ts/~b", [atom_to_list(M), atom_to_list(F), A])).
+
+%% @doc " in 16 xmpp_stream_in processes" for a roll-up row's processes
+%% (`[{Name, HowMany}]', most first: mallocinfo_report's `processes'): a
+%% process by what it runs, its registered name, its label or the module
+%% of its initial call (`{Mod, init, 1}' for a proc_lib gen_server, as
+%% mallocinfo_process:name/1 reads '$initial_call'); several kinds: " in
+%% 17 processes (16 xmpp_stream_in, 1 mi_ctx_alpha)", at most three named.
+%% "" for none.
+-spec processes_text([{term(), pos_integer()}]) -> string().
+processes_text([]) ->
+    "";
+processes_text([{Name, N}]) ->
+    lists:flatten(io_lib:format(" in ~ts ~ts process~ts", [count(N), kind_text(Name),
+                                                            plural(N)]));
+processes_text(Kinds) ->
+    Total = lists:sum([N || {_, N} <- Kinds]),
+    Named = [io_lib:format("~ts ~ts", [count(N), kind_text(Name)])
+             || {Name, N} <- lists:sublist(Kinds, 3)],
+    More = case length(Kinds) - 3 of
+               M when M > 0 -> io_lib:format(" and ~b more kinds", [M]);
+               _ -> ""
+           end,
+    lists:flatten(io_lib:format(" in ~ts processes (~ts~ts)",
+                                [count(Total), lists:join(", ", Named), More])).
+
+%% @doc processes_text/1 of a roll-up row's `processes', followed by the
+%% share of the row's bytes they hold when it is not all of them (the
+%% rest was allocated outside any process, or before the Erlang context
+%% was on): " in 1 ssl_gen_statem process (4% of the bytes)".
+-spec row_processes_text(map()) -> string().
+row_processes_text(#{processes := [_ | _] = Procs, processes_bytes := Held, bytes := B})
+  when Held < B ->
+    lists:flatten([processes_text(Procs),
+                   io_lib:format(" (~b% of the bytes)", [Held * 100 div max(1, B)])]);
+row_processes_text(Row) ->
+    processes_text(maps:get(processes, Row, [])).
+
+plural(1) -> "";
+plural(_) -> "es".
+
+%% What a process runs, in a word where there is one.
+kind_text(undefined) -> "exited";
+kind_text(Name) when is_atom(Name) -> mallocinfo_text:name(Name);
+kind_text({M, init, 1}) when is_atom(M) -> mallocinfo_text:name(M);
+kind_text({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
+    mfa_text(#{module => M, function => F, arity => A});
+kind_text(Label) -> mallocinfo_text:name(io_lib:format("~0tP", [Label, 10])).
 
 %% ", called from m:f/2 (96%)" (and how many other Erlang functions) for a
 %% roll-up row's Erlang callers; "" when it has none.

@@ -627,13 +627,51 @@ profile_data(Demangle, SinceNs, Start, Seconds) ->
                                                "delta over ~b s: blocks allocated in that "
                                                "window and still live at its end", [Seconds]))
                             || Seconds > 0]],
-                    {ok, Snap#{maps => Maps, exe => Exe, time_nanos => Start,
-                               duration_nanos => Seconds * 1000000000, comments => Comments}};
+                    #{sites := Sites} = Snap,
+                    {ok, Snap#{sites => labelled(Sites), maps => Maps, exe => Exe,
+                               time_nanos => Start, duration_nanos => Seconds * 1000000000,
+                               comments => Comments}};
                 {error, _} = E ->
                     E
             end;
         {error, _} = E ->
             E
+    end.
+
+%% With the Erlang context on, the NIF splits each site by the process that
+%% allocated its blocks ({Count, Bytes, Stack, Pid | undefined}): the
+%% process becomes the sample's pprof labels, `pid' (as pid_to_list/1
+%% writes it) and `process' (its name as mallocinfo_process:name/1 gives
+%% it, while it lives). Each process is named once.
+labelled(Sites) ->
+    {Labelled, _} =
+        lists:mapfoldl(
+          fun({_, _, _} = Site, Names) ->
+                  {Site, Names};
+             ({C, B, S, undefined}, Names) ->
+                  {{C, B, S, []}, Names};
+             ({C, B, S, Pid}, Names) ->
+                  {Labels, Names1} =
+                      case Names of
+                          #{Pid := L} -> {L, Names};
+                          #{} -> L = process_labels(Pid), {L, Names#{Pid => L}}
+                      end,
+                  {{C, B, S, Labels}, Names1}
+          end, #{}, Sites),
+    Labelled.
+
+process_labels(Pid) ->
+    [{<<"pid">>, list_to_binary(pid_to_list(Pid))}
+     | case mallocinfo_process:name(Pid) of
+           undefined -> [];
+           Name -> [{<<"process">>, name_label(Name)}]
+       end].
+
+%% A name as the text mallocinfo_process:name_text/1 puts in parentheses.
+name_label(Name) ->
+    case iolist_to_binary(mallocinfo_process:name_text(Name)) of
+        <<" (", Rest/binary>> -> binary:part(Rest, 0, byte_size(Rest) - 1);
+        Other -> Other
     end.
 
 %% @doc Call counters per interposed function, bytes allocated and freed,

@@ -11,13 +11,41 @@
 %% `mallocinfo_trace' checks every argument first.
 -module(mallocinfo_trace_culprits).
 
--export([symbolized/2, stack_label/1, symbolize_stacks/2, culprits/2, rollup/3, mappings/2]).
+-export([symbolized/2, stack_label/1, symbolize_stacks/2, culprits/2, rollup/3, mappings/2,
+         function_processes/1]).
 
 %% Raw sites ({Count, Bytes, Estimated, PackedFrames}) rolled up by the
 %% function or the object of their culprits (mallocinfo_trace_growth:rollup/3).
 -spec rollup(function | object, [tuple()], boolean()) -> [map()].
 rollup(By, Raw, Demangle) ->
     mallocinfo_trace_growth:rollup(By, Raw, culprits(Raw, Demangle), callers(Raw)).
+
+%% The processes whose blocks each native function holds now (the Erlang
+%% context: the tracker's sites split by process), as
+%% `#{RowKey => #{Pid => Bytes}}', RowKey a roll-up by function's row key
+%% (mallocinfo_trace_growth:row_key/1). `{error, _}' without a recording
+%% tracker; an empty map without the Erlang context.
+-spec function_processes(boolean()) -> {ok, #{tuple() => #{pid() => non_neg_integer()}}}
+                                          | {error, atom()}.
+function_processes(Demangle) ->
+    _ = mallocinfo_trace_context:ensure(),
+    ok = mallocinfo_trace_context:refresh(),
+    case mallocinfo_nif:trace_by_context(1 bsl 62, site_process) of
+        {ok, Rows, _Without} ->
+            Culprits = culprits([{C, B, E, F} || {F, _, C, B, E} <- Rows], Demangle),
+            {ok, lists:foldl(
+                   fun({F, Pid, _, B, _}, Acc) ->
+                           Key = mallocinfo_trace_growth:row_key(
+                                   row_of(maps:get(F, Culprits))),
+                           Pids = maps:get(Key, Acc, #{}),
+                           Acc#{Key => Pids#{Pid => maps:get(Pid, Pids, 0) + B}}
+                   end, #{}, Rows)};
+        {error, _} = E ->
+            E
+    end.
+
+row_of({Label, undefined}) -> #{label => Label};
+row_of({Label, Frame}) -> #{label => Label, frame => Frame}.
 
 %% #{PackedFrames => #{module, function, arity}} for every raw site with
 %% an Erlang context: the Erlang function that drove it, as

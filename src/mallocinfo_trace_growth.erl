@@ -12,7 +12,7 @@
 %% return addresses for as long as its objects stay loaded.
 -module(mallocinfo_trace_growth).
 
--export([snapshot/3, diff/2, growth/1, addresses/1, native/1, rollup/4]).
+-export([snapshot/3, diff/2, growth/1, addresses/1, native/1, rollup/4, row_key/1]).
 
 %% The top 16 bits of the header of a stack's Erlang context
 %% (c_src/common/mi_context.h: MI_CONTEXT_MARKER).
@@ -224,6 +224,13 @@ rollup_key(_, {L, undefined}) -> {L, none};
 rollup_key(object, {L, #{object := O}}) -> {L, object, O};
 rollup_key(function, {L, #{object := O, symbol := S}}) when is_binary(S) -> {L, function, O, S};
 rollup_key(function, {L, #{object := O, address := A}}) -> {L, address, O, A}.
+
+%% @doc The key of a roll-up by function's row (rollup/4): the same for
+%% every site rolled into it (a site's key is rollup_key(function,
+%% Culprit)).
+-spec row_key(map()) -> tuple().
+row_key(#{label := L} = Row) ->
+    rollup_key(function, {L, maps:get(frame, Row, undefined)}).
 
 %% @doc Rolls raw sites up by culprit: `Culprits' maps each site's frames
 %% to `{Label, CulpritFrame | undefined}'. One row per key: `label',

@@ -5,7 +5,10 @@
 %% feeds it the NIF's snapshot and `/proc/self/maps'.
 %%
 %% Input (`data()'): `sites', `[{Count, Bytes, [LocationId]}]', stacks
-%% innermost frame first, ids 1-based positions in `locations',
+%% innermost frame first, ids 1-based positions in `locations' (or
+%% `{Count, Bytes, [LocationId], Labels}', Labels `[{Key, Value}]' of
+%% binaries: the sample's pprof labels, the process that allocated the
+%% blocks; the folded stacks add up a stack's samples),
 %% `[{Address, Object, Symbol | undefined, ObjectOffset}]' (each distinct
 %% return address once); `mode' and `sample_bytes' of the tracker;
 %% `maps', `/proc/self/maps' as read; `exe', the emulator's path (its
@@ -18,7 +21,9 @@
 -export_type([data/0]).
 
 -type location() :: {non_neg_integer(), binary(), binary() | undefined, non_neg_integer()}.
--type data() :: #{sites := [{non_neg_integer(), non_neg_integer(), [pos_integer()]}],
+-type site() :: {non_neg_integer(), non_neg_integer(), [pos_integer()]}
+              | {non_neg_integer(), non_neg_integer(), [pos_integer()], [{binary(), binary()}]}.
+-type data() :: #{sites := [site()],
                   locations := [location()],
                   mode := atom(),
                   sample_bytes := non_neg_integer(),
@@ -90,7 +95,7 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
                          message(4, uint(1, FunId))],
                   {Loc, {FunIds1, FunAcc1, NextFun1, S1b}}
           end, {#{}, [], 1, S4}, lists:zip(lists:seq(1, tuple_size(Locations)), Locs)),
-    HasEmpty = lists:any(fun({_, _, Stack}) -> Stack =:= [] end, Sites),
+    HasEmpty = lists:any(fun(Site) -> element(3, Site) =:= [] end, Sites),
     {NoStackMsgs, S6} =
         case HasEmpty of
             true ->
@@ -101,14 +106,18 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
             false ->
                 {none, S5}
         end,
-    {CommentIds, S7} = lists:mapfoldl(fun intern/2, S6, Comments),
+    {CommentIds, S6b} = lists:mapfoldl(fun intern/2, S6, Comments),
+    %% Labels: each site's [{KeyIndex, ValueIndex}].
+    {SiteLabels, S7} = lists:mapfoldl(fun site_labels/2, S6b, Sites),
     %% Every location id's varint, made once: 30K stacks of 32 frames
     %% reuse a few thousand ids, and copying a ready binary into the
     %% output costs less than encoding the integer again.
     Ids = list_to_tuple([mallocinfo_protobuf:varint(I) || I <- lists:seq(1, NoStack)]),
-    SampleMsgs = [[stack_field(case Stack of [] -> [NoStack]; _ -> Stack end, Ids),
-                   packed(2, [Count, Bytes, Count, Bytes])]
-                  || {Count, Bytes, Stack} <- Sites],
+    SampleMsgs = [[stack_field(case element(3, Site) of [] -> [NoStack]; Stack -> Stack end, Ids),
+                   packed(2, [element(1, Site), element(2, Site), element(1, Site),
+                              element(2, Site)]),
+                   [message(3, [int(1, K), int(2, V)]) || {K, V} <- Labels]]
+                  || {Site, Labels} <- lists:zip(Sites, SiteLabels)],
     {_, Strings, _} = S7,
     Period = case Mode of sample -> SampleBytes; _ -> 1 end,
     [[message(1, T) || T <- Types],
@@ -125,6 +134,15 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
      int(12, Period),
      packed(13, CommentIds),
      int(14, Default)].
+
+site_labels({_, _, _}, S) ->
+    {[], S};
+site_labels({_, _, _, Labels}, S) ->
+    lists:mapfoldl(fun({K, V}, Acc) ->
+                           {Ki, Acc1} = intern(K, Acc),
+                           {Vi, Acc2} = intern(V, Acc1),
+                           {{Ki, Vi}, Acc2}
+                   end, S, Labels).
 
 %% Sample.location_id, packed, from the ids' ready varints.
 stack_field(Stack, Ids) ->
@@ -209,12 +227,25 @@ folded(#{sites := Sites} = Data) ->
           [] -> ?NO_STACK;
           _ -> lists:join($;, [element(I, Names) || I <- lists:reverse(Stack)])
       end, $\s, integer_to_binary(Bytes), $\n]
-     || {_, Bytes, Stack} <- Sites, Bytes > 0].
+     || {Stack, Bytes} <- by_stack(Sites), Bytes > 0].
+
+%% Bytes by stack, in the order of each stack's first site: the samples of
+%% one stack (one a process) are one line.
+by_stack(Sites) ->
+    {Order, Bytes} = lists:foldl(fun(Site, {O, M}) ->
+                                         Stack = element(3, Site),
+                                         B = element(2, Site),
+                                         case M of
+                                             #{Stack := Old} -> {O, M#{Stack := Old + B}};
+                                             #{} -> {[Stack | O], M#{Stack => B}}
+                                         end
+                                 end, {[], #{}}, Sites),
+    [{Stack, maps:get(Stack, Bytes)} || Stack <- lists:reverse(Order)].
 
 %% @doc The bytes the folded lines of `Data' sum to.
 -spec folded_total(data()) -> non_neg_integer().
 folded_total(#{sites := Sites}) ->
-    lists:sum([B || {_, B, _} <- Sites]).
+    lists:sum([element(2, Site) || Site <- Sites]).
 
 %% @doc Every location's folded frame name, a tuple indexed by location id.
 -spec frame_names(data()) -> tuple().

@@ -5,7 +5,8 @@
 %% dirty one, inside a registered process of its own. Every view must say which process and which Erlang
 %% function drove each block: sites by process and by Erlang function (exact
 %% counts and bytes), the mixed stacks of sites/1 and of a snapshot's rows,
-%% mallocinfo_process:top/2 by native bytes, pprof and the folded stacks.
+%% mallocinfo_process:top/2 by native bytes, pprof (its samples labelled
+%% with the process) and the folded stacks.
 %% Preloaded (full, and sample with every block sampled) and attached.
 -module(mallocinfo_context_SUITE).
 -include_lib("common_test/include/ct.hrl").
@@ -158,6 +159,22 @@ leak_and_check(Config, Estimated, Cut) ->
     [?assert(lists:member({iolist_to_binary(io_lib:format("~s:~s/2", [M, F])), atom_to_binary(M)},
                           Functions))
      || {M, F, _, _, _} <- ?LEAKS],
+    %% Each leak sample is one process's blocks, labelled with its pid and
+    %% name: per process, the samples add up to its callers' totals.
+    #{samples := Samples} = mi_pprof_decode:profile(zlib:gunzip(Pprof)),
+    LeakSamples = [S || #{frames := Fr} = S <- Samples, lists:member(<<"mi_ctx_leak_here">>, Fr)],
+    ct:pal("leak samples: ~p", [[{V, maps:get(labels, S, [])} || #{values := V} = S <- LeakSamples]]),
+    [?assertMatch([_ | _], maps:get(labels, S, [])) || S <- LeakSamples],
+    [begin
+         PidText = list_to_binary(call(Config, erlang, pid_to_list, [Pid])),
+         Mine2 = [V || #{values := V, labels := L} <- LeakSamples,
+                       lists:member({<<"pid">>, PidText}, L)],
+         ?assertEqual(length(Mine2),
+                      length([V || #{values := V, labels := L} <- LeakSamples,
+                                   lists:member({<<"process">>, atom_to_binary(Name)}, L)])),
+         ?assertEqual(totals(Name), lists:foldl(fun([C, B, C, B], {AC, AB}) -> {AC + C, AB + B} end,
+                                                {0, 0}, Mine2))
+     end || {Pid, Name} <- [{Alpha, mi_ctx_alpha}, {Beta, mi_ctx_beta}]],
     %% The report's native section: the leak's function with its Erlang
     %% callers, and the two processes among those holding the most.
     Report = iolist_to_binary(call(Config, mallocinfo_report, format,
@@ -180,6 +197,25 @@ leak_and_check(Config, Estimated, Cut) ->
     Mine = fun(Rows) -> lists:sort([R || #{pid := P} = R <- Rows, P =:= Alpha orelse P =:= Beta])
            end,
     ?assertEqual(Mine(ByProcess), Mine(ByProcess2)),
+
+    %% The report names the processes holding the leak's function, by what
+    %% they run: three unregistered proc_lib processes by their
+    %% '$initial_call', the two registered ones by their names.
+    Workers = [begin
+                   {ok, W} = call(Config, proc_lib, start, [mi_ctx_alpha, proc_leak, [10, 128]]),
+                   W
+               end || _ <- lists:seq(1, 3)],
+    Report2 = call(Config, mallocinfo_report, collect, []),
+    #{native := #{functions := Functions2}} = Report2,
+    [LeakRow] = [F || #{function := <<"mi_ctx_leak_here">>} = F <- Functions2],
+    ?assertEqual([{{mi_ctx_alpha, proc_leak, 2}, 3}, {mi_ctx_alpha, 1}, {mi_ctx_beta, 1}],
+                 maps:get(processes, LeakRow)),
+    Text2 = iolist_to_binary(call(Config, mallocinfo_report, format, [Report2])),
+    Flat = iolist_to_binary(re:replace(Text2, "\n +", " ", [global])),
+    ct:pal("~ts", [Text2]),
+    ?assertNotEqual(nomatch, binary:match(Flat, <<"in 5 processes (3 mi_ctx_alpha:proc_leak/2, "
+                                                  "1 mi_ctx_alpha, 1 mi_ctx_beta)">>)),
+    [W ! stop || W <- Workers],
     ok = call(Config, mi_ctx_nif, release, []).
 
 %% A caller module's count and bytes, over both its functions.

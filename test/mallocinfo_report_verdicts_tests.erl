@@ -55,6 +55,39 @@ native_holder_names_vm_and_unknowns_test() ->
     ?assertMatch(<<"the NIF libfoo.so.1 holds 100.0 MiB in 3 live blocks allocated from "
                    "libfoo.so.1+0x10", _/binary>>, S2).
 
+%% With the Erlang context: the Erlang caller, and the processes holding
+%% the blocks, by what they run (a proc_lib gen_server by its module).
+native_holder_names_processes_test() ->
+    F = frame(<<"/usr/lib/ejabberd/priv/lib/fast_tls.so">>, <<"SSL_new">>),
+    Row = #{bytes => 300 * ?MiB, count => 16, stacks => 1, frame => F, label => native,
+            object => <<"/usr/lib/ejabberd/priv/lib/fast_tls.so">>, function => <<"SSL_new">>,
+            erlang => [{#{module => fast_tls, function => open_nif, arity => 9}, 300 * ?MiB}]},
+    Native = #{mode => full, live_bytes => 300 * ?MiB, live_entries => 16,
+               functions => [Row#{processes => [{{xmpp_stream_in, init, 1}, 16}]}],
+               objects => [], olds => []},
+    {_, S} = ?V:rule(native_holder, (quiet())#{native := Native}),
+    ?assertEqual(<<"the NIF fast_tls.so holds 300.0 MiB in 16 live blocks allocated from SSL_new, "
+                   "called from fast_tls:open_nif/9 (100%) in 16 xmpp_stream_in processes: a leak "
+                   "if it keeps growing: mallocinfo:report(#{interval => 60000}) measures that">>,
+                 S),
+    %% Several kinds, a registered one, one that exited: at most three named.
+    ?assertEqual(" in 1 mi_ctx_alpha process", ?V:processes_text([{mi_ctx_alpha, 1}])),
+    ?assertEqual(" in 21 processes (16 xmpp_stream_in, 2 mi_ctx_alpha, 2 exited and 1 more kinds)",
+                 ?V:processes_text([{{xmpp_stream_in, init, 1}, 16}, {mi_ctx_alpha, 2},
+                                    {undefined, 2}, {{m, f, 0}, 1}])),
+    ?assertEqual(" in 2 processes (1 m:f/0, 1 {queue,<<\"q1\">>})",
+                 ?V:processes_text([{{m, f, 0}, 1}, {{queue, <<"q1">>}, 1}])),
+    ?assertEqual("", ?V:processes_text([])),
+    %% Processes holding part of the row's bytes: their share.
+    {_, S1} = ?V:rule(native_holder,
+                      (quiet())#{native := Native#{functions := [Row#{processes => [{{ssl_gen_statem, init, 1}, 1}],
+                                                                     processes_bytes => 30 * ?MiB}]}}),
+    ?assertMatch({_, _}, binary:match(S1, <<"(100%) in 1 ssl_gen_statem process (10% of the "
+                                            "bytes): ">>)),
+    %% Without processes: the sentence as before.
+    {_, S0} = ?V:rule(native_holder, (quiet())#{native := Native#{functions := [Row]}}),
+    ?assertEqual(nomatch, binary:match(S0, <<" processes">>)).
+
 native_holder_small_site_test() ->
     %% 40 MiB is 3.9% of 1 GiB: below the 5% a verdict needs.
     Small = with_site(site(40 * ?MiB, 10, 1000, [frame(<<"/x.so">>, <<"f">>)])),

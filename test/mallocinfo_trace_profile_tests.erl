@@ -125,6 +125,33 @@ profile_read_back_test() ->
                     frames => [<<"[unmapped]+0x0">>, <<"y.so+0x1000">>],
                     leaf => <<"[unmapped]+0x0">>, locations => [3, 2]}], Samples).
 
+%% Samples with labels (the process of a site's blocks, Erlang context on):
+%% each sample carries its own, the strings interned once; a site without
+%% labels carries none.
+profile_labels_test() ->
+    Data = (tiny())#{sites => [{2, 64, [1], [{<<"pid">>, <<"<0.90.0>">>},
+                                             {<<"process">>, <<"conn_a">>}]},
+                               {1, 32, [1], [{<<"pid">>, <<"<0.91.0>">>},
+                                             {<<"process">>, <<"conn_a">>}]},
+                               {1, 8, [1], []},
+                               {1, 4, [1]}]},
+    P = mi_pprof_decode:profile(b(mallocinfo_trace_profile:encode(Data))),
+    ?assertMatch([#{values := [2, 64, 2, 64], frames := [<<"f">>],
+                    labels := [{<<"pid">>, <<"<0.90.0>">>}, {<<"process">>, <<"conn_a">>}]},
+                  #{values := [1, 32, 1, 32],
+                    labels := [{<<"pid">>, <<"<0.91.0>">>}, {<<"process">>, <<"conn_a">>}]},
+                  #{values := [1, 8, 1, 8]},
+                  #{values := [1, 4, 1, 4]}], maps:get(samples, P)),
+    [_, _, S3, S4] = maps:get(samples, P),
+    ?assertNot(is_map_key(labels, S3)),
+    ?assertNot(is_map_key(labels, S4)),
+    Strings = maps:get(strings, P),
+    ?assertEqual(1, length([X || X <- Strings, X =:= <<"conn_a">>])),
+    ?assertEqual(1, length([X || X <- Strings, X =:= <<"pid">>])),
+    %% The folded stacks add a stack's samples up: one line.
+    ?assertEqual(<<"f (x.so) 108\n">>, b(mallocinfo_trace_profile:folded(Data))),
+    ?assertEqual(108, mallocinfo_trace_profile:folded_total(Data)).
+
 mappings_test() ->
     Maps = <<"55d0c19f7000-55d0c1a5d000 r--p 00000000 fe:00 9953300  /usr/bin/beam.smp\n"
              "55d0c1a5d000-55d0c1b00000 r-xp 00066000 fe:00 9953300  /usr/bin/beam.smp\n"

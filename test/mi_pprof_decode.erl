@@ -48,7 +48,8 @@ one(Field, Fields, Default) ->
 %% The profile as a map: sample_types [{Type, Unit}], default_sample_type,
 %% period_type, period, time_nanos, duration_nanos, comments, mappings
 %% (maps), samples (#{values, frames (function names, leaf first), leaf,
-%% locations}), and the raw string table.
+%% locations}, and labels [{Key, Value}] when the sample has string
+%% labels), and the raw string table.
 profile(Bin) ->
     F = fields(Bin),
     Strings = list_to_tuple(all(6, F)),
@@ -83,8 +84,16 @@ profile(Bin) ->
                    Values = lists:append([varints(P) || P <- all(2, Sf)]),
                    Frames = [Name || Id <- Ids,
                                      #{name := Name} <- maps:get(functions, maps:get(Id, Locations))],
-                   #{values => Values, locations => Ids, frames => Frames,
-                     leaf => case Frames of [] -> undefined; [L | _] -> L end}
+                   Labels = [begin
+                                 Lf = fields(L),
+                                 {S(one(1, Lf, 0)), S(one(2, Lf, 0))}
+                             end || L <- all(3, Sf)],
+                   Sample = #{values => Values, locations => Ids, frames => Frames,
+                              leaf => case Frames of [] -> undefined; [Leaf | _] -> Leaf end},
+                   case Labels of
+                       [] -> Sample;
+                       _ -> Sample#{labels => Labels}
+                   end
                end || B <- all(2, F)],
     #{sample_types => [VT(B) || B <- all(1, F)],
       default_sample_type => S(one(14, F, 0)),

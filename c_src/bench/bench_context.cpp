@@ -7,7 +7,13 @@
 // bench/context.sh's ratio is about, without the machine's noise):
 //
 //   valgrind --tool=callgrind --callgrind-out-file=/dev/null
-//     c_src/build/bench_context off|on ITERATIONS
+//     c_src/build/bench_context off|on|miss ITERATIONS
+//
+// `on` is a NIF allocating in a loop (every capture but the first is
+// answered by the thread's context cache); `miss` changes a y register of
+// the process's stack before every allocation, so every capture scans the
+// stack again (the first allocation of each NIF call, or of another
+// process running the same code): the context's words are the same.
 //
 // Prints the wall ns per pair too (noisy on a shared machine).
 #include <chrono>
@@ -108,10 +114,11 @@ uint64_t clock_ns() {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: bench_context off|on ITERATIONS\n");
+    std::fprintf(stderr, "usage: bench_context off|on|miss ITERATIONS\n");
     return 2;
   }
-  const bool on = std::strcmp(argv[1], "on") == 0;
+  const bool miss = std::strcmp(argv[1], "miss") == 0;
+  const bool on = miss || std::strcmp(argv[1], "on") == 0;
   const long n = std::atol(argv[2]);
   Tracker t;
   Config c;
@@ -121,7 +128,9 @@ int main(int argc, char** argv) {
   if (!t.init(c, fake_unwind, clock_ns)) return 1;
   if (on && !t.set_erlang_layout(fake_vm(), fake_sd, fake_name)) return 1;
   const auto start = std::chrono::steady_clock::now();
+  uint64_t& y0 = g_heap[g_heap.size() - 40];  // the stack's first word: a small integer
   for (long i = 0; i < n; ++i) {
+    if (miss) y0 ^= 0x10;
     void* p = std::malloc(64);
     t.on_alloc(MI_FN_MALLOC, p, 64);
     t.on_free(MI_FN_FREE, p, false);

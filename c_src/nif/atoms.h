@@ -213,6 +213,7 @@
   X(arity, "arity")                                 \
   X(process, "process")                             \
   X(erlang_function, "erlang_function")             \
+  X(site_process, "site_process")                   \
   X(erlang, "erlang")                               \
   X(thread, "thread")                               \
   X(pid, "pid")                                     \

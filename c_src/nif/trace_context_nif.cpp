@@ -161,14 +161,54 @@ ERL_NIF_TERM by_function(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi
   return answer(env, rows, without);
 }
 
+ERL_NIF_TERM by_site_process(ErlNifEnv* env, const mi_preload_abi* abi, const mi_abi_status& st,
+                             uint64_t n) {
+  std::vector<mi::sites::Site> parts = mi::sites::group_by_site_and_process(abi, st);
+  Sum without;
+  std::vector<mi::sites::Site> kept;
+  for (const mi::sites::Site& s : parts) {
+    if (s.pid != 0 && is_pid_word(s.pid) && s.stack != 0 &&
+        enif_is_pid(env, static_cast<ERL_NIF_TERM>(s.pid)))
+      kept.push_back(s);
+    else
+      add_sum(without, Sum{s.count, s.bytes, s.estimated});
+  }
+  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, kept.size()));
+  std::partial_sort(kept.begin(), kept.begin() + static_cast<ptrdiff_t>(k), kept.end(),
+                    mi::sites::larger_site);
+  for (size_t i = k; i < kept.size(); ++i)
+    add_sum(without, Sum{kept[i].count, kept[i].bytes, kept[i].estimated});
+  kept.resize(k);
+  std::vector<ERL_NIF_TERM> rows;
+  rows.reserve(k);
+  std::unordered_map<uint32_t, ERL_NIF_TERM> packed;  // one binary per stack
+  for (const mi::sites::Site& s : kept) {
+    auto [it, fresh] = packed.try_emplace(s.stack, 0);
+    if (fresh) {
+      uint64_t words[mi::sites::kMaxFrames];
+      const uint32_t depth = mi::sites::stack_frames(abi, s.stack, words);
+      unsigned char* bytes = enif_make_new_binary(env, depth * sizeof(uint64_t), &it->second);
+      if (depth != 0) __builtin_memcpy(bytes, words, depth * sizeof(uint64_t));
+    }
+    rows.push_back(enif_make_tuple5(env, it->second, static_cast<ERL_NIF_TERM>(s.pid),
+                                    make_u64(env, mi::sites::rounded(s.count)),
+                                    make_u64(env, mi::sites::rounded(s.bytes)),
+                                    make_bool(s.estimated)));
+  }
+  return answer(env, rows, without);
+}
+
 }  // namespace
 
 ERL_NIF_TERM trace_by_context(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const uint64_t n = get_u64(env, argv[0]);
   const bool processes = enif_is_identical(argv[1], atoms.process);
-  if (!processes && !enif_is_identical(argv[1], atoms.erlang_function)) throw BadArg{};
+  const bool site_processes = enif_is_identical(argv[1], atoms.site_process);
+  if (!processes && !site_processes && !enif_is_identical(argv[1], atoms.erlang_function))
+    throw BadArg{};
   return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      if (site_processes) return by_site_process(env, abi, st, n);
       return processes ? by_process(env, abi, st, n) : by_function(env, abi, st, n);
     });
   });

@@ -10,12 +10,16 @@
 
 namespace mi::nif {
 
-// trace_by_context(N, process | erlang_function) ->
+// trace_by_context(N, process | erlang_function | site_process) ->
 //   {ok, Rows, {CountWithout, BytesWithout}} | {error, not_preloaded |
 //   not_recording | eagain}
 // Rows, the N largest by bytes, largest first:
 //   process:          [{Pid, Count, Bytes, Estimated}]
 //   erlang_function:  [{{Module, Function, Arity}, Count, Bytes, Estimated}]
+//   site_process:     [{Packed, Pid, Count, Bytes, Estimated}]: a call site
+//                     (its stack's raw words, as snapshot rows pack them)
+//                     and a process's blocks from it (which processes hold
+//                     a native function's memory)
 // A block's function is the innermost Erlang function below the one that
 // was running (the caller of a NIF: the first named return address on the
 // process's stack), or the running function when the stack has no other.

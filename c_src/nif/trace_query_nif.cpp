@@ -25,6 +25,7 @@ namespace mi::nif {
 
 using mi::sites::age_ms;
 using mi::sites::group_by_site;
+using mi::sites::group_by_site_and_process;
 using mi::sites::kMaxFrames;
 using mi::sites::larger_site;
 using mi::sites::Oldest;
@@ -162,20 +163,33 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 // SinceNs only, 0 for all) with its stack as indices into one table of
 // distinct return addresses, each symbolized once, in one batch. 30K sites
 // share a few tens of thousands of addresses: the Erlang side turns this
-// into a profile.proto without formatting a single address itself.
+// into a profile.proto without formatting a single address itself. With
+// the Erlang context on, a site's blocks are split by the process that
+// allocated them: {Count, Bytes, Stack, Pid | undefined} (the process as
+// a pprof label), else {Count, Bytes, Stack}.
 ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const bool demangle = enif_is_identical(argv[0], atoms.true_);
   const uint64_t since = get_u64(env, argv[1]);
   return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
       const uint64_t now = abi->now_ns();
-      std::vector<Site> sites = group_by_site(abi, st, since);
+      const bool by_process = st.erlang_context != 0;
+      std::vector<Site> sites =
+          by_process ? group_by_site_and_process(abi, st, since) : group_by_site(abi, st, since);
       std::sort(sites.begin(), sites.end(), larger_site);
+      // Each distinct stack once (a stack's sites are its processes').
       MixedStacks stacks;
       stacks.set_native_limit(st.stack_depth);
-      for (const Site& site : sites) {
-        uint64_t words[kMaxFrames];
-        stacks.add(words, stack_frames(abi, site.stack, words));
+      std::unordered_map<uint32_t, uint32_t> stack_at;  // stack id -> index in stacks
+      std::vector<uint32_t> site_stack(sites.size());
+      for (size_t i = 0; i < sites.size(); ++i) {
+        auto [it, fresh] =
+            stack_at.try_emplace(sites[i].stack, static_cast<uint32_t>(stack_at.size()));
+        if (fresh) {
+          uint64_t words[kMaxFrames];
+          stacks.add(words, stack_frames(abi, sites[i].stack, words));
+        }
+        site_stack[i] = it->second;
       }
       stacks.resolve(env, demangle);
       // One location per distinct frame: by address, or by name for the
@@ -184,10 +198,11 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       std::unordered_map<std::string, uint32_t> by_name;
       std::unordered_map<std::string, ERL_NIF_TERM> objects;  // one binary per object
       std::vector<ERL_NIF_TERM> locs;
-      std::vector<uint32_t> ids;  // every site's location ids, one after the other
-      std::vector<uint32_t> depths(sites.size());
-      for (size_t i = 0; i < sites.size(); ++i) {
+      std::vector<uint32_t> ids;  // every stack's location ids, one after the other
+      std::vector<uint32_t> depths(stacks.size()), starts(stacks.size());
+      for (size_t i = 0; i < stacks.size(); ++i) {
         depths[i] = static_cast<uint32_t>(stacks.frames(i).size());
+        starts[i] = static_cast<uint32_t>(ids.size());
         for (const mi::symbolize::Frame& f : stacks.frames(i)) {
           const uint32_t next_id = static_cast<uint32_t>(locs.size() + 1);
           const bool fresh =
@@ -208,14 +223,26 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
       }
       std::vector<ERL_NIF_TERM> out;
       out.reserve(sites.size());
+      std::vector<ERL_NIF_TERM> stack_terms(stacks.size());
       std::vector<ERL_NIF_TERM> stack;
-      size_t next = 0;
-      for (size_t i = 0; i < sites.size(); ++i) {
+      for (size_t i = 0; i < stacks.size(); ++i) {
         stack.clear();
-        for (uint32_t f = 0; f < depths[i]; ++f) stack.push_back(enif_make_uint(env, ids[next++]));
-        out.push_back(enif_make_tuple3(env, make_u64(env, rounded(sites[i].count)),
-                                       make_u64(env, rounded(sites[i].bytes)),
-                                       enif_make_list_from_array(env, stack.data(), depths[i])));
+        for (uint32_t f = 0; f < depths[i]; ++f)
+          stack.push_back(enif_make_uint(env, ids[starts[i] + f]));
+        stack_terms[i] = enif_make_list_from_array(env, stack.data(), depths[i]);
+      }
+      for (size_t i = 0; i < sites.size(); ++i) {
+        const ERL_NIF_TERM count = make_u64(env, rounded(sites[i].count));
+        const ERL_NIF_TERM bytes = make_u64(env, rounded(sites[i].bytes));
+        const ERL_NIF_TERM frames = stack_terms[site_stack[i]];
+        if (!by_process) {
+          out.push_back(enif_make_tuple3(env, count, bytes, frames));
+          continue;
+        }
+        // A pid word is handed to the VM only when it is tagged as one.
+        const auto pid = static_cast<ERL_NIF_TERM>(sites[i].pid);
+        const bool is_pid = (sites[i].pid & 0xF) == 0x3 && enif_is_pid(env, pid);
+        out.push_back(enif_make_tuple4(env, count, bytes, frames, is_pid ? pid : atoms.undefined));
       }
       return enif_make_tuple2(
           env, atoms.ok,

@@ -11,6 +11,19 @@ namespace mi::sites {
 
 namespace {
 
+void add_entry(Site& s, const mi_abi_entry& e, uint64_t mean) {
+  if (e.flags & MI_ENTRY_SAMPLED) {
+    const mi::sampling::Weight w = mi::sampling::weight(e.size, mean);
+    s.count += w.count;
+    s.bytes += w.bytes;
+    s.estimated = true;
+  } else {
+    s.count += 1;
+    s.bytes += static_cast<double>(e.size);
+  }
+  s.oldest = std::min(s.oldest, e.timestamp_ns);
+}
+
 void merge_into(Site& to, const Site& from) {
   to.count += from.count;
   to.bytes += from.bytes;
@@ -79,17 +92,7 @@ std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& 
         sites.push_back(Site{e[i].stack_id, 0, 0, UINT64_MAX, false});
         index.add(e[i].stack_id, at);
       }
-      Site& s = sites[at];
-      if (e[i].flags & MI_ENTRY_SAMPLED) {
-        const mi::sampling::Weight w = mi::sampling::weight(e[i].size, st.sample_bytes);
-        s.count += w.count;
-        s.bytes += w.bytes;
-        s.estimated = true;
-      } else {
-        s.count += 1;
-        s.bytes += static_cast<double>(e[i].size);
-      }
-      s.oldest = std::min(s.oldest, e[i].timestamp_ns);
+      add_entry(sites[at], e[i], st.sample_bytes);
     }
   });
 
@@ -115,6 +118,60 @@ std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& 
     if (!gone[i]) sites[kept++] = sites[i];
   sites.resize(kept);
   return sites;
+}
+
+namespace {
+
+// A (stack id, pid) pair as one hash key.
+struct PartKey {
+  uint32_t stack;
+  uint64_t pid;
+  bool operator==(const PartKey&) const = default;
+};
+struct PartHash {
+  size_t operator()(const PartKey& k) const {
+    uint64_t h = (k.pid ^ (uint64_t{k.stack} << 32 | k.stack)) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+}  // namespace
+
+std::vector<Site> group_by_site_and_process(const mi_preload_abi* abi, const mi_abi_status& st,
+                                            uint64_t since_ns) {
+  // By (stack id, pid) first; then each stack id's canonical id, and the
+  // parts of merged ids merged by (canonical id, pid).
+  std::unordered_map<PartKey, Site, PartHash> parts;
+  stream_snapshot(abi, [&](const mi_abi_entry* e, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      if (e[i].timestamp_ns < since_ns) continue;
+      auto [it, fresh] = parts.try_emplace(PartKey{e[i].stack_id, e[i].pid},
+                                           Site{e[i].stack_id, 0, 0, UINT64_MAX, false, e[i].pid});
+      add_entry(it->second, e[i], st.sample_bytes);
+    }
+  });
+  std::vector<StackKey> keys;
+  {
+    std::unordered_map<uint32_t, bool> seen;
+    for (const auto& [k, site] : parts)
+      if (seen.try_emplace(k.stack, true).second) keys.push_back(StackKey{k.stack, 0, 0});
+  }
+  canonicalize(keys.data(), keys.size(), abi);
+  std::unordered_map<uint32_t, uint32_t> canonical;
+  for (const StackKey& k : keys) canonical[k.id] = k.canonical;
+  std::unordered_map<PartKey, Site, PartHash> merged;
+  for (const auto& [k, site] : parts) {
+    const uint32_t to = canonical.at(k.stack);
+    auto [it, fresh] = merged.try_emplace(PartKey{to, k.pid}, site);
+    if (fresh)
+      it->second.stack = to;
+    else
+      merge_into(it->second, site);
+  }
+  std::vector<Site> out;
+  out.reserve(merged.size());
+  for (const auto& [k, site] : merged) out.push_back(site);
+  return out;
 }
 
 }  // namespace mi::sites

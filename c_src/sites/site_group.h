@@ -31,6 +31,10 @@ struct Site {
   double bytes;     // their requested bytes (estimated when `estimated`)
   uint64_t oldest;  // the earliest timestamp among them, on now_ns()'s clock
   bool estimated;   // at least one block was sampled
+  // group_by_site_and_process only: the process (its pid word, as the
+  // tracker recorded it: mi_abi_entry.pid) whose blocks these are; 0 for
+  // blocks recorded without one. Always 0 from group_by_site.
+  uint64_t pid = 0;
 };
 
 // Every live block of `abi`'s table grouped by call site, in no particular
@@ -45,10 +49,18 @@ struct Site {
 std::vector<Site> group_by_site(const mi_preload_abi* abi, const mi_abi_status& st,
                                 uint64_t since_ns = 0, Oldest* olds = nullptr);
 
+// The same, with each site's blocks split by the process that allocated
+// them (mi_abi_entry.pid): one Site per (canonical stack, pid), the same
+// stack merging as group_by_site. The figures of a stack's parts add up to
+// its group_by_site figures.
+std::vector<Site> group_by_site_and_process(const mi_preload_abi* abi, const mi_abi_status& st,
+                                            uint64_t since_ns = 0);
+
 // The order of a report: more bytes first, then the smaller stack id (a
 // strict order, so equal sites come out the same on every call).
 inline bool larger_site(const Site& a, const Site& b) {
-  return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack;
+  if (a.bytes != b.bytes) return a.bytes > b.bytes;
+  return a.stack != b.stack ? a.stack < b.stack : a.pid < b.pid;
 }
 
 // A site's estimated figure as the whole number the API reports.

@@ -164,6 +164,70 @@ TEST_CASE("erlang context: the per-thread cache answers as a fresh capture, neve
   g_vm = nullptr;
 }
 
+TEST_CASE("erlang context: the cache names its words with a token of its own range",
+          "[erlang_context]") {
+  FakeVm vm;
+  g_vm = &vm;
+  mi::track::ContextCache cache{};
+  cache.next_token = mi::track::first_token(3);
+  uint64_t out[MI_CONTEXT_MAX_WORDS], pid = 0;
+  auto read = [&] {
+    return mi::track::read_erlang_context(vm.layout, fake_sd, nullptr, out, &pid, &cache);
+  };
+  const mi::track::ContextWords first = read();
+  REQUIRE(first.n == 8);
+  CHECK(first.token == mi::track::first_token(3));
+  CHECK(first.hash == mi::track::StackTable::hash_words(first.words, first.n));
+  const std::vector<uint64_t> words(first.words, first.words + first.n);
+  // Answered by the cache: the same words, token and hash.
+  mi::track::ContextWords again = read();
+  CHECK(std::vector<uint64_t>(again.words, again.words + again.n) == words);
+  CHECK(again.token == first.token);
+  // A y register changed: a new scan, the same words, so the same token.
+  vm.heap[1000] = (8ull << 4) | 0xF;
+  REQUIRE(cache.scanned != 0);
+  again = read();
+  CHECK(std::vector<uint64_t>(again.words, again.words + again.n) == words);
+  CHECK(again.token == first.token);
+  CHECK(again.hash == first.hash);
+  // A return address changed: other words, a new token.
+  vm.heap[1002] = 0x7f0000009000ull;
+  const mi::track::ContextWords other = read();
+  CHECK(other.token == first.token + 1);
+  CHECK(other.hash == mi::track::StackTable::hash_words(other.words, other.n));
+  CHECK(other.hash != first.hash);
+  // Back to the first words: a new token (the cache keeps its last words
+  // only, and a token is never given twice).
+  vm.heap[1002] = 0x7f0000001000ull;
+  const mi::track::ContextWords back = read();
+  CHECK(std::vector<uint64_t>(back.words, back.words + back.n) == words);
+  CHECK(back.token == first.token + 2);
+  // Without a range (next_token 0): no token, the same words.
+  mi::track::ContextCache plain{};
+  const mi::track::ContextWords untokened =
+      mi::track::read_erlang_context(vm.layout, fake_sd, nullptr, out, &pid, &plain);
+  CHECK(untokened.token == 0);
+  CHECK(std::vector<uint64_t>(untokened.words, untokened.words + untokened.n) == words);
+  // Outside the cache (another thread's name): hashed, no token.
+  g_not_a_scheduler = true;
+  const uint64_t name[2] = {0x6c6f6f705f66696eull, 0x2a};
+  const mi::track::ContextWords named =
+      mi::track::read_erlang_context(vm.layout, fake_sd, name, out, &pid, &cache);
+  g_not_a_scheduler = false;
+  CHECK(named.n == 3);
+  CHECK(named.token == 0);
+  CHECK(named.hash == mi::track::StackTable::hash_words(out, 3));
+  // A range's last token is its last: then none.
+  mi::track::ContextCache last{};
+  last.next_token = (mi::track::first_token(4) | ((uint64_t{1} << mi::track::kTokenBits) - 1));
+  const mi::track::ContextWords l1 =
+      mi::track::read_erlang_context(vm.layout, fake_sd, nullptr, out, &pid, &last);
+  CHECK(l1.token ==
+        (uint64_t{4} << mi::track::kTokenBits | ((uint64_t{1} << mi::track::kTokenBits) - 1)));
+  CHECK(last.next_token == 0);
+  g_vm = nullptr;
+}
+
 TEST_CASE("erlang context: a dirty scheduler's env points at the shadow process",
           "[erlang_context]") {
   FakeVm vm;
@@ -404,5 +468,44 @@ TEST_CASE("tracker: with a layout, entries carry the pid and stacks end in the c
   char name[17] = {};
   std::memcpy(name, ctx.words, 16);
   CHECK(std::string(name) == "nif_pool_*");
+  t.destroy();
+}
+
+TEST_CASE("tracker: one context, one stack, whether the cache, a new scan or a new token gave it",
+          "[erlang_context][track]") {
+  using mi::track::Tracker;
+  Tracker t;
+  mi::track::Config c;
+  c.table_capacity = 4096;
+  c.stack_capacity = 256;
+  REQUIRE(t.init(c, three_frames, zero_clock));
+  FakeVm vm;
+  g_vm = &vm;
+  REQUIRE(t.set_erlang_layout(vm.layout, fake_sd, test_name));
+  auto alloc = [&](uintptr_t a) { t.on_alloc(MI_FN_MALLOC, reinterpret_cast<void*>(a), 64); };
+  alloc(0x10000);  // a scan
+  alloc(0x10100);  // the cache
+  vm.heap[1000] = (8ull << 4) | 0xF;
+  alloc(0x10200);  // a new scan, the same words
+  vm.heap[1002] = 0x7f0000009000ull;
+  alloc(0x10300);  // another return address: another stack
+  vm.heap[1002] = 0x7f0000001000ull;
+  alloc(0x10400);  // the first words again, under a new token
+  g_vm = nullptr;
+  std::map<uint64_t, uint32_t> id;
+  t.for_each_live([&](const mi::track::LiveEntry& e) { id[e.address] = e.stack_id; });
+  REQUIRE(id.size() == 5);
+  CHECK(id[0x10000] != 0);
+  CHECK(id[0x10100] == id[0x10000]);
+  CHECK(id[0x10200] == id[0x10000]);
+  CHECK(id[0x10300] != id[0x10000]);
+  CHECK(id[0x10400] == id[0x10000]);
+  mi_abi_status s{};
+  t.status(&s);
+  CHECK(s.stacks == 2);
+  const std::vector<uint64_t> f = frames_of(t, id[0x10300]);
+  mi_context ctx;
+  REQUIRE(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
+  CHECK(ctx.words[3] == 0x7f0000009000ull);
   t.destroy();
 }

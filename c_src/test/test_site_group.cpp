@@ -243,3 +243,43 @@ TEST_CASE("abi read: a consumer's exception crosses no C frame and is rethrown o
   // The batch after the throw was skipped.
   CHECK(calls == 2);
 }
+
+TEST_CASE("site group: split by process, merged stacks too; the parts add up to the sites",
+          "[sites]") {
+  FakeTracker fake;
+  // 7 and 9: one stack stored twice; 8 another; 99 freed since.
+  fake.stacks = {{7, {0x1000, 0x2000}}, {8, {0x3000}}, {9, {0x1000, 0x2000}}};
+  constexpr uint64_t kA = (10ull << 4) | 3, kB = (11ull << 4) | 3;
+  auto with_pid = [](mi_abi_entry e, uint64_t pid) {
+    e.pid = pid;
+    return e;
+  };
+  fake.entries = {with_pid(entry(0x100, 100, 70, 7), kA),
+                  with_pid(entry(0x200, 200, 60, 9), kA),
+                  with_pid(entry(0x300, 300, 50, 7), kB),
+                  with_pid(entry(0x400, 40, 40, 8), kB),
+                  entry(0x500, 5, 30, 8),
+                  with_pid(entry(0x600, 6, 20, 99), kA)};
+  const mi_preload_abi abi = fake.abi();
+  std::vector<Site> parts = mi::sites::group_by_site_and_process(&abi, status_of());
+  std::map<std::pair<uint32_t, uint64_t>, Site> by;
+  for (const Site& p : parts) {
+    CHECK(by.count({p.stack, p.pid}) == 0);
+    by[{p.stack, p.pid}] = p;
+  }
+  REQUIRE(by.size() == 5);
+  CHECK(by[{7, kA}].count == 2);
+  CHECK(by[{7, kA}].bytes == 300);
+  CHECK(by[{7, kA}].oldest == 60);
+  CHECK(by[{7, kB}].bytes == 300);
+  CHECK(by[{8, kB}].bytes == 40);
+  CHECK(by[{8, 0}].bytes == 5);   // no process
+  CHECK(by[{0, kA}].bytes == 6);  // an unknown stack
+  // The same figures as group_by_site, stack by stack.
+  std::map<uint32_t, double> sums;
+  for (const Site& p : parts) sums[p.stack] += p.bytes;
+  for (const auto& [id, site] : by_stack(mi::sites::group_by_site(&abi, status_of())))
+    CHECK(sums[id] == site.bytes);
+  // group_by_site leaves pid 0.
+  for (const Site& s : mi::sites::group_by_site(&abi, status_of())) CHECK(s.pid == 0);
+}

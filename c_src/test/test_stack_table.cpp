@@ -42,6 +42,64 @@ TEST_CASE("stack table deduplicates and keeps ids stable", "[track][stacks]") {
   st.destroy();
 }
 
+TEST_CASE("stack table: a tail is stored after the frames, one stack, whatever its token",
+          "[track][stacks]") {
+  StackTable st;
+  REQUIRE(st.init(1000, 8));
+  const uintptr_t f[] = {1, 2, 3};
+  const uint64_t ta[] = {0xE7C0000000010000ull, 7, 8};
+  const uint64_t tb[] = {0xE7C0000000010000ull, 7, 9};
+  const StackTable::Tail a{ta, 3, StackTable::hash_words(ta, 3), 0};
+  const StackTable::Tail b{tb, 3, StackTable::hash_words(tb, 3), 0};
+  const uint32_t ia = st.intern(f, 3, a);
+  REQUIRE(ia != 0);
+  uint64_t out[16];
+  REQUIRE(st.get(ia, out, 16) == 6);
+  CHECK(std::vector<uint64_t>(out, out + 6) == std::vector<uint64_t>{1, 2, 3, ta[0], 7, 8});
+  // Another tail, or none: other stacks.
+  const uint32_t ib = st.intern(f, 3, b);
+  CHECK(ib != ia);
+  CHECK(st.intern(f, 3) != ia);
+  // The same words under any token (or none) are the same stack: a token
+  // only spares the comparison.
+  StackTable::Tail a1 = a, a2 = a;
+  a1.token = 11;
+  a2.token = 12;
+  CHECK(st.intern(f, 3, a1) == ia);
+  CHECK(st.intern(f, 3, a2) == ia);
+  CHECK(st.intern(f, 3, a) == ia);
+  CHECK(st.count() == 3);
+  CHECK(st.hash_of(ia) != st.hash_of(ib));
+  // A tail that does not fit is left out; frames are cut to fit beside one.
+  const uint64_t long_tail[9] = {};
+  CHECK(st.intern(f, 3, StackTable::Tail{long_tail, 9, 1, 0}) == st.intern(f, 3));
+  const uintptr_t deep[] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+  const uint32_t id = st.intern(deep, 10, a);
+  REQUIRE(st.get(id, out, 16) == 8);
+  CHECK(std::vector<uint64_t>(out, out + 8) == std::vector<uint64_t>{9, 8, 7, 6, 5, ta[0], 7, 8});
+  st.destroy();
+}
+
+TEST_CASE("stack table: a stored tail's token stands for its words", "[track][stacks]") {
+  // White box: the token is what makes a tail cheap to compare. A caller
+  // that broke Tail's contract (one token, two contents) would be answered
+  // with the stack of the token's first content: the words are not read.
+  StackTable st;
+  REQUIRE(st.init(1000, 8));
+  const uintptr_t f[] = {1, 2, 3};
+  const uint64_t ta[] = {0xE7C0000000010000ull, 7, 8};
+  const uint64_t tb[] = {0xE7C0000000010000ull, 7, 9};
+  const uint64_t h = StackTable::hash_words(ta, 3);
+  const uint32_t ia = st.intern(f, 3, StackTable::Tail{ta, 3, h, 5});
+  CHECK(st.intern(f, 3, StackTable::Tail{tb, 3, h, 5}) == ia);
+  // Another token: compared word by word.
+  CHECK(st.intern(f, 3, StackTable::Tail{tb, 3, h, 6}) != ia);
+  // The frames are always compared.
+  const uintptr_t g[] = {1, 2, 4};
+  CHECK(st.intern(g, 3, StackTable::Tail{ta, 3, h, 5}) != ia);
+  st.destroy();
+}
+
 TEST_CASE("stack table: a writer parked past the spin limit makes a duplicate readers merge",
           "[track][stacks][concurrency]") {
   StackTable st;

@@ -25,6 +25,7 @@
 
 #include "../common/mi_abi.h"
 #include "../common/mi_context.h"
+#include "stack_table.h"
 
 namespace mi::track {
 
@@ -46,6 +47,20 @@ using SchedulerDataFn = const void* (*)(uint32_t key);
 // same context, so it is copied instead of scanned again (a NIF that
 // allocates in a loop scans its process's stack once). Per thread, owned
 // by the caller; never shared.
+//
+// The cache also names its context words with a token (StackTable::Tail):
+// a refill that makes the same words as the last keeps the token and the
+// hash; one that makes other words takes next_token and advances it. So a
+// token names one content only, as long as no two caches draw from one
+// range (the tracker starts thread state i's at first_token(i), once;
+// next_token 0 gives none). One layout per cache: the cache compares what
+// it read, not how.
+// Cache i's first token: its tokens are i in the top bits, a count below.
+constexpr unsigned kTokenBits = 54;
+constexpr uint64_t first_token(uint64_t index) {
+  return (index << kTokenBits) | 1;
+}
+
 struct ContextCache {
   static constexpr unsigned kMaxScanned = 64;  // longer scans are not kept
   uint64_t sd, proc, env, env_proc, current, heap, stop, hend;
@@ -54,15 +69,29 @@ struct ContextCache {
   uint64_t pid;
   uint64_t stack[kMaxScanned];
   uint64_t words[MI_CONTEXT_MAX_WORDS];
+  uint64_t hash;        // StackTable::hash_words(words, n)
+  uint64_t token;       // names words[0, n), or 0
+  uint64_t next_token;  // the next token to give, or 0 (give none)
 };
 
-// Writes the calling thread's context into out (room for
-// MI_CONTEXT_MAX_WORDS), header first, and returns the words written
-// (0: nothing to say: no scheduler data and no name). *pid is set to the
-// running process's pid term, or 0. `name` is the thread's name (2 words,
-// see normalize_thread_name) or nullptr when unknown. Hook-safe (above).
-// `cache` (nullptr: none) is the calling thread's ContextCache: read and
-// refilled; the answer is the same with or without it.
+// What a capture found, as the tail of the stack it will end (StackTable::
+// Tail): its words (in the caller's buffer, or the cache's while nothing
+// else captures on the thread), how many (0: nothing to say), their hash
+// (StackTable::hash_words) and their token (0: none).
+using ContextWords = StackTable::Tail;
+
+// Reads the calling thread's context: the words are written to `out` (room
+// for MI_CONTEXT_MAX_WORDS) or, when the cache answers, left in the cache,
+// header first. *pid is set to the running process's pid term, or 0.
+// `name` is the thread's name (2 words, see normalize_thread_name) or
+// nullptr when unknown. `cache` (nullptr: none) is the calling thread's
+// ContextCache: read and refilled; the words are the same with or without
+// it. Hook-safe (above).
+ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of,
+                                 const uint64_t* name, uint64_t* out, uint64_t* pid,
+                                 ContextCache* cache = nullptr);
+
+// The same words, always copied to out; returns how many.
 unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of,
                                 const uint64_t* name, uint64_t* out, uint64_t* pid,
                                 ContextCache* cache = nullptr);

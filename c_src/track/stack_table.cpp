@@ -10,20 +10,49 @@ namespace {
 // Four independent lanes (multiply, add, rotate) so the CPU overlaps the
 // multiplications: a stack of 16-32 frames hashes in a few ns instead of a
 // serial multiply chain. Lanes are mixed at the end; the rotation keeps the
-// order of frames within a lane significant.
-uint64_t hash_frames(const uintptr_t* frames, unsigned n) {
-  constexpr uint64_t k[4] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
-                             0xD6E8FEB86659FD93ull};
-  uint64_t lane[4] = {n, n ^ k[0], n ^ k[1], n ^ k[2]};
+// order of frames within a lane significant. Inlined into intern (the hot
+// path): a call of its own costs more than the words it hashes.
+[[gnu::always_inline]] inline uint64_t hash_frames(const uint64_t* frames, unsigned n) {
+  constexpr uint64_t k0 = 0x9E3779B97F4A7C15ull, k1 = 0xC2B2AE3D27D4EB4Full,
+                     k2 = 0x165667B19E3779F9ull, k3 = 0xD6E8FEB86659FD93ull;
+  // Four scalars rather than an array: kept in registers.
+  uint64_t a = n, b = n ^ k0, c = n ^ k1, d = n ^ k2;
   unsigned i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (unsigned j = 0; j < 4; ++j) lane[j] = std::rotl(lane[j] + frames[i + j] * k[j], 29);
-  for (unsigned j = 0; i < n; ++i, ++j) lane[j] = std::rotl(lane[j] + frames[i] * k[j], 29);
-  uint64_t h = lane[0] ^ std::rotl(lane[1], 16) ^ std::rotl(lane[2], 32) ^ std::rotl(lane[3], 48);
+  for (; i + 4 <= n; i += 4) {
+    a = std::rotl(a + frames[i] * k0, 29);
+    b = std::rotl(b + frames[i + 1] * k1, 29);
+    c = std::rotl(c + frames[i + 2] * k2, 29);
+    d = std::rotl(d + frames[i + 3] * k3, 29);
+  }
+  if (i < n) a = std::rotl(a + frames[i] * k0, 29);
+  if (i + 1 < n) b = std::rotl(b + frames[i + 1] * k1, 29);
+  if (i + 2 < n) c = std::rotl(c + frames[i + 2] * k2, 29);
+  uint64_t h = a ^ std::rotl(b, 16) ^ std::rotl(c, 32) ^ std::rotl(d, 48);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
   return h;
+}
+
+// A stack's hash from its frames' and its tail's: both are mixed already.
+inline uint64_t combine(uint64_t frames_hash, uint64_t tail_hash) {
+  return frames_hash ^ std::rotl(tail_hash * 0x9E3779B97F4A7C15ull, 31);
+}
+
+// n words at f (a slot's) equal to n at w. Four a branch: atomic loads are
+// not vectorized, and this is the hot path of every recorded allocation.
+inline bool same_words(const std::atomic<uintptr_t>* f, const uint64_t* w, unsigned n) {
+  unsigned i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uintptr_t d = (f[i].load(std::memory_order_acquire) ^ w[i]) |
+                        (f[i + 1].load(std::memory_order_acquire) ^ w[i + 1]) |
+                        (f[i + 2].load(std::memory_order_acquire) ^ w[i + 2]) |
+                        (f[i + 3].load(std::memory_order_acquire) ^ w[i + 3]);
+    if (d != 0) return false;
+  }
+  for (; i < n; ++i)
+    if (f[i].load(std::memory_order_acquire) != w[i]) return false;
+  return true;
 }
 
 inline void cpu_relax() {
@@ -38,6 +67,10 @@ inline void cpu_relax() {
 constexpr int kClaimAttempts = 4;
 }  // namespace
 
+uint64_t StackTable::hash_words(const uint64_t* words, unsigned n) {
+  return hash_frames(words, n);
+}
+
 bool StackTable::init(size_t capacity, unsigned depth) {
   if (capacity > kMaxCapacity) capacity = kMaxCapacity;
   if (depth > kMaxDepth) depth = kMaxDepth;
@@ -50,17 +83,20 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   }
   const size_t header_bytes = cap * sizeof(Header);
   const size_t frame_bytes = cap * depth * sizeof(uintptr_t);
-  void* mem = os_map(header_bytes + frame_bytes);
+  const size_t token_bytes = cap * sizeof(uint64_t);
+  void* mem = os_map(header_bytes + frame_bytes + token_bytes);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
   frames_ = reinterpret_cast<std::atomic<uintptr_t>*>(static_cast<char*>(mem) + header_bytes);
+  tokens_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + header_bytes +
+                                                     frame_bytes);
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
   const unsigned gen_bits = 31 - bits < 21 ? 31 - bits : 21;
   gen_max_ = (uint32_t{1} << gen_bits) - 1;
   depth_ = depth;
-  bytes_ = header_bytes + frame_bytes;
+  bytes_ = header_bytes + frame_bytes + token_bytes;
   // The first sweep is wanted at a quarter full: early enough that the
   // probe windows stay short, late enough that a node with few call sites
   // never sweeps.
@@ -72,31 +108,28 @@ void StackTable::destroy() {
   os_unmap(headers_, bytes_);
   headers_ = nullptr;
   frames_ = nullptr;
+  tokens_ = nullptr;
   bytes_ = 0;
 }
 
+template <bool kTail>
 bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
-                            unsigned n) const {
+                            unsigned n, const Tail& tail) const {
   const Header& h = headers_[slot];
-  if (depth_of(w) != n || h.hash.load(std::memory_order_acquire) != hash) return false;
+  const unsigned depth = kTail ? n + tail.n : n;
+  if (depth_of(w) != depth || h.hash.load(std::memory_order_acquire) != hash) return false;
   const std::atomic<uintptr_t>* f = frames_ + slot * depth_;
-  // Four frames per branch: atomic loads are not vectorized, and this is
-  // the hot path of every recorded allocation.
-  unsigned i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const uintptr_t d = (f[i].load(std::memory_order_acquire) ^ frames[i]) |
-                        (f[i + 1].load(std::memory_order_acquire) ^ frames[i + 1]) |
-                        (f[i + 2].load(std::memory_order_acquire) ^ frames[i + 2]) |
-                        (f[i + 3].load(std::memory_order_acquire) ^ frames[i + 3]);
-    if (d != 0) return false;
-  }
-  for (; i < n; ++i)
-    if (f[i].load(std::memory_order_acquire) != frames[i]) return false;
+  if (!same_words(f, frames, n)) return false;
+  // A tail with the slot's own token is the slot's tail (Tail's contract).
+  if (kTail && (tail.token == 0 || tokens_[slot].load(std::memory_order_acquire) != tail.token) &&
+      !same_words(f + n, tail.words, tail.n))
+    return false;
   // The slot may have been freed and rewritten while we compared: only a
-  // state word unchanged since `w` proves the frames were this stack's. A
-  // sequence lock without fences (which TSan cannot model): a rewriter's
-  // frame stores are release and come after its WRITING CAS, so an acquire
-  // load that saw one of them makes this load see WRITING or later.
+  // state word unchanged since `w` proves the frames (and the token) were
+  // this stack's. A sequence lock without fences (which TSan cannot
+  // model): a rewriter's frame and token stores are release and come after
+  // its WRITING CAS, so an acquire load that saw one of them makes this
+  // load see WRITING or later.
   return h.state.load(std::memory_order_relaxed) == w;
 }
 
@@ -109,7 +142,7 @@ void StackTable::stamp(Header& h, uint32_t e) {
 }
 
 uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
-                           unsigned n) {
+                           unsigned n, const Tail& tail) {
   Header& h = headers_[slot];
   const uint32_t g = kind(w) == kEmpty ? 1 : gen(w);
   if (!h.state.compare_exchange_strong(w, word(kWriting, 0, g), std::memory_order_acquire,
@@ -120,9 +153,11 @@ uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr
   h.stamp.store(epoch(), std::memory_order_relaxed);
   std::atomic<uintptr_t>* f = frames_ + slot * depth_;
   for (unsigned j = 0; j < n; ++j) f[j].store(frames[j], std::memory_order_release);
+  for (unsigned j = 0; j < tail.n; ++j) f[n + j].store(tail.words[j], std::memory_order_release);
+  tokens_[slot].store(tail.token, std::memory_order_release);
   if (park_hook_ != nullptr) [[unlikely]]
     park_hook_(park_ctx_);
-  h.state.store(word(kReady, n, g), std::memory_order_release);
+  h.state.store(word(kReady, n + tail.n, g), std::memory_order_release);
   count_.fetch_add(1, std::memory_order_relaxed);
   return make_id(slot, g);
 }
@@ -130,7 +165,20 @@ uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr
 uint32_t StackTable::intern(const uintptr_t* frames, unsigned n) {
   if (n == 0) return 0;
   if (n > depth_) n = depth_;
-  const uint64_t hash = hash_frames(frames, n);
+  return intern_hashed<false>(frames, n, Tail{}, hash_frames(frames, n));
+}
+
+uint32_t StackTable::intern(const uintptr_t* frames, unsigned n, const Tail& tail) {
+  // A tail that cannot be stored is left out; the frames are cut to fit
+  // beside the tail.
+  if (tail.n == 0 || tail.n > depth_) return intern(frames, n);
+  if (n > depth_ - tail.n) n = depth_ - tail.n;
+  return intern_hashed<true>(frames, n, tail, combine(hash_frames(frames, n), tail.hash));
+}
+
+template <bool kTail>
+uint32_t StackTable::intern_hashed(const uintptr_t* frames, unsigned n, const Tail& tail,
+                                   uint64_t hash) {
   const size_t start = static_cast<size_t>(hash * 0x9E3779B97F4A7C15ull >> 17) & mask_;
   const uint32_t e = epoch();
   const uint32_t spin_limit = spin_limit_.load(std::memory_order_relaxed);
@@ -163,7 +211,7 @@ uint32_t StackTable::intern(const uintptr_t* frames, unsigned n) {
         }
         continue;
       }
-      if ((k == kReady || k == kFreeing) && same_stack(slot, w, hash, frames, n)) {
+      if ((k == kReady || k == kFreeing) && same_stack<kTail>(slot, w, hash, frames, n, tail)) {
         // A condemned copy is revived rather than duplicated; if the sweep
         // finished it first, the CAS fails and hold() says so.
         const uint32_t id = make_id(slot, gen(w));
@@ -175,7 +223,7 @@ uint32_t StackTable::intern(const uintptr_t* frames, unsigned n) {
       }
     }
     if (claim == SIZE_MAX) break;
-    if (const uint32_t id = store(claim, claim_word, hash, frames, n); id != 0) return id;
+    if (const uint32_t id = store(claim, claim_word, hash, frames, n, tail); id != 0) return id;
   }
   dropped_.fetch_add(1, std::memory_order_relaxed);
   // A drop asks for a sweep, unless one ran since fewer than a window's

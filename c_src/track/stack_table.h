@@ -41,6 +41,19 @@
 // epoch: that is what protects a stack interned while a sweep runs, before
 // the live entry that will reference it exists.
 //
+// Tails. A stack may end in words that are not return addresses (the
+// Erlang context, common/mi_context.h): intern(frames, n, tail) stores them
+// after the frames, as one stack of n + tail.n words (readers see no
+// difference), but hashes the two parts apart and combines the hashes, so
+// a caller that knows its tail's hash already (a per-thread cache of the
+// last context) hashes only its frames. A tail may carry a token: a
+// nonzero number its caller gives to one content only, ever. A slot keeps
+// the token it was stored with, and a stack whose tail has the slot's token
+// is compared on its frames alone (the tail words are equal by the token's
+// contract); any other is compared word by word. Equal words still mean
+// equal hashes and one id: a stack that ends in a tail must always be
+// interned through the tail overload (the split is where the tail starts).
+//
 // Never allocates through malloc. Thread-safe unless noted.
 #ifndef MALLOCINFO_TRACK_STACK_TABLE_H
 #define MALLOCINFO_TRACK_STACK_TABLE_H
@@ -75,6 +88,18 @@ class StackTable {
   // to depth(). An empty stack (n == 0) has id 0. The slot is stamped with
   // the current epoch. A condemned (FREEING) copy is revived and reused.
   uint32_t intern(const uintptr_t* frames, unsigned n);
+
+  // Words stored after a stack's frames (see "Tails" above).
+  struct Tail {
+    const uint64_t* words = nullptr;
+    unsigned n = 0;      // at most depth() (else left out); the frames are cut to fit beside it
+    uint64_t hash = 0;   // hash_words(words, n): the caller's, so it can keep it
+    uint64_t token = 0;  // 0, or a number given to this content only
+  };
+  // The same, for frames followed by `tail` (one stack of n + tail.n words).
+  uint32_t intern(const uintptr_t* frames, unsigned n, const Tail& tail);
+  // The hash intern() gives n words (a tail's hash is this of its words).
+  static uint64_t hash_words(const uint64_t* words, unsigned n);
 
   // The current sweep epoch. Relaxed: callers that compare epochs rely on
   // the sweeper's process-wide barriers, not on this load's ordering.
@@ -172,8 +197,13 @@ class StackTable {
     return g << slot_bits_ | static_cast<uint32_t>(slot);
   }
 
-  bool same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
-                  unsigned n) const;
+  // intern()'s probe, for a stack of the given hash; without a tail when
+  // kTail is false (the compiler then drops the tail's branches).
+  template <bool kTail>
+  uint32_t intern_hashed(const uintptr_t* frames, unsigned n, const Tail& tail, uint64_t hash);
+  template <bool kTail>
+  bool same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
+                  const Tail& tail) const;
   // The header of `id`'s slot while it holds that id's stack (READY or
   // FREEING of its generation), its state word in *w; else nullptr. A reader
   // copies what it needs, then asks still_holds(): frames and hash change
@@ -183,10 +213,12 @@ class StackTable {
   static bool still_holds(const Header& h, uint32_t id_gen, uint32_t* w);
   static void stamp(Header& h, uint32_t e);
   bool stamp_if_current(uint32_t id, uint32_t e, bool revive);
-  uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n);
+  uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
+                 const Tail& tail);
 
   Header* headers_ = nullptr;
   std::atomic<uintptr_t>* frames_ = nullptr;
+  std::atomic<uint64_t>* tokens_ = nullptr;  // per slot: its tail's token, or 0
   size_t mask_ = 0;
   unsigned slot_bits_ = 0;
   uint32_t gen_max_ = 0;

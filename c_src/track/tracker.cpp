@@ -149,6 +149,9 @@ ThreadState* Tracker::acquire_state() {
       if (s.sampler.rng == 0) {
         sampler_seed(s.sampler, mix(reinterpret_cast<uintptr_t>(&s) ^ clock_()),
                      config_.sample_bytes);
+        // Once per state (its first taker): its own range of context
+        // tokens, never handed to another state.
+        s.context.next_token = first_token(i);
       }
       // t_state first: pthread_setspecific may calloc (keys past the first
       // 32), and that call must find this state rather than take another.
@@ -225,15 +228,17 @@ const uint64_t* Tracker::thread_name(ThreadState* ts) {
 }
 
 uint32_t Tracker::capture(ThreadState* ts, uint64_t* pid) {
-  uintptr_t buf[kMaxStackDepth + 8 + MI_CONTEXT_MAX_WORDS];
+  uintptr_t buf[kMaxStackDepth + 8];
   size_t skip = 0;
-  size_t keep = unwind_here(ts, buf, &skip);
+  const size_t keep = unwind_here(ts, buf, &skip);
   *pid = 0;
   if (erlang_on_.load(std::memory_order_acquire)) {
-    static_assert(sizeof(uintptr_t) == sizeof(uint64_t), "stack words are 64-bit");
-    keep += capture_erlang_context(erlang_, sd_fn_, thread_name(ts),
-                                   reinterpret_cast<uint64_t*>(buf + skip + keep), pid,
-                                   ts->shared != 0 ? nullptr : &ts->context);
+    // The context is stored after the frames, as the stack's tail: hashed
+    // once per context (the cache keeps its hash), and compared by token.
+    uint64_t words[MI_CONTEXT_MAX_WORDS];
+    const ContextWords c = read_erlang_context(erlang_, sd_fn_, thread_name(ts), words, pid,
+                                               ts->shared != 0 ? nullptr : &ts->context);
+    if (c.n != 0) return stacks_.intern(buf + skip, static_cast<unsigned>(keep), c);
   }
   return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
 }

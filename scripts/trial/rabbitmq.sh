@@ -10,6 +10,9 @@
 #
 # The tarball must be unpacked where the rabbitmq user can read it.
 # Nothing under /etc is changed: the settings are environment variables.
+# A TLS listener: RABBITMQ_CONFIG_FILE=DIR/rabbitmq.conf in the environment
+# of `start' (listeners.ssl.default = 127.0.0.1:5671, ssl_options.*; see
+# doc/injecting.md), then `load --tls --port 5671'.
 set -e
 export RABBITMQ_NODENAME=rabbit@localhost
 export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
@@ -45,7 +48,7 @@ case "$1" in
         rabbitmqctl -n "$RABBITMQ_NODENAME" stop
         ;;
     *)
-        sed -n '2,11p' "$0" >&2
+        sed -n '2,14p' "$0" >&2
         exit 2
         ;;
 esac

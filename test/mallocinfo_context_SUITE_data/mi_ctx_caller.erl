@@ -4,7 +4,7 @@
 %% per scheduler kind, none of the calls to the NIF a tail call (so each
 %% function's return address is on the process's stack while the NIF runs).
 -module(?MI_MODULE).
--export([start/0, leak/3, loop/0, normal/2, dirty/2]).
+-export([start/0, leak/3, loop/0, normal/2, dirty/2, proc_leak/2]).
 
 %% Starts the process, registered as ?MODULE; returns its pid.
 start() ->
@@ -18,6 +18,14 @@ leak(Kind, Count, Size) ->
     Ref = make_ref(),
     ?MODULE ! {leak, self(), Ref, Kind, Count, Size},
     receive {Ref, Result} -> Result after 60000 -> timeout end.
+
+%% A process started with proc_lib:start(?MODULE, proc_leak, [Count,
+%% Size]), not registered: it leaks from normal/2, acknowledges, and stays
+%% (its name is its '$initial_call', {?MODULE, proc_leak, 2}).
+proc_leak(Count, Size) ->
+    ok = normal(Count, Size),
+    proc_lib:init_ack({ok, self()}),
+    receive stop -> ok end.
 
 loop() ->
     receive
