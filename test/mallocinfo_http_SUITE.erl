@@ -377,13 +377,21 @@ bad_requests(Config) ->
 %% `Allow: GET' and no body for HEAD. (inets rewrote a 405 to an HTTP/1.0
 %% request into 403 Forbidden.) Methods inets does not take are refused by
 %% inets before any module sees them: 501, still with no-store. TRACE is
-%% one of those over HTTP/1.0, which has no TRACE.
+%% one of those over HTTP/1.0, which has no TRACE, and OPTIONS up to OTP
+%% 27's inets (OTP 29's passes it on, so it gets the 405): which methods
+%% inets takes is asked of its own request validator.
 methods(Config) ->
     WithBody = ["POST", "PUT", "PATCH"],
     lists:foreach(
       fun({Path, Version}) ->
-              Allowed = ["POST", "PUT", "PATCH", "DELETE", "HEAD"]
-                  ++ ["TRACE" || Version =:= "HTTP/1.1"],
+              {Allowed, Refused} =
+                  lists:partition(fun(M) -> inets_takes(M, Version) end,
+                                  ["POST", "PUT", "PATCH", "DELETE", "HEAD", "TRACE", "OPTIONS",
+                                   "CONNECT", "FOO"]),
+              %% What every inets takes, and what none does.
+              ?assertEqual([], ["POST", "PUT", "PATCH", "DELETE", "HEAD"] -- Allowed),
+              ?assertEqual([], ["CONNECT", "FOO"] -- Refused),
+              ?assertEqual(Version =:= "HTTP/1.1", lists:member("TRACE", Allowed)),
               [begin
                    Body = case lists:member(M, WithBody) of
                               true -> "x";
@@ -398,7 +406,6 @@ methods(Config) ->
                        _ -> contains(Got, <<"GET only">>)
                    end
                end || M <- Allowed],
-              Refused = ["OPTIONS", "CONNECT", "FOO"] ++ ["TRACE" || Version =:= "HTTP/1.0"],
               [begin
                    {Code, Headers, _} = raw(Config, request(M, Path, Version, [], "")),
                    ?assertEqual(501, Code, {M, Path, Version}),
@@ -594,6 +601,13 @@ split_deadlines() ->
     {module, _} = code:ensure_loaded(httpd_request_handler),
     lists:member({get_request_timeout, 1}, httpd_request_handler:module_info(functions)).
 
+%% Whether inets passes a request with this method on to the modules.
+inets_takes(Method, Version) ->
+    case httpd_request:validate(Method, "/", Version) of
+        {ok, _} -> true;
+        {error, {not_supported, _}} -> false
+    end.
+
 %% A byte every Ms until the socket fails.
 trickle(S, Ms) ->
     timer:sleep(Ms),
@@ -614,7 +628,10 @@ inets_errors(Config) ->
       [{"GET / HTTP/1.1\r\n\r\n", 400},               % no Host
        {"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 400},    % a version it does not speak
        {"GET /\r\n\r\n", 505},                        % HTTP/0.9
-       {"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 501},
+       %% OPTIONS reaches the modules from OTP 29's inets on, and * is no
+       %% endpoint of ours.
+       {"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+        case inets_takes("OPTIONS", "HTTP/1.1") of true -> 404; false -> 501 end},
        {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501}]).
 
 %%% The tracker, on a peer --------------------------------------------------------
@@ -680,8 +697,10 @@ jemalloc_endpoints(Config) ->
     %% allows; the decoder keeps the last value, as most do.
     Json = mi_json_decode:decode(ok_body(Config, "/memory.json", "application/json"),
                                  #{duplicate_keys => last}),
-    ?assertMatch(#{<<"jemalloc">> := #{<<"version">> := <<"5.3.0", _/binary>>,
-                                       <<"stats">> := #{<<"allocated">> := _}}}, Json),
+    %% Its version as jemalloc prints it ("5.3.0-0-g54eaed1d..." on Debian
+    %% 12 and 13, "5.3.1-..." on unstable).
+    #{<<"jemalloc">> := #{<<"version">> := Version, <<"stats">> := #{<<"allocated">> := _}}} = Json,
+    ?assertMatch({match, _}, re:run(Version, "\\A5\\.[0-9]+\\.[0-9]+-[0-9]+-g[0-9a-f]{40}\\z"), Version),
     {Names, Values} = metrics(Config),
     ?assertEqual(1, maps:get({<<"mallocinfo_allocator_info">>,
                               #{<<"allocator">> => <<"jemalloc">>}}, Values)),
