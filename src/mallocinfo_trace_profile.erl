@@ -4,22 +4,30 @@
 %% page of {@link mallocinfo_http_flamegraph}). Pure: {@link mallocinfo_trace}
 %% feeds it the NIF's snapshot and `/proc/self/maps'.
 %%
-%% Input (`data()'): `sites', `[{Count, Bytes, [LocationId]}]', stacks
+%% Input (`data()'): `sites', `[{Count, Bytes, [LocationId]}]' (live
+%% blocks only: alloc_* = inuse_*) or `[{Count, Bytes, AllocCount,
+%% AllocBytes, [LocationId]}]' (with the tracker's churn: what the site
+%% allocated since start or reset beside what it holds), stacks
 %% innermost frame first, ids 1-based positions in `locations',
 %% `[{Address, Object, Symbol | undefined, ObjectOffset}]' (each distinct
 %% return address once); `mode' and `sample_bytes' of the tracker;
 %% `maps', `/proc/self/maps' as read; `exe', the emulator's path (its
 %% mapping goes first: pprof takes the first mapping as the main binary);
-%% `time_nanos', `duration_nanos' (0 unless a delta), `comments'.
+%% `time_nanos', `duration_nanos' (0 unless a delta), `comments';
+%% optionally `default_sample' (`inuse_space', the default, as Go's
+%% `/debug/pprof/heap'; `alloc_space' as its `/debug/pprof/allocs').
 -module(mallocinfo_trace_profile).
 
--export([pprof/1, encode/1, folded/1, folded_total/1, frame_names/1, mappings/1]).
+-export([pprof/1, encode/1, folded/1, folded_total/1, frame_names/1, mappings/1, delta/2]).
 
 -export_type([data/0]).
 
 -type location() :: {non_neg_integer(), binary(), binary() | undefined, non_neg_integer()}.
--type data() :: #{sites := [{non_neg_integer(), non_neg_integer(), [pos_integer()]}],
+-type site() :: {non_neg_integer(), non_neg_integer(), [pos_integer()]}
+              | {integer(), integer(), integer(), integer(), [pos_integer()]}.
+-type data() :: #{sites := [site()],
                   locations := [location()],
+                  default_sample => inuse_space | alloc_space,
                   mode := atom(),
                   sample_bytes := non_neg_integer(),
                   maps := binary(),
@@ -42,13 +50,14 @@ pprof(Data) ->
     zlib:gzip(iolist_to_binary(encode(Data))).
 
 %% @doc The `Profile' message, not compressed. Sample types
-%% `alloc_objects', `alloc_space', `inuse_objects', `inuse_space' (the
-%% default); the tracker keeps live blocks only, so each sample's alloc_*
-%% values are its inuse_* values (see README, "Profiles").
+%% `alloc_objects', `alloc_space', `inuse_objects', `inuse_space' (Go's
+%% heap profile; the default `default_sample'). Sites given as
+%% `{Count, Bytes, Stack}' have their live figures as alloc_* too.
 -spec encode(data()) -> iodata().
-encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := SampleBytes,
+encode(#{sites := Sites0, locations := Locs, mode := Mode, sample_bytes := SampleBytes,
          maps := Maps, exe := Exe, time_nanos := Time, duration_nanos := Duration,
-         comments := Comments}) ->
+         comments := Comments} = Data) ->
+    Sites = [full_site(S) || S <- Sites0],
     Locations = list_to_tuple(Locs),
     NoStack = tuple_size(Locations) + 1,
     %% Strings: index 0 is "" (the format requires it).
@@ -58,7 +67,7 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
                                   {<<"alloc_space">>, <<"bytes">>},
                                   {<<"inuse_objects">>, <<"count">>},
                                   {<<"inuse_space">>, <<"bytes">>}]),
-    {Default, S2} = intern(<<"inuse_space">>, S1),
+    {Default, S2} = intern(atom_to_binary(maps:get(default_sample, Data, inuse_space)), S1),
     {PeriodType, S3} = value_type({<<"space">>, <<"bytes">>}, S2),
     Mapped = mappings(Maps),
     Ordered = main_first(Mapped, Exe),
@@ -90,7 +99,7 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
                          message(4, uint(1, FunId))],
                   {Loc, {FunIds1, FunAcc1, NextFun1, S1b}}
           end, {#{}, [], 1, S4}, lists:zip(lists:seq(1, tuple_size(Locations)), Locs)),
-    HasEmpty = lists:any(fun({_, _, Stack}) -> Stack =:= [] end, Sites),
+    HasEmpty = lists:any(fun({_, _, _, _, Stack}) -> Stack =:= [] end, Sites),
     {NoStackMsgs, S6} =
         case HasEmpty of
             true ->
@@ -107,8 +116,8 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
     %% output costs less than encoding the integer again.
     Ids = list_to_tuple([mallocinfo_protobuf:varint(I) || I <- lists:seq(1, NoStack)]),
     SampleMsgs = [[stack_field(case Stack of [] -> [NoStack]; _ -> Stack end, Ids),
-                   packed(2, [Count, Bytes, Count, Bytes])]
-                  || {Count, Bytes, Stack} <- Sites],
+                   packed(2, [AllocCount, AllocBytes, Count, Bytes])]
+                  || {Count, Bytes, AllocCount, AllocBytes, Stack} <- Sites],
     {_, Strings, _} = S7,
     Period = case Mode of sample -> SampleBytes; _ -> 1 end,
     [[message(1, T) || T <- Types],
@@ -125,6 +134,44 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
      int(12, Period),
      packed(13, CommentIds),
      int(14, Default)].
+
+full_site({Count, Bytes, Stack}) -> {Count, Bytes, Count, Bytes, Stack};
+full_site({_, _, _, _, _} = Site) -> Site.
+
+%% @doc The difference `New - Old' of two profiles' data, site by site, as
+%% Go's `?seconds=N' computes it (its old profile scaled by -1 and merged
+%% into the new one): sites are matched by their stacks' frames (address,
+%% object, symbol), values may be negative (a site holding less than
+%% before), sites whose four values are all 0 are left out. The result
+%% has `New''s metadata and locations (the old profile's frames that only
+%% it had are added).
+-spec delta(data(), data()) -> data().
+delta(#{sites := OldSites, locations := OldLocs}, #{sites := NewSites, locations := NewLocs} = New) ->
+    OldT = list_to_tuple(OldLocs),
+    NewT = list_to_tuple(NewLocs),
+    Keyed = fun(T, Sites, Sign) ->
+                    [{[element(I, T) || I <- Stack], [Sign * V || V <- [C, B, AC, AB]]}
+                     || {C, B, AC, AB, Stack} <- [full_site(S) || S <- Sites]]
+            end,
+    Sums = lists:foldl(fun({K, Vs}, Acc) ->
+                               maps:update_with(K, fun(Ws) -> lists:zipwith(fun erlang:'+'/2, Vs, Ws)
+                                                   end, Vs, Acc)
+                       end, #{}, Keyed(OldT, OldSites, -1) ++ Keyed(NewT, NewSites, 1)),
+    %% Locations: the new profile's, then the frames only the old one had.
+    Index0 = maps:from_list(lists:zip(NewLocs, lists:seq(1, length(NewLocs)))),
+    {Index, Extra} = lists:foldl(fun(L, {Ix, Ex}) ->
+                                         case Ix of
+                                             #{L := _} -> {Ix, Ex};
+                                             #{} -> {Ix#{L => map_size(Ix) + 1}, [L | Ex]}
+                                         end
+                                 end, {Index0, []}, OldLocs),
+    Sites = lists:sort(fun({_, B1, _, A1, _} = X, {_, B2, _, A2, _} = Y) ->
+                               {A1, B1} > {A2, B2} orelse ({A1, B1} =:= {A2, B2} andalso X =< Y)
+                       end,
+                       [{C, B, AC, AB, [maps:get(L, Index) || L <- Frames]}
+                        || {Frames, [C, B, AC, AB]} <- maps:to_list(Sums),
+                           [C, B, AC, AB] =/= [0, 0, 0, 0]]),
+    New#{sites => Sites, locations => NewLocs ++ lists:reverse(Extra)}.
 
 %% Sample.location_id, packed, from the ids' ready varints.
 stack_field(Stack, Ids) ->
@@ -209,12 +256,12 @@ folded(#{sites := Sites} = Data) ->
           [] -> ?NO_STACK;
           _ -> lists:join($;, [element(I, Names) || I <- lists:reverse(Stack)])
       end, $\s, integer_to_binary(Bytes), $\n]
-     || {_, Bytes, Stack} <- Sites, Bytes > 0].
+     || {_, Bytes, _, _, Stack} <- [full_site(S) || S <- Sites], Bytes > 0].
 
 %% @doc The bytes the folded lines of `Data' sum to.
 -spec folded_total(data()) -> non_neg_integer().
 folded_total(#{sites := Sites}) ->
-    lists:sum([B || {_, B, _} <- Sites]).
+    lists:sum([element(2, S) || S <- Sites]).
 
 %% @doc Every location's folded frame name, a tuple indexed by location id.
 -spec frame_names(data()) -> tuple().
