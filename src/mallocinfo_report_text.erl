@@ -362,8 +362,8 @@ churn_lines(none) ->
 churn_lines([]) ->
     "churn since start or reset: none outside the VM\n";
 churn_lines([#{since_ms := Since} | _] = Rows) ->
-    [io_lib:format("churn over the last ~ts (allocated, per s, temporary, typical lifetime, "
-                   "function):~n", [age(Since)]),
+    [io_lib:format("churn, the last ~ts (allocated, per s, temporary, lifetime, function):~n",
+                   [age(Since)]),
      [io_lib:format("  ~10ts ~8ts ~4ts ~7ts  ~ts~n",
                     [bytes(B), count(Rate), [integer_to_list(T), "%"], lifetime_text(M),
                      frame_text(maps:get(frame, R, undefined), 42)])

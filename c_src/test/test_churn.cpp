@@ -198,6 +198,11 @@ TEST_CASE("churn: sample mode, a block with bytes allocated after it is not temp
   c.mode = MI_MODE_SAMPLE;
   c.sample_bytes = 1;  // every block is a sample point
   REQUIRE(t.init(c, fake_unwind, fake_clock));
+  // This thread's countdown may hold what an earlier test's sampler drew
+  // (a mean of 4 KiB): a 1 GiB block runs it out, and the next draws are
+  // of this tracker's 1-byte mean. Another site, left live.
+  t_fake_stack = {0xF000};
+  t.on_alloc(MI_FN_MALLOC, addr(0x40000000), size_t{1} << 30);
   t_fake_stack = {0xA000};
   t.on_alloc(MI_FN_MALLOC, addr(0x100000), 4096);
   t.on_free(MI_FN_FREE, addr(0x100000));  // temporary
@@ -323,4 +328,25 @@ TEST_CASE("churn_group: ids with the same frames are one site, unknown ones are 
     }
   }
   st.destroy();
+}
+
+TEST_CASE("churn: the table is resident only where sites wrote", "[track][churn]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 12;
+  c.stack_capacity = 1 << 16;  // the default: 16 MiB reserved for churn
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  CHECK(t.churn_resident_bytes() == 0);
+  for (uintptr_t site = 1; site <= 3; ++site) {
+    t_fake_stack = {0x1000 * site};
+    t.on_alloc(MI_FN_MALLOC, addr(0x10000 * site), 16);
+    t.on_free(MI_FN_FREE, addr(0x10000 * site));
+  }
+  CHECK(churn_by_frame(t).size() == 3);
+  // Three sites' slots (a page each at most) and the page-use bitmap; a
+  // read (for_each) maps nothing more.
+  CHECK(t.churn_resident_bytes() <= 4 * 4096);
+  t.reset();
+  CHECK(t.churn_resident_bytes() == 0);
+  t.destroy();
 }

@@ -367,7 +367,10 @@ bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   return inserted == 1;
 }
 
-void Tracker::churn_free(ThreadState* ts, const LiveEntry& e) {
+// Inlined into on_free and freed: full mode's free path must not pay a
+// call's prologue for it (15 instructions a pair under callgrind).
+__attribute__((always_inline)) inline void Tracker::churn_free(ThreadState* ts,
+                                                               const LiveEntry& e) {
   const uint64_t now = clock_();
   const uint64_t lifetime = now > e.timestamp_ns ? now - e.timestamp_ns : 0;
   const bool sampled = (e.stack_id & kSampledBit) != 0;
