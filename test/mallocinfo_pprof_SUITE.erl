@@ -337,6 +337,13 @@ churn_full(Config) ->
     P = mi_pprof_decode:profile(zlib:gunzip(Body)),
     ?assertEqual(<<"alloc_space">>, maps:get(default_sample_type, P)),
     ?assertEqual({?GB, ?GB}, function(go_top(Config, Url, "alloc_space"), <<"mi_pprof_churn_here">>)),
+    %% mallocinfo never measures itself: after all these queries (each a
+    %% NIF call that allocates), no churn row is in mallocinfo's objects.
+    All = ok_call(Config, mallocinfo_trace, churn, [infinity, #{by => object}]),
+    ?assertEqual([], [R || #{label := self} = R <- All]),
+    ?assertEqual([], [R || #{object := O} = R <- All, is_binary(O),
+                           lists:member(filename:basename(O), [<<"mallocinfo_nif.so">>,
+                                                               <<"libmallocinfo_preload.so">>])]),
     %% reset() forgets it.
     {ok, _} = call(Config, mallocinfo_trace, reset, []),
     ?assertEqual([], [R || #{function := <<"mi_pprof_churn_here">>} = R
