@@ -131,6 +131,7 @@ bench: demo
 	@c_src/bench/heapmap.sh
 	@c_src/bench/sampler.sh
 	@c_src/bench/context.sh
+	@c_src/bench/churn.sh
 
 # ebin + priv as real files, for hosts with no compiler: untar anywhere, code:add_path/1.
 # priv/mallocinfo-heapmap (the offline renderer escript) travels with it.

@@ -12,6 +12,9 @@
 %% GET /debug/pprof/heap  the tracker's live heap as a gzipped pprof profile
 %%                        (Go's path: go tool pprof, Pyroscope, Parca);
 %%                        ?seconds=N (1..60) a delta over the next N seconds
+%% GET /debug/pprof/allocs  the same profile, alloc_space its default sample
+%%                        type (Go's path); ?seconds=N the difference of two
+%%                        cumulative profiles N seconds apart
 %% GET /heap.folded       the same as collapsed stacks (flamegraph.pl, speedscope)
 %% GET /flamegraph.html   a self-contained flame graph page of the live heap
 %%                        (?view=stack|function|object, ?search=Text)
@@ -355,6 +358,7 @@ endpoint("/mallocinfo.xml") -> fun mallocinfo_xml/1;
 endpoint("/heap_profile") -> fun heap_profile/1;
 endpoint("/metrics") -> fun metrics/1;
 endpoint("/debug/pprof/heap") -> fun pprof_heap/1;
+endpoint("/debug/pprof/allocs") -> fun pprof_allocs/1;
 endpoint("/heap.folded") -> fun heap_folded/1;
 endpoint("/flamegraph.html") -> fun flamegraph/1;
 endpoint("/report.txt") -> fun report_txt/1;
@@ -384,6 +388,9 @@ index([]) ->
                "GET /debug/pprof/heap  the tracker's live heap, gzipped pprof protobuf\n"
                "    ?seconds=N          what was allocated in the next N (1..60) seconds\n"
                "                        and is still live\n"
+               "GET /debug/pprof/allocs  the same, alloc_space first: what each call site\n"
+               "                        allocated since start or reset\n"
+               "    ?seconds=N          what was allocated in the next N (1..60) seconds\n"
                "GET /heap.folded      the same as collapsed stacks (flamegraph.pl)\n"
                "GET /flamegraph.html  the live heap as a flame graph "
                "(?view=stack|function|object)\n"
@@ -494,12 +501,22 @@ timeline(Respond) ->
 %% tcmalloc they need the tracker preloaded (or attached) in front of it;
 %% those allocators' own profiles are served by /heap_profile.
 pprof_heap(Params) ->
+    pprof_profile(heap, Params).
+
+%% Go's /debug/pprof/allocs: the heap profile with alloc_space as its
+%% default sample type; its ?seconds=N is the difference of two cumulative
+%% profiles (mallocinfo_trace_profile:delta/2).
+pprof_allocs(Params) ->
+    pprof_profile(allocs, Params).
+
+pprof_profile(Which, Params) ->
     case pprof_params(Params, #{}) of
         {ok, Opts} ->
-            case mallocinfo_trace:pprof(Opts) of
+            case mallocinfo_trace:pprof(Opts#{profile => Which}) of
                 {ok, Profile} ->
+                    File = ["attachment; filename=\"", atom_to_list(Which), ".pb.gz\""],
                     {200, [{"Content-Type", "application/octet-stream"},
-                           {"Content-Disposition", "attachment; filename=\"heap.pb.gz\""}],
+                           {"Content-Disposition", lists:flatten(File)}],
                      Profile};
                 {error, Reason} ->
                     profile_refusal(Reason)
@@ -522,7 +539,7 @@ pprof_params([{"gc", _} | Rest], Opts) ->
     pprof_params(Rest, Opts);
 pprof_params([{Name, _} | _], _) ->
     {error, ["unknown parameter ", printable(Name),
-             "; /debug/pprof/heap takes seconds=N (once) and gc\n"]}.
+             "; /debug/pprof/heap and /debug/pprof/allocs take seconds=N (once) and gc\n"]}.
 
 heap_folded([]) ->
     case mallocinfo_trace:profile_data(#{}) of

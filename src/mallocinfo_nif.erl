@@ -8,7 +8,7 @@
         [info_file/1, info_xml/0, malloc_stats/0, stats_text/0, mallinfo/0,
          trim/1, mallopt/2, rss/0, version/0, libc_version/0,
          trace_status/0, trace_set_mode/1, trace_reset/0, trace_reclaim/0, trace_olds/5,
-         trace_sites/2, trace_profile/0, trace_pprof/2, trace_now/0, trace_symbolize/2,
+         trace_sites/2, trace_profile/0, trace_pprof/2, trace_churn/0, trace_now/0, trace_symbolize/2,
          trace_attach/5, trace_detach/0, trace_symbolizer_stats/0, trace_snapshot/2,
          trace_regions/1, heap_dump/4,
          allocator/0, jemalloc_stats/0, jemalloc_summary/0, jemalloc_profile_status/0,
@@ -69,6 +69,10 @@ beside_ebin() ->
 -type no_tracker() :: not_preloaded | not_recording.
 %% A raw site of a snapshot: {Count, Bytes, Estimated, PackedFrames}.
 -type raw_site() :: {non_neg_integer(), non_neg_integer(), boolean(), binary()}.
+%% {AllocatedCount, AllocatedBytes, FreedCount, FreedBytes, TemporaryCount,
+%%  Lifetimes (a tuple of MI_LIFETIME_BUCKETS counts), Estimated, Frames}
+-type raw_churn() :: {non_neg_integer(), non_neg_integer(), non_neg_integer(),
+                      non_neg_integer(), non_neg_integer(), tuple(), boolean(), binary()}.
 %% A raw old block: {Address, Size, AgeMs, Estimated, PackedFrames}.
 -type raw_old() :: {non_neg_integer(), non_neg_integer(), non_neg_integer(), boolean(), binary()}.
 
@@ -120,6 +124,10 @@ trace_profile() -> erlang:nif_error(nif_not_loaded).
 -spec trace_pprof(Demangle :: boolean(), SinceNs :: non_neg_integer()) ->
           {ok, map()} | {error, no_tracker() | eagain}.
 trace_pprof(_Demangle, _SinceNs) -> erlang:nif_error(nif_not_loaded).
+-spec trace_churn() ->
+          {ok, mallocinfo_trace:mode(), ElapsedMs :: non_neg_integer(), [raw_churn()]}
+          | {error, no_tracker() | eagain | enotsup}.
+trace_churn() -> erlang:nif_error(nif_not_loaded).
 -spec trace_now() -> {ok, non_neg_integer()} | {error, no_tracker()}.
 trace_now() -> erlang:nif_error(nif_not_loaded).
 -spec trace_symbolize([non_neg_integer()], Demangle :: boolean()) -> [mallocinfo_trace:frame()].

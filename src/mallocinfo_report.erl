@@ -57,6 +57,8 @@
 -define(DEFAULT_TIMEOUT, 30000).
 -define(OLDS, 3).
 -define(TOP, 5).
+%% Churn rows read (the VM's own and mallocinfo's are left out after).
+-define(CHURN, 20).
 -define(PREVIOUS, previous_report).
 %% Start-up: the node's first 30 s (README "The report").
 -define(STARTUP_MS, 30000).
@@ -206,6 +208,10 @@ gather(Opts) ->
       heap_map => heap_map(),
       env => maps:from_list([{V, os:getenv(V)} || V <- ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]]),
       trace_status => guard(fun mallocinfo_trace:status/0),
+      %% Who churns (since the tracker started or was reset): the libc
+      %% fragmentation verdict names them, the native section lists them.
+      churn => guard(fun() -> mallocinfo_trace:churn(?CHURN, #{by => function,
+                                                               demangle => true}) end),
       regions => Regions,
       jemalloc => guard(fun mallocinfo_jemalloc:summary/0),
       tcmalloc => guard(fun mallocinfo_tcmalloc:stats/0)},

@@ -353,7 +353,8 @@ native(#{trace_status := #{} = S, olds := Olds,
     Live = #{live_bytes => maps:get(live_bytes, Rollup, maps:get(live_bytes, S, 0)),
              live_entries => maps:get(live_blocks, Rollup, maps:get(live_entries, S, 0))},
     Processes = maps:get(native_processes, Raw, []),
-    maps:merge(maps:merge(Base, Live#{olds => Olds, processes => Processes}),
+    maps:merge(maps:merge(Base, Live#{olds => Olds, processes => Processes,
+                                      churn => churn_view(maps:get(churn, Raw, none))}),
                culprit_view(F, O, Raw));
 native(#{trace_status := #{}, rollup := Error}) when not is_map(Error) ->
     unavailable(Error, <<"mallocinfo_trace:snapshot/0 failed">>);
@@ -369,6 +370,22 @@ native(#{trace_status := Error}) ->
     unavailable(Error, <<"mallocinfo_nif is needed">>);
 native(_) ->
     {unavailable, no_tracker, <<"mallocinfo_nif is needed">>}.
+
+%% @doc The native section's churn: the native functions that allocated
+%% most since the tracker started or was reset (mallocinfo_trace:churn/2
+%% by function; the VM's own malloc and mallocinfo's own left out), at
+%% most ?TOP, each with its rate, temporary share and typical lifetime
+%% (`median_ms', the bound of the bucket of the median freed block);
+%% `none' without churn (an older interposer, the counters mode, an
+%% error).
+-spec churn_view(term()) -> [map()] | none.
+churn_view({ok, Rows}) when is_list(Rows) ->
+    [R#{median_ms => mallocinfo_trace_churn:median_lifetime_ms(L),
+        temporary_percent => case C of 0 -> 0; _ -> T * 100 div C end}
+     || #{label := native, lifetimes := L, temporary_count := T, freed_count := C} = R
+            <- lists:sublist([X || #{label := native} = X <- Rows], ?TOP)];
+churn_view(_) ->
+    none.
 
 %% @doc The native section's culprits from the roll-ups of one snapshot:
 %% the top `native' functions and objects (the VM's own malloc and

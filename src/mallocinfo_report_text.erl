@@ -328,6 +328,7 @@ section_native(#{native := #{functions := Functions, objects := Objects, olds :=
                              [bytes(B), count(C), count(St), object_text(O)])
                || #{bytes := B, count := C, stacks := St, object := O} <- Objects]
      end,
+     churn_lines(maps:get(churn, N, none)),
      growth_lines(maps:get(growth, N, none)),
      previous_lines(maps:get(previous, N, none)),
      "oldest live blocks (size, age, allocated from), start-up (the node's first 30 s)\n"
@@ -365,6 +366,27 @@ erlang_lines(Erl, Row, B) ->
         "" -> [];
         Text -> ["    ", wrap(Text, 76, "      "), "\n"]
     end.
+
+%% Who churns: the native functions that allocated most since the tracker
+%% started or was reset (mallocinfo_trace:churn/2), beside what they hold.
+churn_lines(none) ->
+    [];
+churn_lines([]) ->
+    "churn since start or reset: none outside the VM\n";
+churn_lines([#{since_ms := Since} | _] = Rows) ->
+    [io_lib:format("churn, the last ~ts (allocated, per s, temporary, lifetime, function):~n",
+                   [age(Since)]),
+     [io_lib:format("  ~10ts ~8ts ~4ts ~7ts  ~ts~n",
+                    [bytes(B), count(Rate), [integer_to_list(T), "%"], lifetime_text(M),
+                     frame_text(maps:get(frame, R, undefined), 42)])
+      || #{allocated_bytes := B, allocated_per_s := Rate, temporary_percent := T,
+           median_ms := M} = R <- Rows]].
+
+%% A typical lifetime: "<1ms", "<8ms", ">70min", "-" (none freed).
+lifetime_text(undefined) -> "-";
+lifetime_text(infinity) -> ">70min";
+lifetime_text(Ms) when Ms < 1000 -> ["<", integer_to_list(Ms), "ms"];
+lifetime_text(Ms) -> ["<", age(Ms)].
 
 %% "m:f/2 (80%), n:g/1 (20%)": the Erlang functions that drove a row's
 %% blocks, with their share of its bytes.

@@ -155,9 +155,9 @@ rule(libc_fragmentation, #{libc := #{arenas := [_ | _] = Arenas} = L} = R) ->
                       false -> ""
                   end,
             {Free, fmt("libc arenas hold ~ts of which ~ts (~b%) is free: fragmentation in libc "
-                       "(~ts~ts)~ts~ts",
+                       "(~ts~ts)~ts~ts~ts",
                        [bytes(System), bytes(Free), Free * 100 div max(1, System),
-                        plural(N, "arena"), ArenaMax, Trim, Cap])}
+                        plural(N, "arena"), ArenaMax, Trim, Cap, churners(R)])}
     end;
 rule(erts_fragmentation, #{erts := #{allocated := A, used := U, allocators := [_ | _] = Types}}
      = R) ->
@@ -258,6 +258,24 @@ rule(unexplained, #{unaccounted_bytes := U, unaccounted_percent := P} = R) when 
     end;
 rule(_, _) ->
     none.
+
+%% Fragmentation is made by churn: with the tracker's churn, the native
+%% functions that allocate most (rate, temporary share, typical lifetime).
+churners(#{native := #{churn := [_ | _] = Rows}}) ->
+    Named = [begin
+                 {_, From} = who(maps:get(frame, Row, undefined)),
+                 io_lib:format("~ts (~ts allocations/s, ~b% temporary, typically ~ts)",
+                               [From, count(Rate), T, lifetime(M)])
+             end || #{allocated_per_s := Rate, temporary_percent := T, median_ms := M} = Row
+                        <- lists:sublist(Rows, 3)],
+    ["; the call sites that churn most: " | lists:join(", ", Named)];
+churners(_) ->
+    "".
+
+lifetime(undefined) -> "not freed yet";
+lifetime(infinity) -> "over 70 min";
+lifetime(1) -> "freed within 1 ms";
+lifetime(Ms) -> io_lib:format("freed within ~ts", [mallocinfo_units:age(Ms)]).
 
 %%% Who holds it --------------------------------------------------------------
 

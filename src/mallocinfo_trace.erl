@@ -12,7 +12,7 @@
 %% snapshots in hand, their value.
 -module(mallocinfo_trace).
 
--export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, mappings/1, mappings/2, heap_profile/0, stats/0,
+-export([status/0, set_mode/1, olds/1, olds/2, sites/1, sites/2, churn/1, churn/2, mappings/1, mappings/2, heap_profile/0, stats/0,
          pprof/0, pprof/1, folded/0, folded/1, profile_data/1,
          snapshot/0, snapshot/1, diff/2, diff/3, growth/2, growth/3, growth_of/1, growth_of/2,
          reset/0, reclaim/0, preload_path/0, preload_env/0, preload_env/1, attach/0, attach/1, detach/0]).
@@ -21,7 +21,7 @@
 
 -export_type([process_row/0, function_row/0, erlang_function/0]).
 -export_type([mode/0, frame/0, old/0, site/0, profile_opts/0, snapshot/0, change/0, grower/0,
-              rollup/0, mapping/0]).
+              rollup/0, mapping/0, churn_row/0]).
 
 -type posix() :: file:posix().
 
@@ -44,6 +44,22 @@
                   oldest_age_ms := non_neg_integer(),
                   estimated := boolean()}.
 -type label() :: native | erts | self.
+-type churn_row() :: #{stack => [frame()], erlang => [erlang_function()], thread => binary(),
+                       culprit => frame() | undefined,
+                       object => binary() | undefined, function => binary() | undefined,
+                       frame => frame(), stacks => pos_integer(),
+                       label := label(),
+                       allocated_count := non_neg_integer(),
+                       allocated_bytes := non_neg_integer(),
+                       freed_count := non_neg_integer(),
+                       freed_bytes := non_neg_integer(),
+                       temporary_count := non_neg_integer(),
+                       short_lived_count := non_neg_integer(),
+                       allocated_per_s := non_neg_integer(),
+                       allocated_bytes_per_s := non_neg_integer(),
+                       since_ms := non_neg_integer(),
+                       lifetimes := [{pos_integer() | infinity, non_neg_integer()}],
+                       estimated := boolean()}.
 -type process_row() :: #{pid := pid(), name := term(), count := non_neg_integer(),
                          bytes := non_neg_integer(), estimated := boolean()}.
 -type function_row() :: #{module := atom(), function := atom(), arity := arity(),
@@ -80,7 +96,7 @@
               | [demangle | {demangle, boolean()} | {min_age_ms, non_neg_integer()}
                  | {min_size, non_neg_integer()}].
 
--type profile_opts() :: #{demangle => boolean(), seconds => 1..300}.
+-type profile_opts() :: #{demangle => boolean(), seconds => 1..300, profile => heap | allocs}.
 
 -type attach_error() :: preloaded | already_attached
                       | {unsupported, atom() | {atom(), binary()}}
@@ -254,6 +270,64 @@ sites(N, Opts) when (is_integer(N) andalso N >= 0) orelse N =:= infinity ->
             end
     end;
 sites(N, Opts) ->
+    erlang:error(badarg, [N, Opts]).
+
+%% @equiv churn(N, #{})
+-spec churn(non_neg_integer() | infinity) ->
+          {ok, [churn_row()]} | {error, not_preloaded | not_recording | eagain | enotsup}.
+churn(N) ->
+    churn(N, #{}).
+
+%% @doc Who churns: every call site's allocations and frees since the
+%% tracker started or was {@link reset/0}, most allocated bytes first, the
+%% first `N'. Rows: `allocated_count', `allocated_bytes', `freed_count',
+%% `freed_bytes' (blocks that entered the live table and left it by free
+%% or realloc: exact in `full' mode, unbiased estimates in `sample' mode,
+%% then `estimated => true'), `temporary_count' (blocks freed by the
+%% thread that allocated them before it allocated anything else: memray's
+%% rule with N = 1, a container's grow-and-copy), `lifetimes' (the freed
+%% blocks by lifetime, `[{BelowMs, Count}]', non-empty buckets only:
+%% `{1, C}' freed within 1 ms, `{2^k, C}' lived [2^(k-1), 2^k) ms,
+%% `{infinity, C}' longer; the tracker's clock is the coarse monotonic one,
+%% so "within 1 ms" means within its tick, 1 to 4 ms) and
+%% `short_lived_count' (freed within `short_lived_ms', default 1, counted
+%% to the largest bucket bound not above it), `allocated_per_s' and
+%% `allocated_bytes_per_s' (since start or reset: `since_ms' ago), with
+%% the stack as
+%% {@link sites/2} gives it (`stack', `erlang', `thread' for another
+%% thread, `culprit', `label'). Blocks without a stored stack, and sites
+%% whose stacks were reclaimed since (no live block used them and the
+%% stack table needed room), are one row with `stack => []'.
+%%
+%% `Opts': `demangle', `short_lived_ms', and `by => function | object':
+%% rows rolled up by culprit as {@link sites/2} does (`label', `object',
+%% `function', `frame', `stacks'). Runs on a dirty scheduler; the
+%% `counters' mode keeps no churn (no rows). `{error, enotsup}' from an
+%% interposer older than churn.
+-spec churn(non_neg_integer() | infinity,
+            #{by => stack | function | object, demangle => boolean(),
+              short_lived_ms => pos_integer()}
+            | [demangle | {demangle, boolean()} | {by, stack | function | object}
+               | {short_lived_ms, pos_integer()}]) ->
+          {ok, [churn_row()]} | {error, not_preloaded | not_recording | eagain | enotsup}.
+churn(N, Opts) when (is_integer(N) andalso N >= 0 andalso N < 1 bsl 64) orelse N =:= infinity ->
+    {By, Rest0} = take_by(Opts, [N, Opts]),
+    By =:= stack orelse By =:= function orelse By =:= object
+        orelse erlang:error(badarg, [N, Opts]),
+    Parsed = options(Rest0, [demangle, short_lived_ms], [N, Opts]),
+    D = maps:get(demangle, Parsed),
+    Short = maps:get(short_lived_ms, Parsed, 1),
+    Short >= 1 orelse erlang:error(badarg, [N, Opts]),
+    ok = with_context(),
+    case mallocinfo_nif:trace_churn() of
+        {ok, _Mode, ElapsedMs, Raw} ->
+            {ok, mallocinfo_trace_churn:rows(By, Raw, N, #{demangle => D,
+                                                           short_lived_ms => Short,
+                                                           elapsed_ms => ElapsedMs})};
+        {error, _} = E ->
+            E
+    end;
+churn(N, Opts) ->
     erlang:error(badarg, [N, Opts]).
 
 %% Before a view that names Erlang functions: the Erlang context on (once
@@ -529,12 +603,14 @@ heap_profile() ->
 pprof() ->
     pprof(#{}).
 
-%% @doc Every live call site as a gzipped pprof `profile.proto', the
-%% format of Go's `/debug/pprof/heap', which `go tool pprof', Pyroscope,
-%% Parca and speedscope read. Sample types `alloc_objects',
-%% `alloc_space', `inuse_objects' and `inuse_space' (the default); the
-%% tracker keeps live blocks only, so alloc_* equal inuse_* (what is
-%% still live, not all that was ever allocated). Every location has its
+%% @doc Every call site as a gzipped pprof `profile.proto', the format of
+%% Go's `/debug/pprof/heap', which `go tool pprof', Pyroscope, Parca and
+%% speedscope read. Sample types `alloc_objects', `alloc_space',
+%% `inuse_objects' and `inuse_space' (the default): `inuse_*' what each
+%% site holds now, `alloc_*' what it allocated since the tracker started or
+%% was {@link reset/0} (the churn counters of {@link churn/2}; from an
+%% interposer older than churn, alloc_* equal inuse_*, as the profile's
+%% comment then says). Every location has its
 %% address, its mapping (the executable mappings of `/proc/self/maps',
 %% the emulator's first) and a function named here (the readers need not
 %% find the binaries): the symbol, or `object+0xoffset' when none covers
@@ -544,12 +620,15 @@ pprof() ->
 %% `full' mode). Blocks without a recorded stack are one sample at a
 %% `[no stack recorded]' frame.
 %%
-%% `Opts': `demangle' (default `true'); `seconds' (1..300): a delta
-%% profile, waiting that long in the calling process, of the blocks
-%% allocated during those seconds and still live at their end (the
-%% tracker does not see what was allocated and freed in between). The
-%% work (snapshot, symbolization) runs on a dirty scheduler; about 0.3 s
-%% for 30,000 sites (README, "Profiles").
+%% `Opts': `demangle' (default `true'); `profile => allocs' (Go's
+%% `/debug/pprof/allocs': the same profile, `alloc_space' its default
+%% sample type); `seconds' (1..300): a delta profile, waiting that long in
+%% the calling process. For the heap profile, of the blocks allocated
+%% during those seconds and still live at their end (from their
+%% timestamps); for `allocs', Go's difference of two cumulative profiles
+%% (alloc_* what each site allocated in the window, inuse_* how much more
+%% it holds). The work (snapshot, symbolization) runs on a dirty
+%% scheduler; about 0.3 s for 30,000 sites (README, "Profiles").
 -spec pprof(profile_opts()) ->
           {ok, binary()} | {error, not_preloaded | not_recording | eagain | posix()}.
 pprof(Opts) ->
@@ -578,36 +657,54 @@ folded(Opts) ->
 
 %% @private The snapshot both formats are made of (mallocinfo_trace_profile:data()).
 profile_data(Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- [demangle, seconds] of
+    case maps:keys(Opts) -- [demangle, seconds, profile] of
         [] -> ok;
         _ -> erlang:error(badarg, [Opts])
     end,
     Demangle = maps:get(demangle, Opts, true),
     Seconds = maps:get(seconds, Opts, 0),
+    Profile = maps:get(profile, Opts, heap),
     is_boolean(Demangle) andalso is_integer(Seconds)
+        andalso (Profile =:= heap orelse Profile =:= allocs)
         andalso (Seconds =:= 0 andalso not is_map_key(seconds, Opts)
                  orelse Seconds >= 1 andalso Seconds =< ?MAX_DELTA_S)
         orelse erlang:error(badarg, [Opts]),
     Start = erlang:system_time(nanosecond),
-    Since = case Seconds of
-                0 -> {ok, 0};
-                _ -> mallocinfo_nif:trace_now()
-            end,
-    case Since of
-        {ok, SinceNs} ->
-            %% The caller waits, not a scheduler.
-            timer:sleep(Seconds * 1000),
-            profile_data(Demangle, SinceNs, Start, Seconds);
-        {error, _} = E ->
-            E
+    case {Profile, Seconds} of
+        {allocs, 0} ->
+            profile_data(Demangle, 0, Start, 0, Profile);
+        {allocs, _} ->
+            %% Go's way: the difference of two cumulative profiles.
+            case profile_data(Demangle, 0, Start, 0, Profile) of
+                {ok, Old} ->
+                    timer:sleep(Seconds * 1000),
+                    case profile_data(Demangle, 0, Start, Seconds, Profile) of
+                        {ok, New} -> {ok, mallocinfo_trace_profile:delta(Old, New)};
+                        {error, _} = E -> E
+                    end;
+                {error, _} = E ->
+                    E
+            end;
+        {heap, 0} ->
+            profile_data(Demangle, 0, Start, 0, Profile);
+        {heap, _} ->
+            case mallocinfo_nif:trace_now() of
+                {ok, SinceNs} ->
+                    %% The caller waits, not a scheduler.
+                    timer:sleep(Seconds * 1000),
+                    profile_data(Demangle, SinceNs, Start, Seconds, Profile);
+                {error, _} = E ->
+                    E
+            end
     end;
 profile_data(Opts) ->
     erlang:error(badarg, [Opts]).
 
-profile_data(Demangle, SinceNs, Start, Seconds) ->
+profile_data(Demangle, SinceNs, Start, Seconds, Profile) ->
     ok = with_context(),
     case mallocinfo_nif:trace_pprof(Demangle, SinceNs) of
         {ok, #{mode := Mode} = Snap} ->
+            Churn = maps:get(churn, Snap, false),
             %% Read after the snapshot, so every object a stack points
             %% into is mapped (unless unloaded in between).
             case file:read_file("/proc/self/maps") of
@@ -622,15 +719,31 @@ profile_data(Demangle, SinceNs, Start, Seconds) ->
                                                sample -> ": values are unbiased estimates";
                                                _ -> ""
                                            end,
-                                           "; alloc_* = inuse_* (live blocks only)"])
-                         | [iolist_to_binary(io_lib:format(
-                                               "delta over ~b s: blocks allocated in that "
-                                               "window and still live at its end", [Seconds]))
+                                           case Churn of
+                                               true -> "; alloc_*: since start or reset";
+                                               false -> "; alloc_* = inuse_* (live blocks only)"
+                                           end])
+                         | [iolist_to_binary(
+                              case Profile of
+                                  heap ->
+                                      io_lib:format("delta over ~b s: blocks allocated in that "
+                                                    "window and still live at its end",
+                                                    [Seconds]);
+                                  allocs ->
+                                      io_lib:format("delta over ~b s: the difference of two "
+                                                    "cumulative profiles", [Seconds])
+                              end)
                             || Seconds > 0]],
                     #{sites := Sites} = Snap,
-                    {ok, Snap#{sites => labelled(Sites), maps => Maps, exe => Exe,
-                               time_nanos => Start, duration_nanos => Seconds * 1000000000,
-                               comments => Comments}};
+                    Default = case Profile of
+                                  heap -> inuse_space;
+                                  allocs -> alloc_space
+                              end,
+                    {ok, (maps:remove(churn, Snap))#{sites => labelled(Sites), maps => Maps,
+                                                     exe => Exe, time_nanos => Start,
+                                                     duration_nanos => Seconds * 1000000000,
+                                                     comments => Comments,
+                                                     default_sample => Default}};
                 {error, _} = E ->
                     E
             end;
@@ -638,25 +751,26 @@ profile_data(Demangle, SinceNs, Start, Seconds) ->
             E
     end.
 
-%% With the Erlang context on, the NIF splits each site by the process that
-%% allocated its blocks ({Count, Bytes, Stack, Pid | undefined}): the
-%% process becomes the sample's pprof labels, `pid' (as pid_to_list/1
-%% writes it) and `process' (its name as mallocinfo_process:name/1 gives
-%% it, while it lives). Each process is named once.
+%% With the Erlang context on, the NIF splits each site's live blocks by
+%% the process that allocated them ({InuseCount, InuseBytes, AllocCount,
+%% AllocBytes, Stack, Pid | undefined}): the process becomes the sample's
+%% pprof labels, `pid' (as pid_to_list/1 writes it) and `process' (its
+%% name as mallocinfo_process:name/1 gives it, while it lives). Each
+%% process is named once.
 labelled(Sites) ->
     {Labelled, _} =
         lists:mapfoldl(
-          fun({_, _, _} = Site, Names) ->
+          fun({_, _, _, _, _} = Site, Names) ->
                   {Site, Names};
-             ({C, B, S, undefined}, Names) ->
-                  {{C, B, S, []}, Names};
-             ({C, B, S, Pid}, Names) ->
+             ({C, B, AC, AB, S, undefined}, Names) ->
+                  {{C, B, AC, AB, S, []}, Names};
+             ({C, B, AC, AB, S, Pid}, Names) ->
                   {Labels, Names1} =
                       case Names of
                           #{Pid := L} -> {L, Names};
                           #{} -> L = process_labels(Pid), {L, Names#{Pid => L}}
                       end,
-                  {{C, B, S, Labels}, Names1}
+                  {{C, B, AC, AB, S, Labels}, Names1}
           end, #{}, Sites),
     Labelled.
 
@@ -695,8 +809,9 @@ stats() ->
     end.
 
 %% @doc Forgets every recorded live block (e.g. after start-up, to see only
-%% what is allocated from now on), then frees every stored call stack (as
-%% {@link reclaim/0}). `{ok, Forgotten}': how many blocks were forgotten.
+%% what is allocated from now on) and every site's churn ({@link churn/2}),
+%% then frees every stored call stack (as {@link reclaim/0}). `{ok,
+%% Forgotten}': how many blocks were forgotten.
 -spec reset() -> {ok, non_neg_integer()} | {error, not_preloaded | not_recording}.
 reset() ->
     mallocinfo_nif:trace_reset().

@@ -4,27 +4,35 @@
 %% page of {@link mallocinfo_http_flamegraph}). Pure: {@link mallocinfo_trace}
 %% feeds it the NIF's snapshot and `/proc/self/maps'.
 %%
-%% Input (`data()'): `sites', `[{Count, Bytes, [LocationId]}]', stacks
-%% innermost frame first, ids 1-based positions in `locations' (or
-%% `{Count, Bytes, [LocationId], Labels}', Labels `[{Key, Value}]' of
-%% binaries: the sample's pprof labels, the process that allocated the
-%% blocks; the folded stacks add up a stack's samples),
+%% Input (`data()'): `sites', `[{Count, Bytes, [LocationId]}]' (live
+%% blocks only: alloc_* = inuse_*), `[{Count, Bytes, AllocCount,
+%% AllocBytes, [LocationId]}]' (with the tracker's churn: what the site
+%% allocated since start or reset beside what it holds), or the same with
+%% a sixth element, Labels `[{Key, Value}]' of binaries: the sample's pprof
+%% labels, the process holding the blocks (the folded stacks add up a
+%% stack's samples); stacks innermost frame first, ids 1-based positions
+%% in `locations',
 %% `[{Address, Object, Symbol | undefined, ObjectOffset}]' (each distinct
 %% return address once); `mode' and `sample_bytes' of the tracker;
 %% `maps', `/proc/self/maps' as read; `exe', the emulator's path (its
 %% mapping goes first: pprof takes the first mapping as the main binary);
-%% `time_nanos', `duration_nanos' (0 unless a delta), `comments'.
+%% `time_nanos', `duration_nanos' (0 unless a delta), `comments';
+%% optionally `default_sample' (`inuse_space', the default, as Go's
+%% `/debug/pprof/heap'; `alloc_space' as its `/debug/pprof/allocs').
 -module(mallocinfo_trace_profile).
 
--export([pprof/1, encode/1, folded/1, folded_total/1, frame_names/1, mappings/1]).
+-export([pprof/1, encode/1, folded/1, folded_total/1, frame_names/1, mappings/1, delta/2]).
 
 -export_type([data/0]).
 
 -type location() :: {non_neg_integer(), binary(), binary() | undefined, non_neg_integer()}.
 -type site() :: {non_neg_integer(), non_neg_integer(), [pos_integer()]}
-              | {non_neg_integer(), non_neg_integer(), [pos_integer()], [{binary(), binary()}]}.
+              | {integer(), integer(), integer(), integer(), [pos_integer()]}
+              | {integer(), integer(), integer(), integer(), [pos_integer()],
+                 [{binary(), binary()}]}.
 -type data() :: #{sites := [site()],
                   locations := [location()],
+                  default_sample => inuse_space | alloc_space,
                   mode := atom(),
                   sample_bytes := non_neg_integer(),
                   maps := binary(),
@@ -47,13 +55,14 @@ pprof(Data) ->
     zlib:gzip(iolist_to_binary(encode(Data))).
 
 %% @doc The `Profile' message, not compressed. Sample types
-%% `alloc_objects', `alloc_space', `inuse_objects', `inuse_space' (the
-%% default); the tracker keeps live blocks only, so each sample's alloc_*
-%% values are its inuse_* values (see README, "Profiles").
+%% `alloc_objects', `alloc_space', `inuse_objects', `inuse_space' (Go's
+%% heap profile; the default `default_sample'). Sites given as
+%% `{Count, Bytes, Stack}' have their live figures as alloc_* too.
 -spec encode(data()) -> iodata().
-encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := SampleBytes,
+encode(#{sites := Sites0, locations := Locs, mode := Mode, sample_bytes := SampleBytes,
          maps := Maps, exe := Exe, time_nanos := Time, duration_nanos := Duration,
-         comments := Comments}) ->
+         comments := Comments} = Data) ->
+    Sites = [full_site(S) || S <- Sites0],
     Locations = list_to_tuple(Locs),
     NoStack = tuple_size(Locations) + 1,
     %% Strings: index 0 is "" (the format requires it).
@@ -63,7 +72,7 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
                                   {<<"alloc_space">>, <<"bytes">>},
                                   {<<"inuse_objects">>, <<"count">>},
                                   {<<"inuse_space">>, <<"bytes">>}]),
-    {Default, S2} = intern(<<"inuse_space">>, S1),
+    {Default, S2} = intern(atom_to_binary(maps:get(default_sample, Data, inuse_space)), S1),
     {PeriodType, S3} = value_type({<<"space">>, <<"bytes">>}, S2),
     Mapped = mappings(Maps),
     Ordered = main_first(Mapped, Exe),
@@ -95,7 +104,7 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
                          message(4, uint(1, FunId))],
                   {Loc, {FunIds1, FunAcc1, NextFun1, S1b}}
           end, {#{}, [], 1, S4}, lists:zip(lists:seq(1, tuple_size(Locations)), Locs)),
-    HasEmpty = lists:any(fun(Site) -> element(3, Site) =:= [] end, Sites),
+    HasEmpty = lists:any(fun({_, _, _, _, Stack, _}) -> Stack =:= [] end, Sites),
     {NoStackMsgs, S6} =
         case HasEmpty of
             true ->
@@ -113,11 +122,11 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
     %% reuse a few thousand ids, and copying a ready binary into the
     %% output costs less than encoding the integer again.
     Ids = list_to_tuple([mallocinfo_protobuf:varint(I) || I <- lists:seq(1, NoStack)]),
-    SampleMsgs = [[stack_field(case element(3, Site) of [] -> [NoStack]; Stack -> Stack end, Ids),
-                   packed(2, [element(1, Site), element(2, Site), element(1, Site),
-                              element(2, Site)]),
+    SampleMsgs = [[stack_field(case Stack of [] -> [NoStack]; _ -> Stack end, Ids),
+                   packed(2, [AllocCount, AllocBytes, Count, Bytes]),
                    [message(3, [int(1, K), int(2, V)]) || {K, V} <- Labels]]
-                  || {Site, Labels} <- lists:zip(Sites, SiteLabels)],
+                  || {{Count, Bytes, AllocCount, AllocBytes, Stack, _}, Labels}
+                         <- lists:zip(Sites, SiteLabels)],
     {_, Strings, _} = S7,
     Period = case Mode of sample -> SampleBytes; _ -> 1 end,
     [[message(1, T) || T <- Types],
@@ -135,14 +144,54 @@ encode(#{sites := Sites, locations := Locs, mode := Mode, sample_bytes := Sample
      packed(13, CommentIds),
      int(14, Default)].
 
-site_labels({_, _, _}, S) ->
-    {[], S};
-site_labels({_, _, _, Labels}, S) ->
+site_labels({_, _, _, _, _, Labels}, S) ->
     lists:mapfoldl(fun({K, V}, Acc) ->
                            {Ki, Acc1} = intern(K, Acc),
                            {Vi, Acc2} = intern(V, Acc1),
                            {{Ki, Vi}, Acc2}
                    end, S, Labels).
+
+%% Every form of a site as {Count, Bytes, AllocCount, AllocBytes, Stack,
+%% Labels}.
+full_site({Count, Bytes, Stack}) -> {Count, Bytes, Count, Bytes, Stack, []};
+full_site({C, B, AC, AB, Stack}) -> {C, B, AC, AB, Stack, []};
+full_site({_, _, _, _, _, _} = Site) -> Site.
+
+%% @doc The difference `New - Old' of two profiles' data, site by site, as
+%% Go's `?seconds=N' computes it (its old profile scaled by -1 and merged
+%% into the new one): sites are matched by their stacks' frames (address,
+%% object, symbol), values may be negative (a site holding less than
+%% before), sites whose four values are all 0 are left out; a site's
+%% labels are part of its key. The result
+%% has `New''s metadata and locations (the old profile's frames that only
+%% it had are added).
+-spec delta(data(), data()) -> data().
+delta(#{sites := OldSites, locations := OldLocs}, #{sites := NewSites, locations := NewLocs} = New) ->
+    OldT = list_to_tuple(OldLocs),
+    NewT = list_to_tuple(NewLocs),
+    Keyed = fun(T, Sites, Sign) ->
+                    [{{[element(I, T) || I <- Stack], Labels}, [Sign * V || V <- [C, B, AC, AB]]}
+                     || {C, B, AC, AB, Stack, Labels} <- [full_site(S) || S <- Sites]]
+            end,
+    Sums = lists:foldl(fun({K, Vs}, Acc) ->
+                               maps:update_with(K, fun(Ws) -> lists:zipwith(fun erlang:'+'/2, Vs, Ws)
+                                                   end, Vs, Acc)
+                       end, #{}, Keyed(OldT, OldSites, -1) ++ Keyed(NewT, NewSites, 1)),
+    %% Locations: the new profile's, then the frames only the old one had.
+    Index0 = maps:from_list(lists:zip(NewLocs, lists:seq(1, length(NewLocs)))),
+    {Index, Extra} = lists:foldl(fun(L, {Ix, Ex}) ->
+                                         case Ix of
+                                             #{L := _} -> {Ix, Ex};
+                                             #{} -> {Ix#{L => map_size(Ix) + 1}, [L | Ex]}
+                                         end
+                                 end, {Index0, []}, OldLocs),
+    Sites = lists:sort(fun({_, B1, _, A1, _, _} = X, {_, B2, _, A2, _, _} = Y) ->
+                               {A1, B1} > {A2, B2} orelse ({A1, B1} =:= {A2, B2} andalso X =< Y)
+                       end,
+                       [{C, B, AC, AB, [maps:get(L, Index) || L <- Frames], Labels}
+                        || {{Frames, Labels}, [C, B, AC, AB]} <- maps:to_list(Sums),
+                           [C, B, AC, AB] =/= [0, 0, 0, 0]]),
+    New#{sites => Sites, locations => NewLocs ++ lists:reverse(Extra)}.
 
 %% Sample.location_id, packed, from the ids' ready varints.
 stack_field(Stack, Ids) ->
@@ -233,8 +282,7 @@ folded(#{sites := Sites} = Data) ->
 %% one stack (one a process) are one line.
 by_stack(Sites) ->
     {Order, Bytes} = lists:foldl(fun(Site, {O, M}) ->
-                                         Stack = element(3, Site),
-                                         B = element(2, Site),
+                                         {_, B, _, _, Stack, _} = full_site(Site),
                                          case M of
                                              #{Stack := Old} -> {O, M#{Stack := Old + B}};
                                              #{} -> {[Stack | O], M#{Stack => B}}
@@ -245,7 +293,7 @@ by_stack(Sites) ->
 %% @doc The bytes the folded lines of `Data' sum to.
 -spec folded_total(data()) -> non_neg_integer().
 folded_total(#{sites := Sites}) ->
-    lists:sum([element(2, Site) || Site <- Sites]).
+    lists:sum([element(2, S) || S <- Sites]).
 
 %% @doc Every location's folded frame name, a tuple indexed by location id.
 -spec frame_names(data()) -> tuple().

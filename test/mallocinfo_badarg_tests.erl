@@ -55,6 +55,10 @@ excluded_modules() ->
                                "the reader and the drawer made"},
      {mallocinfo_file, "@private: the heap map's file writing; its callers pass names they "
                        "checked; EUnit in mallocinfo_files_tests"},
+     {mallocinfo_trace_churn, "@private: churn rows from the NIF's raw rows and the lifetime "
+                              "histogram's figures; mallocinfo_trace checks churn/2's "
+                              "arguments, mallocinfo_report_build feeds it churn/2's rows; "
+                              "EUnit in mallocinfo_trace_tests"},
      {mallocinfo_trace_culprits, "@private: the culprit engine and the roll-ups; "
                                  "mallocinfo_trace checks every argument before calling it"},
      {mallocinfo_trace_context, "@private: the Erlang context's learner and the readers of "
@@ -170,7 +174,7 @@ cases(S) ->
     Count = [junk, -1, 1.5, [a | b], <<"1">>, "1", {1}, 1 bsl 64],
     ProfileOpts = not_opts() ++ [[], [{seconds, 1}], #{seconds => 0}, #{seconds => 301},
                                  #{seconds => 1.5}, #{seconds => junk}, #{demangle => 1},
-                                 #{seconds => 1, junk => 1}],
+                                 #{seconds => 1, junk => 1}, #{profile => junk}, #{profile => inuse}],
     Arenas = [junk, [a | b], {a, b}, #{}, [junk], [#{}], [(arena())#{system_bytes => -1}],
               [(arena())#{by_kind => #{}}], [maps:remove(pinned_bytes, arena())],
               [arena() | junk], [arena(), (arena())#{in_use_bytes => <<"1">>}]],
@@ -375,6 +379,12 @@ cases(S) ->
      {mallocinfo_trace, pprof, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, folded, [{#{}, ProfileOpts}]},
      {mallocinfo_trace, profile_data, [{#{}, ProfileOpts}]},
+     {mallocinfo_trace, churn, [{1, Count}]},
+     {mallocinfo_trace, churn, [{1, Count}, {#{}, not_opts() ++ [#{by => process},
+                                                                #{by => junk},
+                                                                #{short_lived_ms => 0},
+                                                                #{demangle => 1},
+                                                                #{min_size => 1}]}]},
      {mallocinfo_trace, sites, [{1, Count}]},
      {mallocinfo_trace, sites, [{1, Count}, {#{}, TraceOpts ++ [#{min_size => 1}] ++ ByOpts ++ SnapOpts}]},
      {mallocinfo_trace, diff, [{Snap, NotSnap}, {Snap, NotSnap}]},

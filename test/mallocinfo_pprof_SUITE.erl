@@ -6,7 +6,13 @@
 %% function's exact in-use bytes; ?seconds=1 must show only what was
 %% allocated in that second; /heap.folded must sum to the live total; the
 %% flame graph page must draw in headless Chromium with no script error,
-%% the test function its widest top frame.
+%% the test function its widest top frame. Churn (issue 26): a function
+%% that allocates and frees 1 GB in 64-byte blocks shows exactly
+%% 1,000,000,000 bytes of alloc_space in `full' mode (within 5% in
+%% `sample' mode), in mallocinfo_trace:churn/2 and in Go's pprof, from the
+%% file and from /debug/pprof/allocs, its blocks temporary and short-lived;
+%% /debug/pprof/allocs?seconds=N is the difference of two cumulative
+%% profiles.
 -module(mallocinfo_pprof_SUITE).
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
@@ -17,7 +23,8 @@
          small_leak_on_top/1,
          flamegraph_chromium/1, flamegraph_harness_sees_errors/1, flamegraph_prototype_names/1,
          not_preloaded/1,
-         bad_params/1, many_sites/1, jemalloc_alone/1, jemalloc_behind_tracker/1]).
+         bad_params/1, many_sites/1, jemalloc_alone/1, jemalloc_behind_tracker/1,
+         churn_full/1, churn_sample/1, allocs_delta/1]).
 -export([wait_for_window/0, measure/3]).
 
 -define(HTTPC, mallocinfo_pprof_SUITE).
@@ -27,7 +34,7 @@ all() ->
     [not_preloaded, bad_params, go_reads_file, go_reads_http, delta_seconds, folded_sums,
      sample_mode, small_leak_on_top, flamegraph_chromium, flamegraph_harness_sees_errors,
      flamegraph_prototype_names, many_sites,
-     jemalloc_alone, jemalloc_behind_tracker].
+     jemalloc_alone, jemalloc_behind_tracker, churn_full, churn_sample, allocs_delta].
 
 init_per_suite(Config) ->
     ok = mi_ct:build_nif(Config, "mi_pprof_nif"),
@@ -52,6 +59,10 @@ init_per_testcase(flamegraph_prototype_names, Config) ->
     Config;
 init_per_testcase(sample_mode, Config) ->
     start_peer(Config, #{mode => sample, sample_bytes => 4096});
+init_per_testcase(churn_sample, Config) ->
+    %% 64 KiB: 15,000 sample points in 1 GB, so 5% is six standard
+    %% deviations of the estimate (the default 512 KiB gives 1,900: 2.2).
+    start_peer(Config, #{mode => sample, sample_bytes => 65536});
 init_per_testcase(jemalloc_alone, Config) ->
     start_peer(Config, [{"LD_PRELOAD", ?JEMALLOC}]);
 init_per_testcase(jemalloc_behind_tracker, Config) ->
@@ -107,13 +118,16 @@ go() ->
 %% Go's caches and pprof's copies of fetched profiles go to a scratch
 %% directory; GOPROXY=off and GOTOOLCHAIN=local keep it off the network.
 go_top(Config, Source) ->
+    go_top(Config, Source, "inuse_space").
+
+go_top(Config, Source, Index) ->
     Dir = scratch(Config, "go"),
     Env = [{"HOME", Dir}, {"GOPATH", filename:join(Dir, "gopath")},
            {"GOCACHE", filename:join(Dir, "gocache")}, {"PPROF_TMPDIR", Dir},
            {"GOPROXY", "off"}, {"GOTOOLCHAIN", "local"}, {"GOFLAGS", ""}],
     Port = open_port({spawn_executable, go()},
                      [{args, ["tool", "pprof", "-top", "-unit=B", "-nodefraction=0",
-                              "-sample_index=inuse_space", Source]},
+                              "-sample_index=" ++ Index, Source]},
                       {env, Env}, exit_status, stderr_to_stdout, binary, {line, 65536}]),
     {Status, Lines} = collect(Port, []),
     ct:log("go tool pprof -top ~ts: exit ~b~n~ts", [Source, Status, lists:join($\n, Lines)]),
@@ -153,13 +167,15 @@ not_preloaded(Config) ->
          {Code, _, Body} = get(Config, P),
          ?assertEqual({409, P}, {Code, P}),
          ?assertMatch({_, _}, binary:match(Body, <<"not preloaded">>))
-     end || P <- ["/debug/pprof/heap", "/heap.folded", "/flamegraph.html"]].
+     end || P <- ["/debug/pprof/heap", "/debug/pprof/allocs", "/heap.folded",
+                  "/flamegraph.html"]].
 
 bad_params(Config) ->
     [?assertEqual({400, P}, {element(1, get(Config, P)), P})
      || P <- ["/debug/pprof/heap?seconds=0", "/debug/pprof/heap?seconds=61",
               "/debug/pprof/heap?seconds=x", "/debug/pprof/heap?seconds=1&seconds=2",
-              "/debug/pprof/heap?debug=1", "/heap.folded?x=1", "/flamegraph.html?view=tree",
+              "/debug/pprof/heap?debug=1", "/debug/pprof/allocs?seconds=0",
+              "/debug/pprof/allocs?x=1", "/heap.folded?x=1", "/flamegraph.html?view=tree",
               "/flamegraph.html?view=stack&view=object", "/flamegraph.html?x=1"]],
     %% Go's scrapers send gc=1: accepted.
     ?assertMatch({200, _, _}, get(Config, "/debug/pprof/heap?gc=1")),
@@ -172,7 +188,12 @@ bad_params(Config) ->
     ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{seconds => 301}])),
     ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{demangle => yes}])),
     ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{depth => 1}])),
-    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [[]])).
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [[]])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, pprof, [#{profile => inuse}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, churn, [-1])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, churn, [1, #{by => process}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, churn, [1, #{short_lived_ms => 0}])),
+    ?assertError(badarg, call(Config, mallocinfo_trace, churn, [1, #{sort => x}])).
 
 %% mallocinfo_trace:pprof/0's bytes, written to a file, read by Go's pprof:
 %% the test function holds exactly what it allocated.
@@ -264,10 +285,122 @@ sample_mode(Config) ->
         [S || #{stack := [#{symbol := <<"mi_pprof_leak_here">>} | _]} = S
                   <- ok_call(Config, mallocinfo_trace, sites, [1000])],
     Leaf = [V || #{values := V, leaf := <<"mi_pprof_leak_here">>} <- maps:get(samples, P)],
-    ?assertEqual([[N, Est, N, Est]], Leaf),
+    %% alloc_* from the churn counters: the same sampled blocks, weighed
+    %% apart (the tracker rounds each block's bytes, up to half a byte of
+    %% some 11,000: 0.005%).
+    [[AN, AEst, N, Est]] = Leaf,
+    ct:log("alloc ~b ~b, inuse ~b ~b", [AN, AEst, N, Est]),
+    ?assert(abs(AN - N) =< 1 andalso abs(AEst - Est) * 10000 =< Est),
     %% 2000 blocks of 10000 bytes, each sampled with p = 1 - e^(-10000/4096)
     %% = 0.913: the estimate is within a few percent of the truth.
     ?assert(abs(Est - 20000000) < 20000000 div 10).
+
+%%% Churn ------------------------------------------------------------------------------
+
+-define(GB, 1000000000).
+-define(BLOCKS, (?GB div 64)).
+
+%% Full mode: 1 GB allocated and freed in 64-byte blocks, one live at a
+%% time, from one named function: churn/2 counts it exactly, every block
+%% temporary and short-lived; Go's pprof shows its alloc_space exactly,
+%% from the file and from /debug/pprof/allocs (whose default sample type
+%% is alloc_space), while its inuse_space is 0.
+churn_full(Config) ->
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
+    ok = call(Config, mi_pprof_nif, churn, [?GB, 64]),
+    Row = churn_row(Config, #{by => function}),
+    ct:log("churn row: ~p", [Row]),
+    ?assertMatch(#{allocated_bytes := ?GB, allocated_count := ?BLOCKS, freed_bytes := ?GB,
+                   freed_count := ?BLOCKS, estimated := false, stacks := 1}, Row),
+    #{temporary_count := Temporary, lifetimes := Lifetimes, short_lived_count := Short} = Row,
+    %% Only the first block of the thread can miss (a thread's first
+    %% allocation may come before its state is taken).
+    ?assert(Temporary >= ?BLOCKS - 1),
+    %% Within the clock's tick but for the pairs that straddled one.
+    ?assertEqual(Short, proplists:get_value(1, Lifetimes)),
+    ?assert(Short >= ?BLOCKS * 99 div 100),
+    ?assertEqual(?BLOCKS, lists:sum([C || {_, C} <- Lifetimes])),
+    %% By stack: the same figures, the stack as sites/1 gives it.
+    [ByStack] = [R || #{stack := [#{symbol := <<"mi_pprof_churn_here">>} | _]} = R
+                          <- ok_call(Config, mallocinfo_trace, churn, [20])],
+    ?assertMatch(#{allocated_bytes := ?GB, freed_bytes := ?GB, label := native}, ByStack),
+    ?assert(is_map_key(erlang, ByStack)),
+    {ok, Profile} = call(Config, mallocinfo_trace, pprof, []),
+    File = filename:join(scratch(Config, "churn"), "heap.pb.gz"),
+    ok = file:write_file(File, Profile),
+    ?assertEqual({?GB, ?GB}, function(go_top(Config, File, "alloc_space"), <<"mi_pprof_churn_here">>)),
+    ?assertEqual(absent, function(go_top(Config, File), <<"mi_pprof_churn_here">>)),
+    Url = url(Config, "/debug/pprof/allocs"),
+    {200, Headers, Body} = get(Config, "/debug/pprof/allocs"),
+    ?assertEqual("attachment; filename=\"allocs.pb.gz\"",
+                 proplists:get_value("content-disposition", Headers)),
+    P = mi_pprof_decode:profile(zlib:gunzip(Body)),
+    ?assertEqual(<<"alloc_space">>, maps:get(default_sample_type, P)),
+    ?assertEqual({?GB, ?GB}, function(go_top(Config, Url, "alloc_space"), <<"mi_pprof_churn_here">>)),
+    %% mallocinfo never measures itself: after all these queries (each a
+    %% NIF call that allocates), no churn row is in mallocinfo's objects.
+    All = ok_call(Config, mallocinfo_trace, churn, [infinity, #{by => object}]),
+    ?assertEqual([], [R || #{label := self} = R <- All]),
+    ?assertEqual([], [R || #{object := O} = R <- All, is_binary(O),
+                           lists:member(filename:basename(O), [<<"mallocinfo_nif.so">>,
+                                                               <<"libmallocinfo_preload.so">>])]),
+    %% reset() forgets it.
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
+    ?assertEqual([], [R || #{function := <<"mi_pprof_churn_here">>} = R
+                               <- ok_call(Config, mallocinfo_trace, churn,
+                                          [infinity, #{by => function}])]).
+
+%% Sample mode: the same within 5%, estimated.
+churn_sample(Config) ->
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
+    ok = call(Config, mi_pprof_nif, churn, [?GB, 64]),
+    Row = churn_row(Config, #{by => function}),
+    ct:log("churn row: ~p", [Row]),
+    #{allocated_bytes := Bytes, allocated_count := Count, freed_bytes := Freed,
+      temporary_count := Temporary, lifetimes := Lifetimes, estimated := true} = Row,
+    ?assert(abs(Bytes - ?GB) < ?GB div 20),
+    ?assert(abs(Count - ?BLOCKS) < ?BLOCKS div 20),
+    ?assertEqual(Bytes, Freed),
+    ?assert(Temporary >= Count * 95 div 100),
+    ?assert(proplists:get_value(1, Lifetimes) >= Count * 95 div 100),
+    {ok, Profile} = call(Config, mallocinfo_trace, pprof, []),
+    File = filename:join(scratch(Config, "churn"), "heap.pb.gz"),
+    ok = file:write_file(File, Profile),
+    {Flat, _} = function(go_top(Config, File, "alloc_space"), <<"mi_pprof_churn_here">>),
+    ?assert(abs(Flat - ?GB) < ?GB div 20),
+    {Flat2, _} = function(go_top(Config, url(Config, "/debug/pprof/allocs"), "alloc_space"),
+                          <<"mi_pprof_churn_here">>),
+    ?assert(abs(Flat2 - ?GB) < ?GB div 20).
+
+churn_row(Config, Opts) ->
+    [Row] = [R || #{function := <<"mi_pprof_churn_here">>} = R
+                      <- ok_call(Config, mallocinfo_trace, churn, [infinity, Opts])],
+    Row.
+
+%% /debug/pprof/allocs?seconds=1: what was allocated in that second, as
+%% the difference of two cumulative profiles: the churn inside the window
+%% exactly, nothing of the churn before it.
+allocs_delta(Config) ->
+    {ok, _} = call(Config, mallocinfo_trace, reset, []),
+    ok = call(Config, mi_pprof_nif, leak, [100, 1000]),
+    ok = call(Config, mi_pprof_nif, churn, [64000000, 64]),
+    Self = self(),
+    Req = spawn_link(fun() ->
+                             Self ! {delta, get(Config, "/debug/pprof/allocs?seconds=1")}
+                     end),
+    ok = call(Config, ?MODULE, wait_for_window, []),
+    ok = call(Config, mi_pprof_nif, churn, [6400000, 64]),
+    Body = receive {delta, {200, _, B}} -> B after 120000 -> ct:fail(no_delta) end,
+    unlink(Req),
+    File = filename:join(scratch(Config, "delta"), "allocs.pb.gz"),
+    ok = file:write_file(File, Body),
+    Top = go_top(Config, File, "alloc_space"),
+    ?assertEqual({6400000, 6400000}, function(Top, <<"mi_pprof_churn_here">>)),
+    ?assertEqual(absent, function(Top, <<"mi_pprof_leak_here">>)),
+    %% The cumulative profile has both, the churn of both calls.
+    Full = go_top(Config, url(Config, "/debug/pprof/allocs"), "alloc_space"),
+    ?assertEqual({70400000, 70400000}, function(Full, <<"mi_pprof_churn_here">>)),
+    ?assertEqual({100000, 100000}, function(Full, <<"mi_pprof_leak_here">>)).
 
 %%% The flame graph page -------------------------------------------------------------
 
@@ -405,7 +538,8 @@ jemalloc_alone(Config) ->
          {Code, _, Body} = get(Config, P),
          ?assertEqual({409, P}, {Code, P}),
          ?assertMatch({_, _}, binary:match(Body, <<"/heap_profile?trigger_dump=true">>))
-     end || P <- ["/debug/pprof/heap", "/heap.folded", "/flamegraph.html"]].
+     end || P <- ["/debug/pprof/heap", "/debug/pprof/allocs", "/heap.folded",
+                  "/flamegraph.html"]].
 
 %% The tracker in front of jemalloc: the routes serve the tracker's
 %% profile, exact as under glibc.

@@ -76,6 +76,18 @@ demo_report(Config) ->
                            F >= 10 * ?MiB, F * 2 >= S],
         ?assert(length(Fragmented) >= 3),
         ?assert(lists:any(fun(V) -> has(V, <<"fragmentation in libc">>) end, Verdicts)),
+        %% Who made it (issue 26): the scratch buffers, allocated and freed
+        %% by demo_scratch_alloc, are the native section's churn, exactly
+        %% (full mode, since the node started), and the fragmentation
+        %% verdict names that function first.
+        #{native := #{churn := ChurnRows}} = R,
+        ct:pal("churn: ~p", [ChurnRows]),
+        [Scratch] = [C || #{function := <<"demo_scratch_alloc">>} = C <- ChurnRows],
+        ?assertMatch(#{allocated_bytes := Allocated, freed_bytes := Freed}
+                         when Allocated =:= Freed + Kept, Scratch),
+        ?assert(lists:any(fun(V) -> has(V, <<"the call sites that churn most: demo_scratch_alloc (">>)
+                          end, Verdicts)),
+        ?assert(has(unicode:characters_to_binary(Text), <<"churn, the last ">>)),
         %% ... and the mappings agree: the glibc heaps hold it resident.
         #{resident := #{groups := #{arenas := #{rss := ArenaRss, count := Heaps}}}} = R,
         %% Every non-main arena has at least one heap, and each was found.

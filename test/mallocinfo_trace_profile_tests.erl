@@ -129,11 +129,11 @@ profile_read_back_test() ->
 %% each sample carries its own, the strings interned once; a site without
 %% labels carries none.
 profile_labels_test() ->
-    Data = (tiny())#{sites => [{2, 64, [1], [{<<"pid">>, <<"<0.90.0>">>},
-                                             {<<"process">>, <<"conn_a">>}]},
-                               {1, 32, [1], [{<<"pid">>, <<"<0.91.0>">>},
-                                             {<<"process">>, <<"conn_a">>}]},
-                               {1, 8, [1], []},
+    Data = (tiny())#{sites => [{2, 64, 2, 64, [1], [{<<"pid">>, <<"<0.90.0>">>},
+                                                     {<<"process">>, <<"conn_a">>}]},
+                               {1, 32, 1, 32, [1], [{<<"pid">>, <<"<0.91.0>">>},
+                                                    {<<"process">>, <<"conn_a">>}]},
+                               {1, 8, 1, 8, [1], []},
                                {1, 4, [1]}]},
     P = mi_pprof_decode:profile(b(mallocinfo_trace_profile:encode(Data))),
     ?assertMatch([#{values := [2, 64, 2, 64], frames := [<<"f">>],
@@ -184,3 +184,48 @@ flamegraph_page_escapes_test() ->
     ?assertEqual(nomatch, binary:match(Page, <<"t</title></title>">>)),
     %% Nothing fetched from anywhere.
     ?assertEqual(nomatch, re:run(Page, "(src|href)=|https?://|fetch\\(")).
+
+%%% Allocation figures (issue 26) --------------------------------------------------
+
+%% Sites with churn carry their alloc_* apart from their inuse_*; an allocs
+%% profile names alloc_space its default.
+alloc_values_test() ->
+    Data = (tiny_alloc())#{default_sample => alloc_space},
+    P = mi_pprof_decode:profile(b(mallocinfo_trace_profile:encode(Data))),
+    ?assertEqual(<<"alloc_space">>, maps:get(default_sample_type, P)),
+    ?assertEqual([[100, 6400, 1, 64], [2, 20, 2, 20]],
+                 [V || #{values := V} <- maps:get(samples, P)]),
+    %% folded: live bytes only, as before.
+    ?assertEqual(84, mallocinfo_trace_profile:folded_total(Data)).
+
+tiny_alloc() ->
+    #{sites => [{1, 64, 100, 6400, [1]}, {2, 20, [2]}],
+      locations => [{16#401000, <<"/bin/x">>, <<"churn">>, 16#1000},
+                    {16#401100, <<"/bin/x">>, <<"keep">>, 16#1100}],
+      mode => full, sample_bytes => 0, maps => <<>>, exe => <<"/bin/x">>,
+      time_nanos => 0, duration_nanos => 0, comments => []}.
+
+%% Go's ?seconds=N: the new profile minus the old one, sites matched by
+%% their frames (not by location ids, which each profile numbers its own
+%% way), all-zero sites dropped, negative values kept.
+delta_test() ->
+    Old = #{sites => [{1, 64, 100, 6400, [1]}, {2, 20, 2, 20, [2]}, {5, 50, 5, 50, [3]}],
+            locations => [{16#401000, <<"/bin/x">>, <<"churn">>, 16#1000},
+                          {16#401100, <<"/bin/x">>, <<"keep">>, 16#1100},
+                          {16#401200, <<"/bin/x">>, <<"gone">>, 16#1200}]},
+    New0 = tiny_alloc(),
+    %% The new profile numbers the same frames the other way round, and
+    %% has a site the old one had not.
+    New = New0#{sites => [{0, 0, 150, 9600, [2]}, {2, 20, 2, 20, [1]}, {1, 8, 1, 8, [3]}],
+                locations => [{16#401100, <<"/bin/x">>, <<"keep">>, 16#1100},
+                              {16#401000, <<"/bin/x">>, <<"churn">>, 16#1000},
+                              {16#401300, <<"/bin/x">>, <<"new">>, 16#1300}]},
+    #{sites := Sites, locations := Locs} = mallocinfo_trace_profile:delta(Old, New),
+    ByName = maps:from_list([{[element(3, lists:nth(I, Locs)) || I <- S], {C, B, AC, AB}}
+                             || {C, B, AC, AB, S, []} <- Sites]),
+    ?assertEqual(#{[<<"churn">>] => {-1, -64, 50, 3200},
+                   [<<"gone">>] => {-5, -50, -5, -50},
+                   [<<"new">>] => {1, 8, 1, 8}}, ByName),
+    ?assertEqual(3, length(Sites)),
+    %% The old profile's frames the new one lacks are added to its locations.
+    ?assertEqual(4, length(Locs)).

@@ -65,3 +65,28 @@ badarg_test_() ->
      ?_assertError(badarg, mallocinfo_trace:mappings(-1)),
      ?_assertError(badarg, mallocinfo_trace:mappings(1, #{by => "object"})),
      ?_assertError(badarg, mallocinfo_trace:mappings(1, #{min_size => 1}))].
+
+%%% Churn's lifetime histogram (mallocinfo_trace_churn) ---------------------------
+
+churn_lifetimes_test() ->
+    %% Buckets: 0 within 1 ms, k in [2^(k-1), 2^k) ms, the last longer.
+    T = list_to_tuple([5, 0, 0, 7] ++ lists:duplicate(19, 0) ++ [2]),
+    ?assertEqual(24, tuple_size(T)),
+    ?assertEqual([{1, 5}, {8, 7}, {infinity, 2}], mallocinfo_trace_churn:lifetimes(T)),
+    ?assertEqual(5, mallocinfo_trace_churn:short_lived(T, 1)),
+    ?assertEqual(5, mallocinfo_trace_churn:short_lived(T, 7)),
+    ?assertEqual(12, mallocinfo_trace_churn:short_lived(T, 8)),
+    ?assertEqual(12, mallocinfo_trace_churn:short_lived(T, 1 bsl 40)),
+    ?assertEqual(8, mallocinfo_trace_churn:median_lifetime_ms([{1, 5}, {8, 7}, {infinity, 2}])),
+    ?assertEqual(1, mallocinfo_trace_churn:median_lifetime_ms([{1, 5}, {8, 4}])),
+    ?assertEqual(infinity, mallocinfo_trace_churn:median_lifetime_ms([{1, 1}, {infinity, 2}])),
+    ?assertEqual(undefined, mallocinfo_trace_churn:median_lifetime_ms([])).
+
+churn_badarg_test() ->
+    ?assertError(badarg, mallocinfo_trace:churn(-1)),
+    ?assertError(badarg, mallocinfo_trace:churn(a)),
+    ?assertError(badarg, mallocinfo_trace:churn(1, #{by => process})),
+    ?assertError(badarg, mallocinfo_trace:churn(1, #{short_lived_ms => 0})),
+    ?assertError(badarg, mallocinfo_trace:churn(1, #{demangle => 1})),
+    ?assertError(badarg, mallocinfo_trace:churn(1, #{x => 1})),
+    ?assertError(badarg, mallocinfo_trace:churn(1, x)).

@@ -114,6 +114,9 @@ typedef struct mi_abi_status {
   uint64_t self_bytes; /* requested bytes */
   /* 1 once the tracker records the Erlang context (an accepted layout). */
   uint64_t erlang_context;
+  /* Filled by interposers that have mi_preload_abi.churn: when churn
+   * started counting (start, or the last reset()), on now_ns()'s clock. */
+  uint64_t churn_since_ns;
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;
@@ -184,6 +187,37 @@ typedef struct mi_erlang_layout {
   uint32_t scan_words; /* stack words read at most to find them */
   uint32_t reserved;
 } mi_erlang_layout;
+
+/* --- churn (issue 26): per call site, since start or reset(). ---
+ * Lifetime buckets: bucket 0 holds blocks freed within 1 ms of their
+ * allocation (in practice: within the tracker's clock resolution, the
+ * coarse monotonic clock's tick), bucket k (1 <= k < MI_LIFETIME_BUCKETS
+ * - 1) those that lived [2^(k-1), 2^k) ms, the last bucket longer ones. */
+#define MI_LIFETIME_BUCKETS 24
+/* mi_abi_churn.flags: some of the figures are a sample's estimates. */
+#define MI_CHURN_SAMPLED 1u
+/* One stack's churn. Blocks count when they enter the live table (so in
+ * full mode a block the full table dropped counts nothing) and when they
+ * leave it by free or realloc (not when reset() or a mode switch forgets
+ * them). Sample mode: every figure is the sum of sampled blocks' weights
+ * (common/mi_sampling.h), an unbiased estimate. stack_id 0: the blocks
+ * without a stored stack, and the sites whose stacks were reclaimed since
+ * (no live block used them and the stack table needed the room). */
+typedef struct mi_abi_churn {
+  uint32_t stack_id;
+  uint32_t flags; /* MI_CHURN_SAMPLED */
+  uint64_t allocated_count;
+  uint64_t allocated_bytes; /* requested bytes */
+  uint64_t freed_count;     /* the sum of lifetimes[] */
+  uint64_t freed_bytes;
+  /* Freed by the thread that allocated them before it allocated anything
+   * else (memray's rule, N = 1: a container's grow-and-copy). */
+  uint64_t temporary_count;
+  uint64_t lifetimes[MI_LIFETIME_BUCKETS];
+} mi_abi_churn;
+
+/* Receives churn rows in batches; ctx is the caller's. */
+typedef void (*mi_abi_churn_sink)(void* ctx, const mi_abi_churn* rows, size_t n);
 
 /* Receives snapshot entries in batches; ctx is the caller's. */
 typedef void (*mi_abi_sink)(void* ctx, const mi_abi_entry* entries, size_t n);
@@ -302,6 +336,13 @@ typedef struct mi_preload_abi {
    * version). The first accepted layout stays: a later one must be equal.
    * Not for hooks; any thread. */
   int (*erlang_context)(const mi_erlang_layout* layout, size_t layout_size);
+
+  /* --- churn (issue 26): check struct_size. ---
+   * Streams every stack's churn row (mi_abi_churn, this header's layout) to
+   * sink, in batches; returns the number of rows. Rows name stack ids as a
+   * snapshot does (same rules for reading their frames). Counters mode
+   * keeps no churn (0 rows). Not for hooks; any thread. */
+  uint64_t (*churn)(mi_abi_churn_sink sink, void* ctx);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

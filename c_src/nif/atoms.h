@@ -125,6 +125,7 @@
   X(walk_ms, "walk_ms")                             \
   X(fork_us, "fork_us")                             \
   X(sites, "sites")                                 \
+  X(churn, "churn")                                 \
   /* attach (issue 11) */                           \
   X(attached, "attached")                           \
   X(attached_at, "attached_at")                     \

@@ -67,6 +67,9 @@ ErlNifFunc nif_funcs[] = {
     // pprof: the same snapshot and grouping, then every distinct return
     // address symbolized (reads ELF files on a cold cache).
     {"trace_pprof", 2, guarded<n::trace_pprof>, kCpu},
+    // Churn: a pass over the churn table (a slot per stack-table slot),
+    // grouping by call site (fetches and hashes stacks).
+    {"trace_churn", 0, guarded<n::trace_churn>, kCpu},
     // now: one clock read, but finding the interposer may dlopen(RTLD_NOLOAD)
     // (the loader lock) when it is not preloaded.
     {"trace_now", 0, guarded<n::trace_now>, kIo},

@@ -13,6 +13,7 @@
 #include "../common/mi_abi.h"
 #include "../common/mi_context.h"
 #include "../sites/abi_read.h"
+#include "../sites/churn_group.h"
 #include "../sites/oldest.h"
 #include "../sites/site_group.h"
 #include "atoms.h"
@@ -24,11 +25,15 @@
 namespace mi::nif {
 
 using mi::sites::age_ms;
+using mi::sites::ChurnSite;
 using mi::sites::group_by_site;
 using mi::sites::group_by_site_and_process;
+using mi::sites::group_churn;
+using mi::sites::join_sites;
 using mi::sites::kMaxFrames;
 using mi::sites::larger_site;
 using mi::sites::Oldest;
+using mi::sites::ProfileSite;
 using mi::sites::rounded;
 using mi::sites::Site;
 using mi::sites::stack_frames;
@@ -164,9 +169,13 @@ ERL_NIF_TERM trace_profile(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
 // distinct return addresses, each symbolized once, in one batch. 30K sites
 // share a few tens of thousands of addresses: the Erlang side turns this
 // into a profile.proto without formatting a single address itself. With
-// the Erlang context on, a site's blocks are split by the process that
-// allocated them: {Count, Bytes, Stack, Pid | undefined} (the process as
-// a pprof label), else {Count, Bytes, Stack}.
+// SinceNs 0 and an interposer that keeps churn, every site that allocated
+// since start or reset, with its churn's alloc figures beside its live
+// ones; otherwise the alloc figures are the live ones: {InuseCount,
+// InuseBytes, AllocCount, AllocBytes, Stack}. With the Erlang context on,
+// a site's live blocks are split by the process that allocated them, and
+// each row ends with that Pid (a pprof label) or undefined (the row of no
+// process, which also carries the stack's churn: join_sites).
 ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
   const bool demangle = enif_is_identical(argv[0], atoms.true_);
   const uint64_t since = get_u64(env, argv[1]);
@@ -174,9 +183,20 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
     return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
       const uint64_t now = abi->now_ns();
       const bool by_process = st.erlang_context != 0;
-      std::vector<Site> sites =
-          by_process ? group_by_site_and_process(abi, st, since) : group_by_site(abi, st, since);
-      std::sort(sites.begin(), sites.end(), larger_site);
+      const bool churn = since == 0 && has_churn(abi);
+      std::vector<ProfileSite> sites;
+      {
+        const std::vector<Site> live =
+            by_process ? group_by_site_and_process(abi, st, since) : group_by_site(abi, st, since);
+        const std::vector<ChurnSite> churned = churn ? group_churn(abi) : std::vector<ChurnSite>{};
+        sites = join_sites(live, churned, mi::sites::abi_fetch_stack,
+                           mi::sites::abi_stack_hasher(abi), const_cast<mi_preload_abi*>(abi));
+      }
+      std::sort(sites.begin(), sites.end(), [](const ProfileSite& a, const ProfileSite& b) {
+        if (a.inuse_bytes != b.inuse_bytes) return a.inuse_bytes > b.inuse_bytes;
+        if (a.alloc_bytes != b.alloc_bytes) return a.alloc_bytes > b.alloc_bytes;
+        return a.stack != b.stack ? a.stack < b.stack : a.pid < b.pid;
+      });
       // Each distinct stack once (a stack's sites are its processes').
       MixedStacks stacks;
       stacks.set_native_limit(st.stack_depth);
@@ -232,17 +252,17 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
         stack_terms[i] = enif_make_list_from_array(env, stack.data(), depths[i]);
       }
       for (size_t i = 0; i < sites.size(); ++i) {
-        const ERL_NIF_TERM count = make_u64(env, rounded(sites[i].count));
-        const ERL_NIF_TERM bytes = make_u64(env, rounded(sites[i].bytes));
         const ERL_NIF_TERM frames = stack_terms[site_stack[i]];
-        if (!by_process) {
-          out.push_back(enif_make_tuple3(env, count, bytes, frames));
-          continue;
-        }
         // A pid word is handed to the VM only when it is tagged as one.
         const auto pid = static_cast<ERL_NIF_TERM>(sites[i].pid);
         const bool is_pid = (sites[i].pid & 0xF) == 0x3 && enif_is_pid(env, pid);
-        out.push_back(enif_make_tuple4(env, count, bytes, frames, is_pid ? pid : atoms.undefined));
+        const ERL_NIF_TERM values[] = {make_u64(env, rounded(sites[i].inuse_count)),
+                                       make_u64(env, rounded(sites[i].inuse_bytes)),
+                                       make_u64(env, rounded(sites[i].alloc_count)),
+                                       make_u64(env, rounded(sites[i].alloc_bytes)),
+                                       frames,
+                                       is_pid ? pid : atoms.undefined};
+        out.push_back(enif_make_tuple_from_array(env, values, by_process ? 6 : 5));
       }
       return enif_make_tuple2(
           env, atoms.ok,
@@ -250,9 +270,43 @@ ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int, const ERL_NIF_TERM argv[]) {
               .put(atoms.mode, mode_atom(st.mode))
               .put(atoms.sample_bytes, make_u64(env, st.sample_bytes))
               .put(atoms.now_ns, make_u64(env, now))
+              .put(atoms.churn, make_bool(churn))
               .put(atoms.sites, enif_make_list_from_array(env, out.data(), out.size()))
               .put(atoms.locations, enif_make_list_from_array(env, locs.data(), locs.size()))
               .build(env));
+    });
+  });
+}
+
+// churn(): every call site's churn since start or reset, unordered, stacks
+// packed as snapshot/2's: the Erlang side sorts, picks and symbolizes
+// (mallocinfo_trace:churn/2).
+ERL_NIF_TERM trace_churn(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
+  return when_recording(env, [&](const mi_preload_abi* abi, const mi_abi_status& status) {
+    if (!has_churn(abi)) return error_tuple(env, atoms.enotsup);
+    return with_stable_ids(env, abi, status, [&](const mi_abi_status& st) {
+      const std::vector<ChurnSite> sites = group_churn(abi);
+      std::vector<ERL_NIF_TERM> out;
+      out.reserve(sites.size());
+      for (const ChurnSite& s : sites) {
+        ERL_NIF_TERM buckets[MI_LIFETIME_BUCKETS];
+        for (unsigned b = 0; b < MI_LIFETIME_BUCKETS; ++b)
+          buckets[b] = make_u64(env, s.lifetimes[b]);
+        const ERL_NIF_TERM fields[] = {
+            make_u64(env, s.allocated_count),
+            make_u64(env, s.allocated_bytes),
+            make_u64(env, s.freed_count),
+            make_u64(env, s.freed_bytes),
+            make_u64(env, s.temporary_count),
+            enif_make_tuple_from_array(env, buckets, MI_LIFETIME_BUCKETS),
+            make_bool(s.estimated),
+            packed_frames(env, abi, s.stack)};
+        out.push_back(enif_make_tuple_from_array(env, fields, 8));
+      }
+      const uint64_t now = abi->now_ns();
+      const uint64_t elapsed_ms = age_ms(now, st.churn_since_ns);
+      return enif_make_tuple4(env, atoms.ok, mode_atom(st.mode), make_u64(env, elapsed_ms),
+                              enif_make_list_from_array(env, out.data(), out.size()));
     });
   });
 }

@@ -25,12 +25,19 @@ ERL_NIF_TERM trace_sites(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, [{Count, Bytes, [ReturnAddress]}]}: every live site with frames,
 // raw addresses, largest first.
 ERL_NIF_TERM trace_profile(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
-// pprof(Demangle, SinceNs) -> {ok, #{mode, sample_bytes, now_ns, sites =>
-// [{Count, Bytes, [LocationId]}], locations => [{Address, Object, Symbol |
+// pprof(Demangle, SinceNs) -> {ok, #{mode, sample_bytes, now_ns, churn, sites =>
+// [{Count, Bytes, AllocCount, AllocBytes, [LocationId]}], locations => [{Address, Object, Symbol |
 // undefined, ObjectOffset}]}}: every live site (allocated at or after
 // SinceNs, 0 for all), largest first, stacks innermost first as 1-based
 // positions in `locations' (each distinct return address once, symbolized).
 ERL_NIF_TERM trace_pprof(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
+// churn() -> {ok, Mode, ElapsedMs, [{AllocatedCount, AllocatedBytes, FreedCount,
+// FreedBytes, TemporaryCount, LifetimesTuple, Estimated, FramesBinary}]}:
+// every call site's churn since start or reset, ElapsedMs ago
+// (sites/churn_group.h),
+// unordered, frames packed as snapshot's; {error, enotsup} from an
+// interposer without churn.
+ERL_NIF_TERM trace_churn(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // {ok, NowNs}: the tracker's clock, which block timestamps use.
 ERL_NIF_TERM trace_now(ErlNifEnv* env, int argc, const ERL_NIF_TERM argv[]);
 // snapshot(OldsN, MaxAgeMs) -> {ok, {Mode, NowNs, [{Count, Bytes, Estimated,

@@ -19,8 +19,10 @@ namespace {
 // and tests load and unload the NIF freely).
 const mi_preload_abi* checked(mi_preload_abi_fn fn) {
   const mi_preload_abi* abi = fn != nullptr ? fn() : nullptr;
+  // An interposer from before churn (issue 26) is still read: only its
+  // churn() is missing (has_churn()). Older ones are refused.
   if (abi == nullptr || abi->abi_version != MI_ABI_VERSION ||
-      abi->struct_size < sizeof(mi_preload_abi))
+      abi->struct_size < offsetof(mi_preload_abi, churn))
     return nullptr;
   return abi;
 }
@@ -144,6 +146,11 @@ bool has_reclaim(const mi_preload_abi* abi) {
 bool has_regions(const mi_preload_abi* abi) {
   return abi->struct_size >= offsetof(mi_preload_abi, regions) + sizeof(abi->regions) &&
          abi->regions != nullptr;
+}
+
+bool has_churn(const mi_preload_abi* abi) {
+  return abi->struct_size >= offsetof(mi_preload_abi, churn) + sizeof(abi->churn) &&
+         abi->churn != nullptr;
 }
 
 ERL_NIF_TERM mode_atom(uint32_t mode) {

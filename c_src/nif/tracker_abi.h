@@ -101,6 +101,9 @@ bool has_reclaim(const mi_preload_abi* abi);
 // Whether the interposer has the region block (regions, region_status).
 bool has_regions(const mi_preload_abi* abi);
 
+// Whether the interposer keeps churn (mi_preload_abi.churn, issue 26).
+bool has_churn(const mi_preload_abi* abi);
+
 // The atom of a recording mode: full, sample, counters, or off (also for
 // a value this NIF does not know).
 ERL_NIF_TERM mode_atom(uint32_t mode);

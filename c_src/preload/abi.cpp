@@ -74,6 +74,23 @@ uint64_t abi_snapshot(mi_abi_sink sink, void* ctx) {
   return total;
 }
 
+uint64_t abi_churn(mi_abi_churn_sink sink, void* ctx) {
+  if (!ensure_init() || !g_recording) return 0;
+  // Batches on this thread's stack (24 KiB), as abi_snapshot's.
+  constexpr size_t kBatch = 64;
+  mi_abi_churn batch[kBatch];
+  size_t n = 0;
+  const uint64_t total = g_tracker.for_each_churn([&](const mi_abi_churn& row) {
+    batch[n++] = row;
+    if (n == kBatch) {
+      sink(ctx, batch, n);
+      n = 0;
+    }
+  });
+  if (n > 0) sink(ctx, batch, n);
+  return total;
+}
+
 uint32_t abi_stack(uint32_t id, uint64_t* frames, uint32_t max) {
   if (!ensure_init() || !g_recording) return 0;
   return g_tracker.stack(id, frames, max);
@@ -132,6 +149,8 @@ constexpr mi_preload_abi kAbi = {
     abi_quiet,
     // Erlang context
     abi_erlang_context,
+    // churn
+    abi_churn,
 };
 
 }  // namespace

@@ -108,6 +108,7 @@
 
 #include "../common/mi_abi.h"
 #include "../common/mi_limits.h"
+#include "churn.h"
 #include "erlang_context.h"
 #include "live_table.h"
 #include "sampler.h"
@@ -185,6 +186,15 @@ struct alignas(64) ThreadState {
   // The last Erlang context captured on this thread (erlang_context.h).
   // Owned states only.
   ContextCache context;
+  // Churn's temporary rule (churn.h): the address of this thread's last
+  // recorded allocation (0 once freed), and in sample mode its position in
+  // the thread's stream of allocated bytes (sample_base - t_sample_left,
+  // sample_base moved at each sample point): a block is temporary when
+  // its thread frees it while it is still the last allocation, and (in
+  // sample mode) no byte was allocated since. Owned states only.
+  uint64_t last_alloc;
+  int64_t last_pos;
+  int64_t sample_base;
 };
 
 // Where a test can stop a recording thread (Tracker::set_test_hook).
@@ -313,6 +323,14 @@ class Tracker {
 
   // --- queries ---
   void status(mi_abi_status* out) const;
+  // Calls f(const mi_abi_churn&) for every call site's churn since start
+  // or reset() (churn.h); returns how many.
+  template <class F>
+  uint64_t for_each_churn(F&& f) const {
+    return churn_.for_each(static_cast<F&&>(f));
+  }
+  // Resident bytes of the churn table (mincore), for tests and benchmarks.
+  size_t churn_resident_bytes() const { return churn_.resident_bytes(); }
   template <class F>
   uint64_t for_each_live(F&& f) const {
     return table_.for_each(static_cast<F&&>(f));
@@ -322,8 +340,8 @@ class Tracker {
   }
   uint64_t stack_hash(uint32_t id) const { return stacks_.hash_of(id); }
   // Forgets every live entry and gives the table's pages back (madvise),
-  // then reclaims every stack (reclaim()). Returns how many entries were
-  // forgotten.
+  // zeroes the churn counters, then reclaims every stack (reclaim()).
+  // Returns how many entries were forgotten.
   uint64_t reset();
   uint64_t now_ns() const { return clock_(); }
   // Resident bytes of the live table (mincore), for tests and benchmarks.
@@ -408,6 +426,9 @@ class Tracker {
   bool enter_table(ThreadState* ts);
   void leave_table(ThreadState* ts);
   bool table_remove(ThreadState* ts, uint64_t address, LiveEntry* out);
+  // Counts the block `e` (just removed from the table) as freed in its
+  // site's churn, by the calling thread.
+  void churn_free(ThreadState* ts, const LiveEntry& e);
   // Counts a free of the block `e` (nullptr: not in the table) whose
   // usable size is `usable`, in mode `mode`.
   void account_free(ThreadState* ts, uint32_t mode, mi_fn fn, const LiveEntry* e, size_t usable);
@@ -454,7 +475,9 @@ class Tracker {
   std::atomic<uint32_t> mode_{MI_MODE_OFF};
   LiveTable table_;
   StackTable stacks_;
-  ThreadState* states_ = nullptr;  // pool; states_[0] is the shared overflow
+  ChurnTable churn_;
+  std::atomic<uint64_t> churn_since_{0};  // clock_() at init and at each reset()
+  ThreadState* states_ = nullptr;         // pool; states_[0] is the shared overflow
   size_t nstates_ = 0;
   size_t states_bytes_ = 0;
   std::atomic<size_t> state_hint_{1};

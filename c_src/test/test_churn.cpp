@@ -1,0 +1,392 @@
+// Catch2 tests for churn (issue 26): the per-site counters the tracker
+// keeps (track/churn), fed through the Tracker's hooks on a fake unwinder
+// and clock, and their grouping by call site on the reader side
+// (sites/churn_group).
+#include "catch.h"
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "../sites/churn_group.h"
+#include "../track/churn.h"
+#include "../track/tracker.h"
+#include "track_fixture.h"
+
+using namespace mi::track;
+using namespace mi::test;
+
+namespace {
+
+// Churn rows by the first frame of their stack (0: no stack).
+std::map<uint64_t, mi_abi_churn> churn_by_frame(Tracker& t) {
+  std::map<uint64_t, mi_abi_churn> out;
+  t.for_each_churn([&](const mi_abi_churn& r) {
+    uint64_t frames[8];
+    const unsigned n = r.stack_id != 0 ? t.stack(r.stack_id, frames, 8) : 0;
+    const uint64_t key = n != 0 ? frames[0] : 0;
+    REQUIRE(out.count(key) == 0);
+    out[key] = r;
+  });
+  return out;
+}
+
+uint64_t sum(const uint64_t* v, unsigned n) {
+  uint64_t s = 0;
+  for (unsigned i = 0; i < n; ++i) s += v[i];
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("churn: lifetime buckets are log2 of whole ms", "[track][churn]") {
+  CHECK(lifetime_bucket(0) == 0);
+  CHECK(lifetime_bucket(999'999) == 0);
+  CHECK(lifetime_bucket(1'000'000) == 1);  // [1, 2) ms
+  CHECK(lifetime_bucket(1'999'999) == 1);
+  CHECK(lifetime_bucket(2'000'000) == 2);  // [2, 4) ms
+  CHECK(lifetime_bucket(5'000'000) == 3);  // [4, 8) ms
+  CHECK(lifetime_bucket((uint64_t{1} << 21) * 1'000'000) == 22);
+  CHECK(lifetime_bucket((uint64_t{1} << 22) * 1'000'000) == kLifetimeBuckets - 1);
+  CHECK(lifetime_bucket(UINT64_MAX) == kLifetimeBuckets - 1);
+}
+
+TEST_CASE("churn: full mode counts every site exactly", "[track][churn]") {
+  Tracker t;
+  init_small(t);
+  // Site A: 1000 pairs of 64 bytes, each freed before the next allocation.
+  t_fake_stack = {0xA000, 0x1};
+  for (int i = 0; i < 1000; ++i) {
+    t.on_alloc(MI_FN_MALLOC, addr(0x10000 + 16 * (i % 7)), 64);
+    t.on_free(MI_FN_FREE, addr(0x10000 + 16 * (i % 7)));
+  }
+  // Site B: 10 blocks live 5 ms together, freed in allocation order: only
+  // the last one is still its thread's last allocation when freed.
+  t_fake_stack = {0xB000, 0x1};
+  for (int i = 0; i < 10; ++i) t.on_alloc(MI_FN_MALLOC, addr(0x20000 + 32 * i), 100);
+  g_fake_now += 5'000'000;
+  for (int i = 0; i < 10; ++i) t.on_free(MI_FN_FREE, addr(0x20000 + 32 * i));
+  // Site C: still live.
+  t_fake_stack = {0xC000, 0x1};
+  t.on_alloc(MI_FN_MALLOC, addr(0x30000), 7);
+
+  auto rows = churn_by_frame(t);
+  REQUIRE(rows.size() == 3);
+  const mi_abi_churn& a = rows.at(0xA000);
+  CHECK(a.allocated_count == 1000);
+  CHECK(a.allocated_bytes == 64000);
+  CHECK(a.freed_count == 1000);
+  CHECK(a.freed_bytes == 64000);
+  CHECK(a.temporary_count == 1000);
+  CHECK(a.lifetimes[0] == 1000);
+  CHECK(a.flags == 0);
+  const mi_abi_churn& b = rows.at(0xB000);
+  CHECK(b.allocated_count == 10);
+  CHECK(b.allocated_bytes == 1000);
+  CHECK(b.freed_count == 10);
+  CHECK(b.freed_bytes == 1000);
+  CHECK(b.temporary_count == 1);
+  CHECK(b.lifetimes[3] == 10);  // 5 ms: [4, 8)
+  CHECK(sum(b.lifetimes, MI_LIFETIME_BUCKETS) == 10);
+  const mi_abi_churn& c = rows.at(0xC000);
+  CHECK(c.allocated_count == 1);
+  CHECK(c.allocated_bytes == 7);
+  CHECK(c.freed_count == 0);
+  // A free of a block the table never held counts nowhere.
+  t.on_free(MI_FN_FREE, addr(0x99990));
+  CHECK(churn_by_frame(t).at(0xC000).freed_count == 0);
+
+  // reset() forgets the churn too (and does not count the live block freed).
+  t.reset();
+  CHECK(churn_by_frame(t).empty());
+  t_fake_stack = {0xA000, 0x1};
+  t.on_alloc(MI_FN_MALLOC, addr(0x10000), 64);
+  rows = churn_by_frame(t);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows.at(0xA000).allocated_count == 1);
+  t.destroy();
+}
+
+TEST_CASE("churn: sampled counts keep their fractions", "[track][churn]") {
+  ChurnTable ct;
+  REQUIRE(ct.init(64));
+  // Ten sampled blocks of 1.4 blocks each: 14, where whole weights gave 10.
+  for (int i = 0; i < 10; ++i) ct.on_alloc(7, kCountOne * 14 / 10, 1400, true);
+  mi_abi_churn row{};
+  ct.for_each([&](const mi_abi_churn& r) { row = r; });
+  CHECK(row.stack_id == 7);
+  CHECK(row.allocated_count == 14);
+  CHECK(row.allocated_bytes == 14000);
+  CHECK(row.flags == MI_CHURN_SAMPLED);
+  ct.destroy();
+}
+
+TEST_CASE("churn: a block freed by another thread, or after another allocation, is not temporary",
+          "[track][churn]") {
+  Tracker t;
+  init_small(t);
+  t_fake_stack = {0xA000};
+  t.on_alloc(MI_FN_MALLOC, addr(0x10000), 10);
+  std::thread([&] { t.on_free(MI_FN_FREE, addr(0x10000)); }).join();
+  t.on_alloc(MI_FN_MALLOC, addr(0x20000), 10);
+  t.on_alloc(MI_FN_MALLOC, addr(0x30000), 10);
+  t.on_free(MI_FN_FREE, addr(0x20000));  // 0x30000 came after it
+  t.on_free(MI_FN_FREE, addr(0x30000));  // the last allocation: temporary
+  const mi_abi_churn r = churn_by_frame(t).at(0xA000);
+  CHECK(r.allocated_count == 3);
+  CHECK(r.freed_count == 3);
+  CHECK(r.temporary_count == 1);
+  t.destroy();
+}
+
+TEST_CASE("churn: realloc counts the old block freed, a failed one nothing", "[track][churn]") {
+  Tracker t;
+  init_small(t);
+  t_fake_stack = {0xA000};
+  t.on_alloc(MI_FN_MALLOC, addr(0x10000), 10);
+  LiveEntry old{};
+  REQUIRE(t.take(addr(0x10000), &old));
+  t.restore(old);  // the realloc failed
+  CHECK(churn_by_frame(t).at(0xA000).freed_count == 0);
+  REQUIRE(t.take(addr(0x10000), &old));
+  t.freed(MI_FN_REALLOC, &old, 0);  // it moved
+  t_fake_stack = {0xB000};
+  t.on_alloc(MI_FN_REALLOC, addr(0x20000), 20);
+  auto rows = churn_by_frame(t);
+  CHECK(rows.at(0xA000).freed_count == 1);
+  CHECK(rows.at(0xA000).freed_bytes == 10);
+  CHECK(rows.at(0xA000).temporary_count == 1);  // nothing allocated between
+  CHECK(rows.at(0xB000).allocated_bytes == 20);
+  t.destroy();
+}
+
+TEST_CASE("churn: sample mode's figures are unbiased estimates", "[track][churn]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 12;
+  c.stack_capacity = 1024;
+  c.mode = MI_MODE_SAMPLE;
+  c.sample_bytes = 4096;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  // 64 MiB in 64-byte blocks, each freed before the next allocation
+  // (expected ~16K samples: 5% is about six standard deviations).
+  t_fake_stack = {0xA000};
+  const uint64_t n = (uint64_t{64} << 20) / 64;
+  for (uint64_t i = 0; i < n; ++i) {
+    void* p = addr(0x100000 + 4096 * (i % 8));
+    t.on_alloc(MI_FN_MALLOC, p, 64);
+    t.on_free(MI_FN_FREE, p);
+  }
+  const mi_abi_churn r = churn_by_frame(t).at(0xA000);
+  CHECK(r.flags == MI_CHURN_SAMPLED);
+  CHECK(std::fabs(static_cast<double>(r.allocated_bytes) / (n * 64) - 1) < 0.05);
+  CHECK(std::fabs(static_cast<double>(r.allocated_count) / n - 1) < 0.05);
+  CHECK(r.freed_bytes == r.allocated_bytes);  // every sampled block was freed
+  CHECK(r.temporary_count == r.freed_count);  // and each before the next allocation
+  CHECK(r.lifetimes[0] == r.freed_count);
+  t.destroy();
+}
+
+TEST_CASE("churn: sample mode, a block with bytes allocated after it is not temporary",
+          "[track][churn]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 12;
+  c.stack_capacity = 1024;
+  c.mode = MI_MODE_SAMPLE;
+  c.sample_bytes = 1;  // every block is a sample point
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  // This thread's countdown may hold what an earlier test's sampler drew
+  // (a mean of 4 KiB): a 1 GiB block runs it out, and the next draws are
+  // of this tracker's 1-byte mean. Another site, left live.
+  t_fake_stack = {0xF000};
+  t.on_alloc(MI_FN_MALLOC, addr(0x40000000), size_t{1} << 30);
+  t_fake_stack = {0xA000};
+  t.on_alloc(MI_FN_MALLOC, addr(0x100000), 4096);
+  t.on_free(MI_FN_FREE, addr(0x100000));  // temporary
+  t.on_alloc(MI_FN_MALLOC, addr(0x200000), 4096);
+  // An allocation the sampler passed over (the hooks' fast path only runs
+  // the countdown): the thread's byte position moved, so the block is no
+  // longer its last allocation.
+  (void)Tracker::sample_due(16);
+  t.on_free(MI_FN_FREE, addr(0x200000));
+  // Sampled blocks stand for 1/p blocks: p(4096) = 1 - e^-4096 = 1 here.
+  const mi_abi_churn r = churn_by_frame(t).at(0xA000);
+  CHECK(r.freed_count == 2);
+  CHECK(r.temporary_count == 1);
+  t.destroy();
+}
+
+TEST_CASE("churn table: a reused slot folds the old stack's counts into the unknown row",
+          "[track][churn]") {
+  ChurnTable ct;
+  REQUIRE(ct.init(64));
+  const uint32_t old_id = (1u << 6) | 5, new_id = (2u << 6) | 5;  // same slot, next generation
+  ct.on_alloc(old_id, 3 * kCountOne, 300, false);
+  ct.on_free(old_id, kCountOne, 100, 0, true);
+  ct.on_alloc(0, kCountOne, 1, false);
+  ct.on_alloc(new_id, kCountOne, 10, false);
+  std::map<uint32_t, mi_abi_churn> rows;
+  ct.for_each([&](const mi_abi_churn& r) { rows[r.stack_id] = r; });
+  REQUIRE(rows.size() == 2);
+  CHECK(rows.at(new_id).allocated_count == 1);
+  CHECK(rows.at(new_id).allocated_bytes == 10);
+  CHECK(rows.at(new_id).freed_count == 0);
+  CHECK(rows.at(0).allocated_count == 4);
+  CHECK(rows.at(0).allocated_bytes == 301);
+  CHECK(rows.at(0).freed_count == 1);
+  CHECK(rows.at(0).temporary_count == 1);
+  // A free for the old id now (it cannot happen: its stack was reclaimed
+  // because no live block used it) would go to the unknown row.
+  ct.on_free(old_id, kCountOne, 100, 0, false);
+  rows.clear();
+  ct.for_each([&](const mi_abi_churn& r) { rows[r.stack_id] = r; });
+  CHECK(rows.at(0).freed_count == 2);
+  CHECK(rows.at(new_id).freed_count == 0);
+  ct.clear();
+  uint64_t n = ct.for_each([](const mi_abi_churn&) {});
+  CHECK(n == 0);
+  ct.destroy();
+}
+
+TEST_CASE("churn: counts stay exact with many threads on one site", "[track][churn]") {
+  Tracker t;
+  init_small(t, 1 << 14);
+  constexpr int kThreads = 4, kPairs = 20000;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kThreads; ++w)
+    threads.emplace_back([&, w] {
+      t_fake_stack = {0xA000};
+      for (int i = 0; i < kPairs; ++i) {
+        void* p = addr(0x1000000 * (w + 1) + 16 * (i % 64));
+        t.on_alloc(MI_FN_MALLOC, p, 48);
+        t.on_free(MI_FN_FREE, p);
+      }
+    });
+  for (auto& th : threads) th.join();
+  // One call site, possibly two ids (threads meeting on a new stack):
+  // summed over every row with the site's frames.
+  uint64_t allocated = 0, bytes = 0, freed = 0, temporary = 0;
+  t.for_each_churn([&](const mi_abi_churn& r) {
+    allocated += r.allocated_count;
+    bytes += r.allocated_bytes;
+    freed += r.freed_count;
+    temporary += r.temporary_count;
+  });
+  CHECK(allocated == kThreads * kPairs);
+  CHECK(bytes == uint64_t{48} * kThreads * kPairs);
+  CHECK(freed == kThreads * kPairs);
+  CHECK(temporary == kThreads * kPairs);
+  t.destroy();
+}
+
+TEST_CASE("churn_group: ids with the same frames are one site, unknown ones are stack 0",
+          "[sites][churn]") {
+  StackTable st;
+  REQUIRE(st.init(64, 8));
+  const uintptr_t frames[] = {0x1, 0x2};
+  const uint32_t a = st.intern(frames, 2);
+  REQUIRE(a != 0);
+  std::vector<mi_abi_churn> rows(3);
+  rows[0].stack_id = a;
+  rows[0].allocated_count = 2;
+  rows[0].allocated_bytes = 20;
+  rows[1].stack_id = a + 1000;  // never stored: unknown
+  rows[1].allocated_count = 5;
+  rows[1].flags = MI_CHURN_SAMPLED;
+  rows[2].stack_id = 0;
+  rows[2].allocated_count = 1;
+  rows[2].lifetimes[2] = 1;
+  rows[2].freed_count = 1;
+  const auto sites = mi::sites::group_churn(rows, fetch_from, hash_from, &st);
+  REQUIRE(sites.size() == 2);
+  std::map<uint32_t, mi::sites::ChurnSite> by;
+  for (const auto& s : sites) by[s.stack] = s;
+  CHECK(by.at(a).allocated_count == 2);
+  CHECK(by.at(a).allocated_bytes == 20);
+  CHECK_FALSE(by.at(a).estimated);
+  CHECK(by.at(0).allocated_count == 6);
+  CHECK(by.at(0).freed_count == 1);
+  CHECK(by.at(0).lifetimes[2] == 1);
+  CHECK(by.at(0).estimated);
+
+  // Joined with the live sites: alloc from churn, inuse from the table.
+  std::vector<mi::sites::Site> live = {{a, 1, 10, 0, false}};
+  const auto joined = mi::sites::join_sites(live, sites, fetch_from, hash_from, &st);
+  REQUIRE(joined.size() == 2);
+  for (const auto& j : joined) {
+    if (j.stack == a) {
+      CHECK(j.inuse_count == 1);
+      CHECK(j.alloc_count == 2);
+      CHECK(j.alloc_bytes == 20);
+    } else {
+      CHECK(j.stack == 0);
+      CHECK(j.inuse_count == 0);
+      CHECK(j.alloc_count == 6);
+    }
+  }
+  st.destroy();
+}
+
+TEST_CASE("join_sites: live sites split by process keep their split, churn is counted once",
+          "[sites][churn]") {
+  StackTable st;
+  REQUIRE(st.init(64, 8));
+  const uintptr_t fa[] = {0x1, 0x2}, fb[] = {0x3};
+  const uint32_t a = st.intern(fa, 2), b = st.intern(fb, 1);
+  REQUIRE(a != 0);
+  REQUIRE(b != 0);
+  std::vector<mi_abi_churn> rows(2);
+  rows[0].stack_id = a;  // 100 blocks allocated, 3 of them live in two processes
+  rows[0].allocated_count = 100;
+  rows[0].allocated_bytes = 1000;
+  rows[1].stack_id = b;  // 2 allocated, both live in one process
+  rows[1].allocated_count = 2;
+  rows[1].allocated_bytes = 40;
+  const auto churned = mi::sites::group_churn(rows, fetch_from, hash_from, &st);
+  const uint64_t p1 = 0x1003, p2 = 0x2003;
+  std::vector<mi::sites::Site> live = {
+      {a, 2, 20, 0, false, p1}, {a, 1, 10, 0, false, p2}, {b, 2, 40, 0, false, p1}};
+  const auto joined = mi::sites::join_sites(live, churned, fetch_from, hash_from, &st);
+  std::map<std::pair<uint32_t, uint64_t>, mi::sites::ProfileSite> by;
+  for (const auto& j : joined) by[{j.stack, j.pid}] = j;
+  // b's every allocation is p1's live blocks: no row of pid 0 is left.
+  REQUIRE(by.size() == 4);
+  CHECK(by.at({a, p1}).inuse_bytes == 20);
+  CHECK(by.at({a, p1}).alloc_bytes == 20);
+  CHECK(by.at({a, p2}).alloc_count == 1);
+  CHECK(by.at({a, 0}).inuse_count == 0);
+  CHECK(by.at({a, 0}).alloc_count == 97);
+  CHECK(by.at({a, 0}).alloc_bytes == 970);
+  CHECK(by.at({b, p1}).alloc_bytes == 40);
+  // Per stack, the figures add up to churn's and the table's.
+  double alloc_a = 0, inuse_a = 0;
+  for (const auto& j : joined)
+    if (j.stack == a) alloc_a += j.alloc_bytes, inuse_a += j.inuse_bytes;
+  CHECK(alloc_a == 1000);
+  CHECK(inuse_a == 30);
+  st.destroy();
+}
+
+TEST_CASE("churn: the table is resident only where sites wrote", "[track][churn]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 12;
+  c.stack_capacity = 1 << 16;  // the default: 16 MiB reserved for churn
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  CHECK(t.churn_resident_bytes() == 0);
+  for (uintptr_t site = 1; site <= 3; ++site) {
+    t_fake_stack = {0x1000 * site};
+    t.on_alloc(MI_FN_MALLOC, addr(0x10000 * site), 16);
+    t.on_free(MI_FN_FREE, addr(0x10000 * site));
+  }
+  CHECK(churn_by_frame(t).size() == 3);
+  // Three sites' slots (a page each at most) and the page-use bitmap; a
+  // read (for_each) maps nothing more.
+  CHECK(t.churn_resident_bytes() <= 4 * 4096);
+  t.reset();
+  CHECK(t.churn_resident_bytes() == 0);
+  t.destroy();
+}

@@ -1,0 +1,176 @@
+// Per-call-site churn (issue 26): what each stack allocated and freed since
+// the tracker started or was last reset, how long its blocks lived, and
+// how many were temporary (memray's rule: freed before any other
+// allocation on the thread that allocated them).
+//
+// One slot per stack-table slot, indexed by the stack id's slot bits
+// (id & (capacity - 1)), in a separate mmapped array (and one more slot
+// for the blocks without a stack, id 0): the live table and
+// the stack table keep their layout, and a site's counters outlive its
+// live blocks. A slot belongs to the id that last claimed it. The stack
+// table reuses a slot only after a sweep freed its stack (no live block
+// referenced it); the first allocation of the new id then claims the
+// churn slot and folds what the old id counted into the row of blocks
+// without a known stack, so the totals still add up (the old id's
+// frames are gone: nobody could name it any more).
+//
+// Block counts are kept in fixed point (kCountOne per block): a sampled
+// block of n bytes stands for 1/p(n) blocks, 1.09 for n = 10 KiB at the
+// default interval, and rounding each to a whole block would bias the
+// estimate; rows are rounded once, when read. 48 integer bits: 2.8e14
+// blocks per site.
+//
+// Counters are relaxed atomic adds on shared cache lines: lock-free and
+// allocation-free, exact once writers are quiescent, but contended when
+// many threads allocate from one site (see BENCHMARKS.md). In sample mode
+// every figure is a sampled block's weight (common/mi_sampling.h): an
+// unbiased estimate.
+//
+// Lifetimes come from the live entries' timestamps (the tracker's coarse
+// clock), bucketed by log2 of whole milliseconds: bucket 0 holds the
+// blocks freed within 1 ms (in practice: within the clock's resolution),
+// bucket k (1 <= k < kLifetimeBuckets - 1) those of [2^(k-1), 2^k) ms,
+// the last bucket everything longer.
+//
+// Thread-safety: every method is thread-safe. on_alloc/on_free are
+// hook-safe (no malloc, no lock, no syscall); init/destroy are not
+// thread-safe; clear() may race with hooks (a count landing mid-clear may
+// survive it or be lost).
+#ifndef MALLOCINFO_TRACK_CHURN_H
+#define MALLOCINFO_TRACK_CHURN_H
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "../common/mi_abi.h"
+
+namespace mi::track {
+
+constexpr unsigned kLifetimeBuckets = MI_LIFETIME_BUCKETS;
+// One block, in ChurnTable's fixed-point counts.
+constexpr uint64_t kCountOne = uint64_t{1} << 16;
+
+// The lifetime bucket of a block that lived `ns` nanoseconds.
+inline unsigned lifetime_bucket(uint64_t ns) {
+  const uint64_t ms = ns / 1000000;
+  if (ms == 0) return 0;
+  const unsigned k = 64u - static_cast<unsigned>(__builtin_clzll(ms));  // ms in [2^(k-1), 2^k)
+  return k < kLifetimeBuckets - 1 ? k : kLifetimeBuckets - 1;
+}
+
+class ChurnTable {
+ public:
+  // `capacity` is the stack table's (a power of two). False when the
+  // memory cannot be mapped.
+  bool init(size_t capacity);
+  void destroy();
+
+  // A block of stack `id` (0: none) entered the live table, standing for
+  // `count` blocks (fixed point: kCountOne is one) of `bytes` bytes in all;
+  // `sampled` when those are a sample's weights.
+  void on_alloc(uint32_t id, uint64_t count, uint64_t bytes, bool sampled) {
+    Slot& s = slot_of(id);
+    if (s.id.load(std::memory_order_relaxed) != id) [[unlikely]]
+      claim(s, id);
+    s.allocated_count.fetch_add(count, std::memory_order_relaxed);
+    s.allocated_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    if (sampled && s.flags.load(std::memory_order_relaxed) == 0) [[unlikely]]
+      s.flags.store(MI_CHURN_SAMPLED, std::memory_order_relaxed);
+  }
+  // A block of stack `id` left the live table (freed, or moved by
+  // realloc) after living `lifetime_ns`; it stands for `count` (fixed
+  // point) blocks of
+  // `bytes` bytes; `temporary`: it was its thread's last allocation.
+  void on_free(uint32_t id, uint64_t count, uint64_t bytes, uint64_t lifetime_ns, bool temporary) {
+    Slot* s = &slot_of(id);
+    // The slot was claimed by a newer id meanwhile (the old stack was
+    // reclaimed under a live block: a protocol failure, see tracker.h):
+    // count the free with the unknown stacks rather than the new one.
+    if (s->id.load(std::memory_order_relaxed) != id) [[unlikely]]
+      s = &slots_[mask_ + 1];
+    s->freed_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    s->lifetimes[lifetime_bucket(lifetime_ns)].fetch_add(count, std::memory_order_relaxed);
+    if (temporary) s->temporary.fetch_add(count, std::memory_order_relaxed);
+  }
+
+  // Calls f(const mi_abi_churn&) for every slot that counted something
+  // (the unknown stacks' with stack_id 0). Returns how many.
+  template <class F>
+  uint64_t for_each(F&& f) const;
+
+  // Zeroes every counter and gives the pages back (they cost nothing
+  // until the next allocation of a site writes them).
+  void clear();
+  size_t bytes_reserved() const { return bytes_; }
+  size_t resident_bytes() const;
+
+ private:
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> id;
+    std::atomic<uint32_t> flags;  // MI_CHURN_SAMPLED
+    std::atomic<uint64_t> allocated_count;
+    std::atomic<uint64_t> allocated_bytes;
+    std::atomic<uint64_t> freed_bytes;
+    std::atomic<uint64_t> temporary;
+    std::atomic<uint64_t> lifetimes[kLifetimeBuckets];  // their sum is the freed count
+  };
+  static_assert(sizeof(Slot) == 256, "a churn slot is four cache lines");
+
+  // Id 0 (no stack) has a slot of its own past the stack slots: a real
+  // stack may sit in stack slot 0.
+  static uint64_t whole(uint64_t fixed) { return (fixed + kCountOne / 2) / kCountOne; }
+  Slot& slot_of(uint32_t id) { return id != 0 ? slots_[id & mask_] : slots_[mask_ + 1]; }
+  // The bit of the page holding slot i (for_each reads only pages a
+  // claim touched: reading the others would map them).
+  void mark_page(size_t i) {
+    const size_t page = i / kSlotsPerPage;
+    used_[page / 64].fetch_or(uint64_t{1} << (page % 64), std::memory_order_relaxed);
+  }
+  bool page_used(size_t page) const {
+    return (used_[page / 64].load(std::memory_order_relaxed) >> (page % 64)) & 1;
+  }
+  static constexpr size_t kSlotsPerPage = 4096 / sizeof(Slot);
+  // Makes s the slot of `id`, folding what an older id counted into the
+  // unknown stacks' slot.
+  [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id);
+
+  Slot* slots_ = nullptr;                  // mask_ + 2 slots: the stacks', then id 0's
+  std::atomic<uint64_t>* used_ = nullptr;  // one bit per page of slots
+  uint32_t mask_ = 0;
+  size_t bytes_ = 0;
+};
+
+template <class F>
+uint64_t ChurnTable::for_each(F&& f) const {
+  uint64_t n = 0;
+  for (size_t i = 0; i <= mask_ + 1; ++i) {
+    if (i % kSlotsPerPage == 0 && i <= mask_ && !page_used(i / kSlotsPerPage)) {
+      i += kSlotsPerPage - 1;
+      continue;
+    }
+    const Slot& s = slots_[i];
+    mi_abi_churn row{};
+    row.allocated_count = whole(s.allocated_count.load(std::memory_order_relaxed));
+    row.allocated_bytes = s.allocated_bytes.load(std::memory_order_relaxed);
+    row.freed_bytes = s.freed_bytes.load(std::memory_order_relaxed);
+    uint64_t freed = 0;
+    for (unsigned b = 0; b < kLifetimeBuckets; ++b) {
+      const uint64_t v = s.lifetimes[b].load(std::memory_order_relaxed);
+      row.lifetimes[b] = whole(v);
+      freed += v;
+    }
+    if (row.allocated_count == 0 && freed == 0) continue;
+    row.stack_id = i > mask_ ? 0 : s.id.load(std::memory_order_relaxed);
+    row.flags = s.flags.load(std::memory_order_relaxed);
+    row.freed_count = whole(freed);
+    row.temporary_count = whole(s.temporary.load(std::memory_order_relaxed));
+    f(static_cast<const mi_abi_churn&>(row));
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace mi::track
+
+#endif
