@@ -192,7 +192,7 @@ limits_conf(#{max_clients := Clients, max_header_size := Header, keep_alive_time
      {minimum_bytes_per_second, Rate}
      | timeouts_conf(Timeout, Requests, RequestTimeout)].
 
-%% inets up to 9.0 (OTP 25) has one deadline, keep_alive_timeout: for a
+%% inets 8 (OTP 25) has one deadline, keep_alive_timeout: for a
 %% request head, from the connection's start or the previous response;
 %% data that trickles in does not move it. Later inets (9.3 on OTP 27,
 %% 9.8 on OTP 29) split it: keep_alive_timeout until a request's first

@@ -302,7 +302,8 @@ churn(N) ->
 %% `Opts': `demangle', `short_lived_ms', and `by => function | object':
 %% rows rolled up by culprit as {@link sites/2} does (`label', `object',
 %% `function', `frame', `stacks'). Runs on a dirty scheduler; the
-%% `counters' mode keeps no churn (no rows). `{error, enotsup}' from an
+%% `counters' mode counts no churn (rows from before a switch to it stay
+%% until {@link reset/0}). `{error, enotsup}' from an
 %% interposer older than churn.
 -spec churn(non_neg_integer() | infinity,
             #{by => stack | function | object, demangle => boolean(),

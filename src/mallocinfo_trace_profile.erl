@@ -161,22 +161,41 @@ full_site({_, _, _, _, _, _} = Site) -> Site.
 %% Go's `?seconds=N' computes it (its old profile scaled by -1 and merged
 %% into the new one): sites are matched by their stacks' frames (address,
 %% object, symbol), values may be negative (a site holding less than
-%% before), sites whose four values are all 0 are left out; a site's
-%% labels are part of its key. The result
+%% before), sites whose four values are all 0 are left out; rows split
+%% by process are matched by pid, and their alloc_* (live blocks, not
+%% cumulative) go to the stack's unlabelled row. The result
 %% has `New''s metadata and locations (the old profile's frames that only
 %% it had are added).
 -spec delta(data(), data()) -> data().
 delta(#{sites := OldSites, locations := OldLocs}, #{sites := NewSites, locations := NewLocs} = New) ->
     OldT = list_to_tuple(OldLocs),
     NewT = list_to_tuple(NewLocs),
+    %% A labelled row's alloc_* are its live blocks (not cumulative: they
+    %% fall when the process frees), so only a stack's unlabelled row takes
+    %% alloc_* differences, the stack's allocations summed over its rows;
+    %% labelled rows take their inuse_* difference, matched by pid (a name
+    %% may come or go in the window), named as the new profile names them.
     Keyed = fun(T, Sites, Sign) ->
-                    [{{[element(I, T) || I <- Stack], Labels}, [Sign * V || V <- [C, B, AC, AB]]}
-                     || {C, B, AC, AB, Stack, Labels} <- [full_site(S) || S <- Sites]]
+                    lists:append(
+                      [begin
+                           Frames = [element(I, T) || I <- Stack],
+                           case pid_label(Labels) of
+                               none ->
+                                   [{{Frames, none}, [Sign * V || V <- [C, B, AC, AB]]}];
+                               Pid ->
+                                   [{{Frames, Pid}, [Sign * C, Sign * B, 0, 0]},
+                                    {{Frames, none}, [0, 0, Sign * AC, Sign * AB]}]
+                           end
+                       end || {C, B, AC, AB, Stack, Labels} <- [full_site(S) || S <- Sites]])
             end,
     Sums = lists:foldl(fun({K, Vs}, Acc) ->
                                maps:update_with(K, fun(Ws) -> lists:zipwith(fun erlang:'+'/2, Vs, Ws)
                                                    end, Vs, Acc)
                        end, #{}, Keyed(OldT, OldSites, -1) ++ Keyed(NewT, NewSites, 1)),
+    Names = maps:from_list([{{[element(I, T) || I <- Stack], pid_label(Labels)}, Labels}
+                            || {T, Sites} <- [{OldT, OldSites}, {NewT, NewSites}],
+                               {_, _, _, _, Stack, Labels} <- [full_site(S) || S <- Sites],
+                               Labels =/= []]),
     %% Locations: the new profile's, then the frames only the old one had.
     Index0 = maps:from_list(lists:zip(NewLocs, lists:seq(1, length(NewLocs)))),
     {Index, Extra} = lists:foldl(fun(L, {Ix, Ex}) ->
@@ -188,10 +207,18 @@ delta(#{sites := OldSites, locations := OldLocs}, #{sites := NewSites, locations
     Sites = lists:sort(fun({_, B1, _, A1, _, _} = X, {_, B2, _, A2, _, _} = Y) ->
                                {A1, B1} > {A2, B2} orelse ({A1, B1} =:= {A2, B2} andalso X =< Y)
                        end,
-                       [{C, B, AC, AB, [maps:get(L, Index) || L <- Frames], Labels}
-                        || {{Frames, Labels}, [C, B, AC, AB]} <- maps:to_list(Sums),
+                       [{C, B, AC, AB, [maps:get(L, Index) || L <- Frames],
+                         maps:get({Frames, Pid}, Names, [])}
+                        || {{Frames, Pid}, [C, B, AC, AB]} <- maps:to_list(Sums),
                            [C, B, AC, AB] =/= [0, 0, 0, 0]]),
     New#{sites => Sites, locations => NewLocs ++ lists:reverse(Extra)}.
+
+%% The `pid' label's value, or none.
+pid_label(Labels) ->
+    case lists:keyfind(<<"pid">>, 1, Labels) of
+        {_, Pid} -> Pid;
+        false -> none
+    end.
 
 %% Sample.location_id, packed, from the ids' ready varints.
 stack_field(Stack, Ids) ->

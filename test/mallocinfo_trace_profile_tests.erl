@@ -229,3 +229,24 @@ delta_test() ->
     ?assertEqual(3, length(Sites)),
     %% The old profile's frames the new one lacks are added to its locations.
     ?assertEqual(4, length(Locs)).
+
+%% Rows split by process: a process that freed its 10 blocks in the window
+%% shows -10 live, never a negative allocation; the stack's allocations in
+%% the window (3 more blocks, all another process's) are on its unlabelled
+%% row; a process matched by pid though its name changed, named as the new
+%% profile names it.
+delta_labels_test() ->
+    L1 = [{<<"pid">>, <<"<0.1.0>">>}, {<<"process">>, <<"a">>}],
+    L2old = [{<<"pid">>, <<"<0.2.0>">>}],
+    L2new = [{<<"pid">>, <<"<0.2.0>">>}, {<<"process">>, <<"b">>}],
+    Locs = [{16#401000, <<"/bin/x">>, <<"f">>, 16#1000}],
+    Old = #{sites => [{10, 100, 10, 100, [1], L1}, {1, 10, 1, 10, [1], L2old},
+                      {0, 0, 5, 50, [1], []}],
+            locations => Locs},
+    New = (tiny_alloc())#{sites => [{4, 40, 4, 40, [1], L2new}, {0, 0, 15, 150, [1], []}],
+                          locations => Locs},
+    #{sites := Sites} = mallocinfo_trace_profile:delta(Old, New),
+    ?assertEqual(lists:sort([{-10, -100, 0, 0, [1], L1},
+                             {3, 30, 0, 0, [1], L2new},
+                             %% Allocations: 19 now, 16 before.
+                             {0, 0, 3, 30, [1], []}]), lists:sort(Sites)).

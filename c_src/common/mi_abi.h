@@ -341,7 +341,9 @@ typedef struct mi_preload_abi {
    * Streams every stack's churn row (mi_abi_churn, this header's layout) to
    * sink, in batches; returns the number of rows. Rows name stack ids as a
    * snapshot does (same rules for reading their frames). Counters mode
-   * keeps no churn (0 rows). Not for hooks; any thread. */
+   * counts nothing new; rows from before a switch to it stay until reset.
+   * A row has no size of its own: a changed mi_abi_churn needs a new
+   * MI_ABI_VERSION. Not for hooks; any thread. */
   uint64_t (*churn)(mi_abi_churn_sink sink, void* ctx);
 } mi_preload_abi;
 
