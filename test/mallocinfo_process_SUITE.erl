@@ -114,6 +114,11 @@ blocked_in_long_call(_Config) ->
 
 shared_subterms(_Config) ->
     {ok, Pid} = mi_test_server:start({shared, 1000, 4}, []),
+    %% Each call finds the server back in its loop: after start/2, and
+    %% after the previous call, which returns once the server has ended its
+    %% helper, a moment before sys hands it back to gen_server's loop (a
+    %% loaded machine once caught it there: state not asked).
+    ok = wait_waiting(Pid, 5000),
     {total_heap_size, Before} = process_info(Pid, total_heap_size),
     {ok, Items} = mallocinfo_process:inspect(Pid, ?SYS(#{size_budget => 10000})),
     %% Measuring inside the server allocated there; it was collected again.
@@ -125,11 +130,13 @@ shared_subterms(_Config) ->
     %% Inside the server the four elements are one list.
     ?assertEqual(5 + 2000, W),
     ?assertEqual(5 + 4 * 2000, F),
+    ok = wait_waiting(Pid, 5000),
     {ok, #{live_words := Live, flat_words := Flat}} =
         mallocinfo_process:heap(Pid, ?SYS(#{size_budget => 10000})),
     ?assert(Flat - Live >= 6000),
     %% With the default budget the 8005-word state is too big to measure
     %% inside: its flat size is reported, and says so.
+    ok = wait_waiting(Pid, 5000),
     {ok, Default} = mallocinfo_process:inspect(Pid, ?SYS(#{})),
     [#{words := 8005, sharing := not_computed}] = kinds(Default, state),
     exit(Pid, kill).
