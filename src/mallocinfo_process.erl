@@ -595,8 +595,21 @@ preview(Term) ->
 %% else (busy in a callback, blocked in a call, hibernating, gen_event with
 %% several states) gets no system message.
 sys_idle(Pid, #{current_function := CF}) ->
-    lists:member(CF, [{gen_server, loop, 7}, {gen_statem, loop_receive, 3}])
+    idle_loop(CF)
         andalso process_info(Pid, initial_call) =:= {initial_call, {proc_lib, init_p, 5}}.
+
+%% The functions gen_server and gen_statem wait for messages in, which
+%% differ between releases: gen_server:loop/7 and gen_statem:loop_receive/3
+%% on OTP 25 and 27; gen_server:loop/5 and gen_statem:loop/3 on OTP 29 (whose
+%% loop_receive/3 is gone). OTP 25's gen_statem:loop/3 only dispatches (to
+%% loop_receive/3 or loop_hibernate/3): a process seen there is busy, so
+%% that one counts only where gen_statem has no loop_receive/3.
+idle_loop({gen_server, loop, 7}) -> true;
+idle_loop({gen_server, loop, 5}) -> true;
+idle_loop({gen_statem, loop_receive, 3}) -> true;
+idle_loop({gen_statem, loop, 3}) ->
+    not lists:member({loop_receive, 3}, gen_statem:module_info(functions));
+idle_loop(_) -> false.
 
 %%% ---------------------------------------------------------------------------
 %%% heap/1
@@ -764,8 +777,11 @@ user_options(O) ->
 %% has collected its heap down to what is live (no old heap, the young one
 %% filled: the unseen words are then all live, and that is worth saying);
 %% else its current function, {erlang, hibernate, 3} included (it says so
-%% before the collection is done).
-where(Pid, {erlang, hibernate, 3} = CF) ->
+%% before the collection is done). From OTP 29, gen_server and gen_statem
+%% hibernate with erlang:hibernate/0, which leaves no frame of its own: the
+%% current function is then their loop_hibernate.
+where(Pid, CF) when CF =:= {erlang, hibernate, 3}; CF =:= {gen_server, loop_hibernate, 4};
+                    CF =:= {gen_statem, loop_hibernate, 3} ->
     case process_info(Pid, garbage_collection_info) of
         {garbage_collection_info, GI} ->
             G = fun(K) -> proplists:get_value(K, GI, 0) end,

@@ -13,7 +13,7 @@
          heap_above_limit/1, queue_above_limit/1, hibernated_state_not_measured/1,
          sys_loop_state_not_measured/1, plain_loop_state_not_measured/1,
          sys_not_answered/1, name_labels/1, name_whatever_the_size/1,
-         report_label_names/1]).
+         report_label_names/1, gen_statem_state/1]).
 
 all() ->
     [gen_server_state_and_dictionary, plain_process_messages, dead_pid, blocked_in_long_call,
@@ -22,7 +22,7 @@ all() ->
      top_million, top_binary_one_binary_many_refs, top_binary_sub_binaries, top_binary_distinct,
      names, report_names, heap_above_limit, queue_above_limit, hibernated_state_not_measured,
      sys_loop_state_not_measured, plain_loop_state_not_measured, sys_not_answered, name_labels,
-     name_whatever_the_size, report_label_names].
+     name_whatever_the_size, report_label_names, gen_statem_state].
 
 %% The system message that reads an idle gen_server's state waits 100 ms by
 %% default; a loaded CI machine can take longer to schedule the server, and
@@ -114,6 +114,11 @@ blocked_in_long_call(_Config) ->
 
 shared_subterms(_Config) ->
     {ok, Pid} = mi_test_server:start({shared, 1000, 4}, []),
+    %% Each call finds the server back in its loop: after start/2, and
+    %% after the previous call, which returns once the server has ended its
+    %% helper, a moment before sys hands it back to gen_server's loop (a
+    %% loaded machine once caught it there: state not asked).
+    ok = wait_waiting(Pid, 5000),
     {total_heap_size, Before} = process_info(Pid, total_heap_size),
     {ok, Items} = mallocinfo_process:inspect(Pid, ?SYS(#{size_budget => 10000})),
     %% Measuring inside the server allocated there; it was collected again.
@@ -125,11 +130,13 @@ shared_subterms(_Config) ->
     %% Inside the server the four elements are one list.
     ?assertEqual(5 + 2000, W),
     ?assertEqual(5 + 4 * 2000, F),
+    ok = wait_waiting(Pid, 5000),
     {ok, #{live_words := Live, flat_words := Flat}} =
         mallocinfo_process:heap(Pid, ?SYS(#{size_budget => 10000})),
     ?assert(Flat - Live >= 6000),
     %% With the default budget the 8005-word state is too big to measure
     %% inside: its flat size is reported, and says so.
+    ok = wait_waiting(Pid, 5000),
     {ok, Default} = mallocinfo_process:inspect(Pid, ?SYS(#{})),
     [#{words := 8005, sharing := not_computed}] = kinds(Default, state),
     exit(Pid, kill).
@@ -189,8 +196,9 @@ bad_arguments(_Config) ->
 
 top_ranks(_Config) ->
     Test = self(),
+    Len = outgrow(500000),
     Big = spawn(fun() ->
-                        L = lists:seq(1, 500000),
+                        L = lists:seq(1, Len),
                         Test ! {built, self()},
                         receive stop -> length(L) end
                 end),
@@ -275,8 +283,7 @@ exponential_sharing(_Config) ->
     {ok, #{complete := false, verdict := none, not_measured := Gaps}} = mallocinfo_process:heap(Pid, ?SYS(#{})),
     ?assertMatch([#{what := [state], reason := shared_too_much, option := #{}}], Gaps),
     %% The server lives on, idle (asking it for its state would copy 2^31).
-    ?assertEqual({current_function, {gen_server, loop, 7}},
-                 process_info(Pid, current_function)),
+    ?assertEqual({current_function, gen_server_idle()}, process_info(Pid, current_function)),
     exit(Pid, kill).
 
 %% However the target answers (late, or not at all), nothing is left in the
@@ -443,12 +450,30 @@ names(_Config) ->
                       {Huge, " (mi_test_server:init/1): heap "},
                       {Plain, " (erlang:apply/2): heap "}]],
     %% The servers are idle and none the worse (the huge one was asked).
-    [?assertEqual({current_function, {gen_server, loop, 7}}, process_info(P, current_function))
+    Idle = gen_server_idle(),
+    [?assertEqual({current_function, Idle}, process_info(P, current_function))
      || P <- [Reg, Small, Mid, Huge]],
     ?assertEqual({message_queue_len, 0}, process_info(Huge, message_queue_len)),
     [exit(P, kill) || {P, _} <- Expected].
 
 started({ok, Pid}) -> Pid.
+
+%% Where an idle gen_server waits, asked of the running release (loop/7
+%% up to OTP 28, loop/5 from OTP 29): a fresh server's current function.
+gen_server_idle() ->
+    Ref = started(mi_test_server:start(reference, [])),
+    ok = wait_waiting(Ref, 5000),
+    {current_function, {gen_server, _, _} = Idle} = process_info(Ref, current_function),
+    exit(Ref, kill),
+    Idle.
+
+%% Elements of a lists:seq/2 whose heap (2 words a cell) is at least
+%% twice the memory of the node's largest process now, and at least Min:
+%% the node's own processes (user, test_server_io) are bigger on some
+%% releases than on others.
+outgrow(Min) ->
+    Largest = lists:max([M || P <- erlang:processes(), {memory, M} <- [process_info(P, memory)]]),
+    max(Min, Largest div erlang:system_info(wordsize)).
 
 print_out(Pid, Opts) ->
     ct:capture_start(),
@@ -459,7 +484,7 @@ print_out(Pid, Opts) ->
 %% The report's largest processes and its process verdict name the
 %% gen_server by its callback module, not proc_lib:init_p/5.
 report_names(_Config) ->
-    Pid = started(mi_test_server:start({seq, 2000000}, [])),
+    Pid = started(mi_test_server:start({seq, outgrow(2000000)}, [])),
     R = mallocinfo_report:collect(),
     #{erts := #{processes := [#{pid := Largest, name := Name} | _]}, verdicts := Verdicts} = R,
     ?assertEqual({Pid, {mi_test_server, init, 1}}, {Largest, Name}),
@@ -550,8 +575,13 @@ wait_hibernated(Pid, 0) ->
 wait_hibernated(Pid, N) ->
     %% erlang:hibernate/3 is the current function before the heap is
     %% collected: wait for that too (no old heap, the young one filled).
+    %% From OTP 29 gen_server and gen_statem hibernate with
+    %% erlang:hibernate/0, which has no frame: their loop_hibernate is the
+    %% current function.
     case {process_info(Pid, current_function), process_info(Pid, garbage_collection_info)} of
-        {{current_function, {erlang, hibernate, 3}}, {garbage_collection_info, GI}} ->
+        {{current_function, CF}, {garbage_collection_info, GI}}
+          when CF =:= {erlang, hibernate, 3}; CF =:= {gen_server, loop_hibernate, 4};
+               CF =:= {gen_statem, loop_hibernate, 3} ->
             G = fun(K) -> proplists:get_value(K, GI) end,
             case G(old_heap_block_size) =:= 0
                 andalso G(heap_block_size) - G(heap_size) =< G(heap_block_size) div 100 of
@@ -803,7 +833,7 @@ name_whatever_the_size(_Config) ->
 %% by its label, read from inside the big idle gen_server.
 report_label_names(_Config) ->
     Label = {rabbit_amqqueue_process, {resource, <<"/">>, queue, <<"q1">>}},
-    Pid = started(mi_test_server:start({seq, 2000000}, [{process_name, Label}])),
+    Pid = started(mi_test_server:start({seq, outgrow(2000000)}, [{process_name, Label}])),
     R = mallocinfo_report:collect(),
     #{erts := #{processes := [#{pid := Largest, name := Name} | _]}, verdicts := Verdicts} = R,
     ?assertEqual({Pid, Label}, {Largest, Name}),
@@ -814,3 +844,28 @@ report_label_names(_Config) ->
     ?assert(has(Text, "largest processes: " ++ Named)),
     ?assertMatch([_], [V || V <- Verdicts, has(V, "process " ++ Named ++ " holds ")]),
     exit(Pid, kill).
+
+%% A gen_statem idle in its loop is asked for its state ({State, Data}, as
+%% sys gives it), whatever function the release waits in (loop_receive/3
+%% on OTP 25 and 27, loop/3 on OTP 29); a hibernated one is not asked,
+%% and sys => true measures it.
+gen_statem_state(_Config) ->
+    N = 10000,
+    {ok, Idle} = mi_test_statem:start({seq, N}, #{}),
+    ok = wait_waiting(Idle, 5000),
+    {ok, Items} = mallocinfo_process:inspect(Idle, ?SYS(#{size_budget => 4 * N})),
+    ct:pal("idle in ~p: ~p", [process_info(Idle, current_function), kinds(Items, omitted)]),
+    [#{term := {idle, Data}, words := Words, sharing := preserved}] = kinds(Items, state),
+    ?assertEqual(lists:seq(1, N), Data),
+    ?assertEqual(erts_debug:size({idle, Data}), Words),
+    {ok, #{complete := true}} = mallocinfo_process:heap(Idle, ?SYS(#{})),
+    ?assertEqual(lists:seq(1, N), gen_statem:call(Idle, get)),
+    {ok, Hib} = mi_test_statem:start({seq, N}, #{hibernate => true}),
+    ok = wait_hibernated(Hib),
+    {ok, #{not_measured := [#{what := state, reason := not_asked, detail := Detail,
+                              option := #{sys := true}}]}} = mallocinfo_process:heap(Hib),
+    ?assert(has(Detail, "the process is hibernated, ")),
+    {ok, #{complete := true, live_words := Live}} =
+        mallocinfo_process:heap(Hib, ?SYS(#{sys => true})),
+    ?assert(Live >= 2 * N),
+    [exit(P, kill) || P <- [Idle, Hib]].
