@@ -26,15 +26,10 @@ struct Sum {
 };
 
 void add_entry(Sum& s, const mi_abi_entry& e, uint64_t mean) {
-  if (e.flags & MI_ENTRY_SAMPLED) {
-    const mi::sampling::Weight w = mi::sampling::weight(e.size, mean);
-    s.count += w.count;
-    s.bytes += w.bytes;
-    s.estimated = true;
-  } else {
-    s.count += 1;
-    s.bytes += static_cast<double>(e.size);
-  }
+  const mi::sampling::Weight w = mi::sites::entry_weight(e, mean);
+  s.count += w.count;
+  s.bytes += w.bytes;
+  s.estimated = s.estimated || (e.flags & MI_ENTRY_SAMPLED) != 0;
 }
 
 void add_sum(Sum& to, const Sum& from) {

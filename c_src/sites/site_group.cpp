@@ -12,15 +12,10 @@ namespace mi::sites {
 namespace {
 
 void add_entry(Site& s, const mi_abi_entry& e, uint64_t mean) {
-  if (e.flags & MI_ENTRY_SAMPLED) {
-    const mi::sampling::Weight w = mi::sampling::weight(e.size, mean);
-    s.count += w.count;
-    s.bytes += w.bytes;
-    s.estimated = true;
-  } else {
-    s.count += 1;
-    s.bytes += static_cast<double>(e.size);
-  }
+  const mi::sampling::Weight w = entry_weight(e, mean);
+  s.count += w.count;
+  s.bytes += w.bytes;
+  s.estimated = s.estimated || (e.flags & MI_ENTRY_SAMPLED) != 0;
   s.oldest = std::min(s.oldest, e.timestamp_ns);
 }
 

@@ -20,9 +20,18 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "../common/mi_sampling.h"
 #include "oldest.h"
 
 namespace mi::sites {
+
+// What one live block stands for: itself, or, recorded by the sampler
+// (MI_ENTRY_SAMPLED), the blocks its weight estimates (mean: the tracker's
+// sample_bytes). Every grouping of live blocks adds these.
+inline mi::sampling::Weight entry_weight(const mi_abi_entry& e, uint64_t mean) {
+  if ((e.flags & MI_ENTRY_SAMPLED) != 0) return mi::sampling::weight(e.size, mean);
+  return {1, static_cast<double>(e.size)};
+}
 
 // One call site's live blocks.
 struct Site {
