@@ -5,6 +5,8 @@
 // chain of D distinct noinline functions, so a tracker that unwinds sees D
 // real frames above malloc. The ring is pre-filled untimed; all threads start
 // together at a barrier; each times its own loop with CLOCK_MONOTONIC.
+// With -s K the allocations come from K call sites in turn (stacks that
+// differ outside the chain), so no two in a row share a stack.
 //
 // Output: one key=value line, e.g.
 //   threads=2 depth=12 iters=4000000 ns_per_pair=41.2 per_thread=40.9,41.5
@@ -73,6 +75,21 @@ constexpr auto make_chain(std::index_sequence<I...>) {
 }
 constexpr auto kChain = make_chain(std::make_index_sequence<kMaxDepth>{});
 
+// -s K: K call sites, taken in turn, so that no two consecutive
+// allocations of a thread share a stack. Site s calls the chain from a
+// call of its own: the stacks differ in the frame outside the chain (a
+// tracker comparing stacks from the innermost frame finds the difference
+// last).
+constexpr int kMaxSites = 4;
+template <int S>
+__attribute__((noinline)) void* site(AllocFn chain, size_t size) {
+  void* p = chain(size);
+  asm volatile("" : "+r"(p) : : "memory");
+  return p;
+}
+using SiteFn = void* (*)(AllocFn, size_t);
+constexpr std::array<SiteFn, kMaxSites> kSites{{&site<0>, &site<1>, &site<2>, &site<3>}};
+
 uint64_t xorshift64(uint64_t& s) {
   s ^= s << 13;
   s ^= s >> 7;
@@ -94,6 +111,7 @@ struct Params {
   int depth = 12;
   uint64_t iters = 2000000;
   uint64_t hold = 0;  // -m: live blocks to hold (memory mode); 0: timing mode
+  int sites = 1;      // -s: call sites taken in turn (1: the chain alone)
 };
 
 // VmRSS of this process in KiB, from /proc/self/status (read with read(2):
@@ -158,7 +176,8 @@ void worker(const Params& p, int id, std::barrier<>& sync, double* ns_out) {
     const uint64_t r = xorshift64(rng);
     void*& slot = ring[r & (kRingSlots - 1)];
     free(slot);
-    void* block = alloc(kMinSize + (r >> 10) % (kMaxSize - kMinSize + 1));
+    const size_t size = kMinSize + (r >> 10) % (kMaxSize - kMinSize + 1);
+    void* block = p.sites == 1 ? alloc(size) : kSites[i % p.sites](alloc, size);
     *static_cast<unsigned char*>(block) = static_cast<unsigned char>(r);  // touch it
     slot = block;
   }
@@ -260,9 +279,10 @@ bool parse_num(const char* s, uint64_t lo, uint64_t hi, uint64_t* out) {
           "usage: %s [-t threads (1..%d)] [-d depth (1..%d)] [-n iterations per thread]\n"
           "          [-a libmallocinfo_preload.so (attach at run time instead of preloading)]\n"
           "          [-o dir (dlopen every *.so in dir first)]\n"
+          "          [-s call sites taken in turn (1..%d)]\n"
           "       [-m live blocks to hold: memory mode]\n"
           "One line: threads= depth= iters= ns_per_pair= (mean over threads) ...\n",
-          argv0, kMaxThreads, kMaxDepth);
+          argv0, kMaxThreads, kMaxDepth, kMaxSites);
   exit(2);
 }
 
@@ -286,6 +306,8 @@ int main(int argc, char** argv) {
       attach_so = val;
     } else if (strcmp(flag, "-o") == 0 && val != nullptr) {
       objects = load_objects(val);
+    } else if (strcmp(flag, "-s") == 0 && parse_num(val, 1, kMaxSites, &v)) {
+      p.sites = static_cast<int>(v);
     } else if (strcmp(flag, "-m") == 0 && parse_num(val, 1, uint64_t{1} << 32, &v)) {
       p.hold = v;
     } else {

@@ -245,6 +245,36 @@ TEST_CASE("stack table: a reclaimed id reads as unknown, never as its slot's nex
   st.destroy();
 }
 
+TEST_CASE(
+    "stack table: reuse() answers for the id's own stack while it is stored, as intern() would",
+    "[track][stacks]") {
+  StackTable st;
+  REQUIRE(st.init(64, 4));
+  const uintptr_t a[] = {11, 12}, b[] = {21, 22};
+  const uint32_t ia = st.intern(a, 2), ib = st.intern(b, 2);
+  REQUIRE(ia != 0);
+  REQUIRE(ib != 0);
+  const uint64_t ha = st.hash_of(ia), hb = st.hash_of(ib);
+  REQUIRE(ha != hb);
+  CHECK(st.reuse(ia, ha));
+  CHECK_FALSE(st.reuse(ia, hb));  // a hash of another stack: not this id's
+  CHECK_FALSE(st.reuse(0, ha));
+  // A sweep that marks nothing condemns both; reuse() keeps a, as intern()
+  // of a's frames would (stamped with the sweep's epoch: revived).
+  const uint32_t e = st.begin_sweep();
+  CHECK(st.condemn(0, 64, e) == 2);
+  CHECK(st.reuse(ia, ha));
+  CHECK(st.finish(0, 64, e) == 1);
+  st.end_sweep(1);
+  CHECK(frames_of(st, ia) == std::vector<uint64_t>{11, 12});
+  // b was freed: its id and hash answer no more, and a stack stored in
+  // its slot later is not b.
+  CHECK_FALSE(st.reuse(ib, hb));
+  CHECK(frames_of(st, ib).empty());
+  CHECK(st.intern(a, 2) == ia);
+  st.destroy();
+}
+
 TEST_CASE("stack table: a condemned stack interned again is revived, not duplicated",
           "[track][stacks]") {
   StackTable st;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -141,6 +142,53 @@ TEST_CASE("tracker: reset frees every stack and reclaim frees unreferenced ones"
   CHECK(s.stacks_reclaimed == 100);
   for (uint32_t id : ids) CHECK(stack_of(t, id).empty());
   CHECK(t.stale_stacks() == 0);
+  t.destroy();
+}
+
+TEST_CASE("tracker: a thread's memo of its last stack gives that stack's id, never a reclaimed one",
+          "[track][tracker][reclaim]") {
+  Tracker t;
+  init_small(t);
+  const auto a = site_stack(1);
+  const std::vector<uint64_t> want_a(a.begin(), a.end());
+  // One call site in a loop: one stack, one id (the memo's after the first).
+  t_fake_stack = a;
+  for (uint64_t i = 0; i < 100; ++i) t.on_alloc(MI_FN_MALLOC, addr(0x100000 + i * 64), 10);
+  std::set<uint32_t> ids;
+  t.for_each_live([&](const LiveEntry& e) { ids.insert(e.stack_id); });
+  REQUIRE(ids.size() == 1);
+  const uint32_t old = *ids.begin();
+  CHECK(stack_of(t, old) == want_a);
+  CHECK(status_of(t).stacks == 1);
+  // Every block freed and the stack reclaimed while the thread's memo still
+  // holds it: the next block of the same stack must get a stored stack,
+  // not the memo's reclaimed id.
+  for (uint64_t i = 0; i < 100; ++i) t.on_free(MI_FN_FREE, addr(0x100000 + i * 64));
+  CHECK(t.reclaim() == 1);
+  CHECK(stack_of(t, old).empty());
+  t.on_alloc(MI_FN_MALLOC, addr(0x200000), 10);
+  uint32_t again = 0;
+  t.for_each_live([&](const LiveEntry& e) { again = e.stack_id; });
+  CHECK(again != old);
+  CHECK(stack_of(t, again) == want_a);
+  t.on_free(MI_FN_FREE, addr(0x200000));
+  // Call sites in turn (the memo misses, rests, refills), and runs of one
+  // site between them: every block keeps its own site's frames.
+  std::map<uint64_t, uint64_t> site_of;  // address -> site
+  for (uint64_t i = 0; i < 2000; ++i) {
+    const uint64_t site = (i / 50) % 2 == 0 ? 100 + i % 3 : 200 + (i / 50) % 5;
+    t_fake_stack = site_stack(site);
+    t.on_alloc(MI_FN_MALLOC, addr(0x300000 + i * 64), 10);
+    site_of[0x300000 + i * 64] = site;
+  }
+  size_t checked = 0;
+  t.for_each_live([&](const LiveEntry& e) {
+    const auto want = site_stack(site_of.at(e.address));
+    CHECK(stack_of(t, e.stack_id) == std::vector<uint64_t>(want.begin(), want.end()));
+    ++checked;
+  });
+  CHECK(checked == 2000);
+  CHECK(status_of(t).stacks == 9);  // the eight sites, and a's (stored again, not reclaimed since)
   t.destroy();
 }
 

@@ -109,6 +109,15 @@ class StackTable {
   // here); then stamps its slot with epoch `e` (never lowers a stamp).
   // False when the stack was reclaimed (or id is 0 or malformed).
   bool hold(uint32_t id, uint32_t e);
+  // intern() of words interned before, without hashing or probing: `id`
+  // and `hash` are what that intern() returned and hash_of(id) then
+  // answered. True when `id` still names a stack of that hash; then its
+  // slot is stamped with the current epoch (and revived if condemned), as
+  // intern() of those words would have left it. False when the stack was
+  // reclaimed: intern the words again. The hash check is what makes an id
+  // kept for long safe: a slot whose generation wrapped round to the kept
+  // one holds another stack, of another hash (but for a 2^-64 chance).
+  bool reuse(uint32_t id, uint64_t hash) { return hold(id, epoch()) && hash_of(id) == hash; }
   // True when `id` names a READY stack (one load; no stamp, no revival).
   bool ready(uint32_t id) const {
     const uint32_t w = headers_[id & mask_].state.load(std::memory_order_acquire);

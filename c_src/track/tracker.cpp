@@ -243,15 +243,57 @@ uint32_t Tracker::capture(ThreadState* ts, uint64_t* pid) {
   size_t skip = 0;
   const size_t keep = unwind_here(ts, buf, &skip);
   *pid = 0;
-  if (erlang_on_.load(std::memory_order_acquire)) {
-    // The context is stored after the frames, as the stack's tail: hashed
-    // once per context (the cache keeps its hash), and compared by token.
-    uint64_t words[MI_CONTEXT_MAX_WORDS];
-    const ContextWords c = read_erlang_context(erlang_, sd_fn_, thread_name(ts), words, pid,
-                                               ts->shared != 0 ? nullptr : &ts->context);
-    if (c.n != 0) return stacks_.intern(buf + skip, static_cast<unsigned>(keep), c);
+  uint64_t words[MI_CONTEXT_MAX_WORDS];
+  ContextWords c;
+  // The context is stored after the frames, as the stack's tail: hashed
+  // once per context (the cache keeps its hash), and compared by token.
+  if (erlang_on_.load(std::memory_order_acquire))
+    c = read_erlang_context(erlang_, sd_fn_, thread_name(ts), words, pid,
+                            ts->shared != 0 ? nullptr : &ts->context);
+  return intern_memo(ts, buf + skip, static_cast<unsigned>(keep), c);
+}
+
+uint32_t Tracker::intern_memo(ThreadState* ts, const uintptr_t* frames, unsigned n,
+                              const StackTable::Tail& tail) {
+  const auto intern = [&] {
+    return tail.n != 0 ? stacks_.intern(frames, n, tail) : stacks_.intern(frames, n);
+  };
+  // The shared state's memo would have many writers.
+  if (ts->shared != 0) return intern();
+  StackMemo& m = ts->memo;
+  // A memo that missed rests before it is used again, for kMemoRest
+  // captures, twice as long after each further miss in a row (up to 32
+  // times): a thread whose allocations come from call sites in turn pays a
+  // compare and a refill once per rest, not at each capture.
+  if (m.rest != 0) {
+    --m.rest;
+    return intern();
   }
-  return stacks_.intern(buf + skip, static_cast<unsigned>(keep));
+  // The same words as last time, and their stack still stored: its id.
+  // (Words, not what intern() makes of them: it cuts them the same way
+  // each time, so the same words always make the same stack.)
+  if (m.id != 0) {
+    if (m.n == n && m.tail_n == tail.n && std::memcmp(m.words, frames, n * 8) == 0 &&
+        (tail.n == 0 || std::memcmp(m.words + n, tail.words, tail.n * 8) == 0) &&
+        stacks_.reuse(m.id, m.hash)) {
+      m.misses = 0;
+      return m.id;
+    }
+    m.id = 0;
+    m.rest = kMemoRest << m.misses;
+    if (m.misses < 5) ++m.misses;
+    return intern();
+  }
+  const uint32_t id = intern();
+  if (id == 0 || n + tail.n > kMaxStackDepth + MI_CONTEXT_MAX_WORDS) return id;
+  std::memcpy(m.words, frames, n * 8);
+  if (tail.n != 0) std::memcpy(m.words + n, tail.words, tail.n * 8);
+  m.n = n;
+  m.tail_n = tail.n;
+  m.hash = stacks_.hash_of(id);
+  // A stack reclaimed already (hash 0) is not kept.
+  if (m.hash != 0) m.id = id;
+  return id;
 }
 
 // Inlined into both callers: the full-mode hot path must not pay a call.

@@ -154,6 +154,23 @@ extern __thread struct ThreadState* t_state;
 
 uint64_t coarse_monotonic_ns();
 
+// The last stack a thread interned (StackTable::reuse): the words it
+// handed to intern(), frames then tail, the id it got and that stack's
+// hash. The next capture of the same words asks the table only whether
+// the id still names that stack, instead of hashing and probing: a loop
+// that allocates from one call site interns its stack once. Per thread,
+// owned by it; never shared.
+constexpr uint32_t kMemoRest = 8;
+struct StackMemo {
+  uint32_t id;      // 0: nothing kept
+  uint32_t rest;    // captures left before the memo is used again
+  uint32_t misses;  // misses in a row (the next rest is kMemoRest << misses)
+  uint32_t n;       // frames
+  uint32_t tail_n;
+  uint64_t hash;
+  uint64_t words[kMaxStackDepth + MI_CONTEXT_MAX_WORDS];
+};
+
 struct alignas(64) ThreadState {
   std::atomic<uint32_t> in_use;
   uint32_t shared;  // 1 for the overflow state many threads share
@@ -195,6 +212,9 @@ struct alignas(64) ThreadState {
   uint64_t last_alloc;
   int64_t last_pos;
   int64_t sample_base;
+  // The last stack interned on this thread. Owned states only; last in the
+  // struct: a thread that never records leaves its pages untouched.
+  StackMemo memo;
 };
 
 // Where a test can stop a recording thread (Tracker::set_test_hook).
@@ -412,6 +432,9 @@ class Tracker {
   // Interns the calling thread's stack (with its Erlang context when on);
   // *pid gets the context's pid, or 0.
   uint32_t capture(ThreadState* ts, uint64_t* pid);
+  // stacks_.intern(frames, n[, tail]) through ts's StackMemo (owned states).
+  uint32_t intern_memo(ThreadState* ts, const uintptr_t* frames, unsigned n,
+                       const StackTable::Tail& tail);
   // The calling thread's name words, or nullptr (the shared state).
   const uint64_t* thread_name(ThreadState* ts);
   // The calling thread's stack into buf (kMaxStackDepth + 8 slots): returns
