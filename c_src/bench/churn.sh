@@ -4,9 +4,10 @@
 #  1. instructions per malloc+free pair of bench_alloc (one thread, D=12)
 #     under callgrind, which the machine's load does not move: the
 #     difference of 220,000 and 20,000 iterations over 200,000; for glibc
-#     alone and the interposer in `sample' and `full', this build's and,
-#     when BASE_SO names one, an older build's interposer (say, main's
-#     before churn) for the same workload binary;
+#     alone and the interposer in `sample' and `full' (and `full' with two
+#     call sites in turn, which a per-thread stack memo cannot help), this
+#     build's and, when BASE_SO names one, an older build's interposer
+#     (say, main's before churn) for the same workload binary;
 #  2. wall-clock ns per pair in `full' at 1 and 2 threads (bench_alloc's
 #     threads all allocate from one call stack: one hot site, whose churn
 #     slot the threads share), ROUNDS alternating runs each, medians: the
@@ -41,27 +42,27 @@ envs() {
     *) echo "LD_PRELOAD=${1%:*} MALLOCINFO_TRACE_EXE=bench_alloc MALLOCINFO_TRACE=${1##*:}" ;;
   esac
 }
-collected() {  # config iterations -> instructions callgrind collected
+collected() {  # config iterations sites -> instructions callgrind collected
   # shellcheck disable=SC2046
   env $(envs "$1") valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-    "$bin" -t 1 -d 12 -n "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+    "$bin" -t 1 -d 12 -s "$3" -n "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-per_pair() {
+per_pair() {  # config [sites]
   local a b
-  a=$(collected "$1" 20000) b=$(collected "$1" 220000)
+  a=$(collected "$1" 20000 "${2:-1}") b=$(collected "$1" 220000 "${2:-1}")
   [[ -n $a && -n $b ]] || { echo "failed"; return; }
   echo $(((b - a) / 200000))
 }
 
 echo "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
-echo "| interposer | glibc | sample (512 KiB) | full |"
-echo "|---|---:|---:|---:|"
+echo "| interposer | glibc | sample (512 KiB) | full | full, two call sites in turn (-s 2) |"
+echo "|---|---:|---:|---:|---:|"
 g=$(per_pair glibc)
 for s in ${base:+"$base"} "$so"; do
   label=this
   [[ $s == "$base" ]] && label="base ($s)"
-  echo "| $label | $g | $(per_pair "$s:sample") | $(per_pair "$s:full") |"
+  echo "| $label | $g | $(per_pair "$s:sample") | $(per_pair "$s:full") | $(per_pair "$s:full" 2) |"
 done
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
