@@ -24,7 +24,7 @@
          flamegraph_chromium/1, flamegraph_harness_sees_errors/1, flamegraph_prototype_names/1,
          not_preloaded/1,
          bad_params/1, many_sites/1, jemalloc_alone/1, jemalloc_behind_tracker/1,
-         churn_full/1, churn_sample/1, allocs_delta/1]).
+         churn_full/1, churn_sample/1, allocs_delta/1, churn_old_interposer/1]).
 -export([wait_for_window/0, measure/3]).
 
 -define(HTTPC, mallocinfo_pprof_SUITE).
@@ -34,7 +34,8 @@ all() ->
     [not_preloaded, bad_params, go_reads_file, go_reads_http, delta_seconds, folded_sums,
      sample_mode, small_leak_on_top, flamegraph_chromium, flamegraph_harness_sees_errors,
      flamegraph_prototype_names, many_sites,
-     jemalloc_alone, jemalloc_behind_tracker, churn_full, churn_sample, allocs_delta].
+     jemalloc_alone, jemalloc_behind_tracker, churn_full, churn_sample, allocs_delta,
+     churn_old_interposer].
 
 init_per_suite(Config) ->
     ok = mi_ct:build_nif(Config, "mi_pprof_nif"),
@@ -68,6 +69,14 @@ init_per_testcase(jemalloc_alone, Config) ->
 init_per_testcase(jemalloc_behind_tracker, Config) ->
     [{"LD_PRELOAD", Tracker} | Knobs] = mallocinfo_trace:preload_env(),
     start_peer(Config, [{"LD_PRELOAD", Tracker ++ " " ++ ?JEMALLOC} | Knobs]);
+init_per_testcase(churn_old_interposer, Config) ->
+    %% mi_old_abi.so ahead of the interposer: the ABI as the release
+    %% before churn answered it (test data's mi_old_abi.c).
+    Common = filename:join([mi_ct:project_root(), "c_src", "common"]),
+    ok = mi_ct:build_nif(Config, "mi_old_abi", "-I" ++ Common),
+    Shim = filename:join(?config(priv_dir, Config), "mi_old_abi.so"),
+    [{"LD_PRELOAD", Tracker} | Knobs] = mallocinfo_trace:preload_env(),
+    start_peer(Config, [{"LD_PRELOAD", Shim ++ " " ++ Tracker} | Knobs]);
 init_per_testcase(_, Config) ->
     start_peer(Config, #{}).
 
@@ -376,6 +385,31 @@ churn_row(Config, Opts) ->
     [Row] = [R || #{function := <<"mi_pprof_churn_here">>} = R
                       <- ok_call(Config, mallocinfo_trace, churn, [infinity, Opts])],
     Row.
+
+%% A NIF of this release beside the interposer of the one before (which
+%% had no churn): churn/1,2 answer {error, enotsup}; live sites, pprof
+%% (alloc_* then the live figures), /debug/pprof/allocs and the report
+%% work as before, the report without its churn section.
+churn_old_interposer(Config) ->
+    ok = call(Config, mi_pprof_nif, leak, [100, 1000]),
+    ?assertEqual({error, enotsup}, call(Config, mallocinfo_trace, churn, [10])),
+    ?assertEqual({error, enotsup},
+                 call(Config, mallocinfo_trace, churn, [10, #{by => function}])),
+    [#{bytes := 100000, count := 100}] =
+        [S || #{stack := [#{symbol := <<"mi_pprof_leak_here">>} | _]} = S
+                  <- ok_call(Config, mallocinfo_trace, sites, [1000])],
+    {ok, Gz} = call(Config, mallocinfo_trace, pprof, []),
+    P = mi_pprof_decode:profile(zlib:gunzip(Gz)),
+    ?assertEqual([[100, 100000, 100, 100000]],
+                 [V || #{values := V, leaf := <<"mi_pprof_leak_here">>} <- maps:get(samples, P)]),
+    {200, _, Body} = get(Config, "/debug/pprof/allocs"),
+    ?assertEqual(<<"alloc_space">>,
+                 maps:get(default_sample_type, mi_pprof_decode:profile(zlib:gunzip(Body)))),
+    Collected = call(Config, mallocinfo_report, collect, []),
+    Report = unicode:characters_to_binary(call(Config, mallocinfo_report, format, [Collected])),
+    ct:log("~ts", [Report]),
+    ?assertEqual(nomatch, binary:match(Report, <<"churn">>)),
+    ?assertNotEqual(nomatch, binary:match(Report, <<"mi_pprof_leak_here">>)).
 
 %% /debug/pprof/allocs?seconds=1: what was allocated in that second, as
 %% the difference of two cumulative profiles: the churn inside the window
