@@ -274,7 +274,9 @@ uint32_t Tracker::intern_memo(ThreadState* ts, const uintptr_t* frames, unsigned
   // each time, so the same words always make the same stack.)
   if (m.id != 0) {
     if (m.n == n && m.tail_n == tail.n && std::memcmp(m.words, frames, n * 8) == 0 &&
-        (tail.n == 0 || std::memcmp(m.words + n, tail.words, tail.n * 8) == 0) &&
+        // A tail with the memo's token has the memo's words (Tail's contract).
+        (tail.n == 0 || (tail.token != 0 && tail.token == m.token) ||
+         std::memcmp(m.words + n, tail.words, tail.n * 8) == 0) &&
         stacks_.reuse(m.id, m.hash)) {
       m.misses = 0;
       return m.id;
@@ -290,6 +292,7 @@ uint32_t Tracker::intern_memo(ThreadState* ts, const uintptr_t* frames, unsigned
   if (tail.n != 0) std::memcpy(m.words + n, tail.words, tail.n * 8);
   m.n = n;
   m.tail_n = tail.n;
+  m.token = tail.token;
   m.hash = stacks_.hash_of(id);
   // A stack reclaimed already (hash 0) is not kept.
   if (m.hash != 0) m.id = id;

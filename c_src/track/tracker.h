@@ -168,6 +168,7 @@ struct StackMemo {
   uint32_t n;       // frames
   uint32_t tail_n;
   uint64_t hash;
+  uint64_t token;  // the tail's token (StackTable::Tail), or 0
   uint64_t words[kMaxStackDepth + MI_CONTEXT_MAX_WORDS];
 };
 
