@@ -383,10 +383,34 @@ TEST_CASE("churn: the table is resident only where sites wrote", "[track][churn]
     t.on_free(MI_FN_FREE, addr(0x10000 * site));
   }
   CHECK(churn_by_frame(t).size() == 3);
-  // Three sites' slots (a page each at most) and the page-use bitmap; a
-  // read (for_each) maps nothing more.
+  // Four slots (the unknown row's too) on one page, and the index's pages
+  // for three stack-table slots; a read (for_each) maps nothing more.
   CHECK(t.churn_resident_bytes() <= 4 * 4096);
   t.reset();
   CHECK(t.churn_resident_bytes() == 0);
+  t.destroy();
+}
+
+TEST_CASE("churn: sites spread over the stack table cost a slot each, not a page each",
+          "[track][churn]") {
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 12;
+  c.stack_capacity = 1 << 16;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  // 2000 call sites: their stacks hash all over the 64 Ki stack slots.
+  for (uintptr_t site = 1; site <= 2000; ++site) {
+    t_fake_stack = {0x1000 * site, 0x777000};
+    t.on_alloc(MI_FN_MALLOC, addr(0x10000), 16);
+    t.on_free(MI_FN_FREE, addr(0x10000));
+  }
+  const auto by = churn_by_frame(t);
+  CHECK(by.size() == 2000);
+  // 2001 slots of 256 bytes (500 KiB) and at most the whole index (4
+  // bytes a stack slot: 256 KiB); slots indexed by stack slot would touch
+  // about 1,600 of their 4,096 pages (6.4 MiB).
+  const size_t resident = t.churn_resident_bytes();
+  INFO("churn resident " << resident);
+  CHECK(resident <= (2001 * 256 + 4095) / 4096 * 4096 + 256 * 1024);
   t.destroy();
 }

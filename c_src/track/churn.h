@@ -3,15 +3,18 @@
 // how many were temporary (memray's rule: freed before any other
 // allocation on the thread that allocated them).
 //
-// One slot per stack-table slot, indexed by the stack id's slot bits
-// (id & (capacity - 1)), in a separate mmapped array (and one more slot
-// for the blocks without a stack, id 0): the live table and
-// the stack table keep their layout, and a site's counters outlive its
-// live blocks. A slot belongs to the id that last claimed it. The stack
-// table reuses a slot only after a sweep freed its stack (no live block
-// referenced it); the first allocation of the new id then claims the
-// churn slot and folds what the old id counted into the row of blocks
-// without a known stack, so the totals still add up (the old id's
+// One slot per stack-table slot that ever counted something, in a
+// separate mmapped array, dense: a stack-table slot is given the next
+// free churn slot the first time one of its stacks counts (an index of
+// 4 bytes per stack-table slot says which), so the resident set is 256
+// bytes per call site that counted, not a page per site scattered over
+// the table. Churn slot 0 is the blocks' without a stack (id 0). The live
+// table and the stack table keep their layout, and a site's counters
+// outlive its live blocks. A slot belongs to the id that last claimed it.
+// The stack table reuses a slot only after a sweep freed its stack (no
+// live block referenced it); the first allocation of the new id then
+// claims the churn slot and folds what the old id counted into the row of
+// blocks without a known stack, so the totals still add up (the old id's
 // frames are gone: nobody could name it any more).
 //
 // Block counts are kept in fixed point (kCountOne per block): a sampled
@@ -35,7 +38,9 @@
 // Thread-safety: every method is thread-safe. on_alloc/on_free are
 // hook-safe (no malloc, no lock, no syscall); init/destroy are not
 // thread-safe; clear() may race with hooks (a count landing mid-clear may
-// survive it or be lost).
+// survive it or be lost, or land in a slot another site takes after the
+// clear: then the two sites' counts go to the unknown row as they take the
+// slot in turn, until the next clear; the totals still add up).
 #ifndef MALLOCINFO_TRACK_CHURN_H
 #define MALLOCINFO_TRACK_CHURN_H
 
@@ -71,7 +76,7 @@ class ChurnTable {
   // `sampled` when those are a sample's weights.
   void on_alloc(uint32_t id, uint64_t count, uint64_t bytes, bool sampled) {
     Slot& s = slot_of(id);
-    if (s.id.load(std::memory_order_relaxed) != id) [[unlikely]]
+    if (s.id.load(std::memory_order_relaxed) != id && id != 0) [[unlikely]]
       claim(s, id);
     s.allocated_count.fetch_add(count, std::memory_order_relaxed);
     s.allocated_bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -83,12 +88,13 @@ class ChurnTable {
   // point) blocks of
   // `bytes` bytes; `temporary`: it was its thread's last allocation.
   void on_free(uint32_t id, uint64_t count, uint64_t bytes, uint64_t lifetime_ns, bool temporary) {
-    Slot* s = &slot_of(id);
+    const uint32_t i = id != 0 ? index_[id & mask_].load(std::memory_order_relaxed) : 0;
+    Slot* s = &slots_[i];
     // The slot was claimed by a newer id meanwhile (the old stack was
-    // reclaimed under a live block: a protocol failure, see tracker.h):
-    // count the free with the unknown stacks rather than the new one.
+    // reclaimed under a live block: a protocol failure, see tracker.h), or
+    // never by this one: count the free with the unknown stacks.
     if (s->id.load(std::memory_order_relaxed) != id) [[unlikely]]
-      s = &slots_[mask_ + 1];
+      s = &slots_[0];
     s->freed_bytes.fetch_add(bytes, std::memory_order_relaxed);
     s->lifetimes[lifetime_bucket(lifetime_ns)].fetch_add(count, std::memory_order_relaxed);
     if (temporary) s->temporary.fetch_add(count, std::memory_order_relaxed);
@@ -99,8 +105,8 @@ class ChurnTable {
   template <class F>
   uint64_t for_each(F&& f) const;
 
-  // Zeroes every counter and gives the pages back (they cost nothing
-  // until the next allocation of a site writes them).
+  // Zeroes every counter and the index and gives the pages back (they
+  // cost nothing until the next allocation of a site writes them).
   void clear();
   size_t bytes_reserved() const { return bytes_; }
   size_t resident_bytes() const;
@@ -117,38 +123,39 @@ class ChurnTable {
   };
   static_assert(sizeof(Slot) == 256, "a churn slot is four cache lines");
 
-  // Id 0 (no stack) has a slot of its own past the stack slots: a real
-  // stack may sit in stack slot 0.
   static uint64_t whole(uint64_t fixed) { return (fixed + kCountOne / 2) / kCountOne; }
-  Slot& slot_of(uint32_t id) { return id != 0 ? slots_[id & mask_] : slots_[mask_ + 1]; }
-  // The bit of the page holding slot i (for_each reads only pages a
-  // claim touched: reading the others would map them).
-  void mark_page(size_t i) {
-    const size_t page = i / kSlotsPerPage;
-    used_[page / 64].fetch_or(uint64_t{1} << (page % 64), std::memory_order_relaxed);
+  // Stack `id`'s churn slot; id 0's (no stack) is slot 0.
+  Slot& slot_of(uint32_t id) {
+    if (id == 0) return slots_[0];
+    const uint32_t i = index_[id & mask_].load(std::memory_order_relaxed);
+    if (i == 0) [[unlikely]]
+      return slots_[assign(id & mask_)];
+    return slots_[i];
   }
-  bool page_used(size_t page) const {
-    return (used_[page / 64].load(std::memory_order_relaxed) >> (page % 64)) & 1;
-  }
-  static constexpr size_t kSlotsPerPage = 4096 / sizeof(Slot);
+  // Gives stack-table slot k the next free churn slot (or the one a racing
+  // thread gave it first); 0 (the unknown row) when none is left.
+  [[gnu::noinline, gnu::cold]] uint32_t assign(uint32_t k);
   // Makes s the slot of `id`, folding what an older id counted into the
   // unknown stacks' slot.
   [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id);
 
-  Slot* slots_ = nullptr;                  // mask_ + 2 slots: the stacks', then id 0's
-  std::atomic<uint64_t>* used_ = nullptr;  // one bit per page of slots
+  Slot* slots_ = nullptr;                   // slots_ 0 (unknown), then as assigned
+  std::atomic<uint32_t>* index_ = nullptr;  // per stack-table slot: its churn slot, or 0
+  std::atomic<uint32_t> next_{0};           // churn slots given so far (slot 0 aside)
   uint32_t mask_ = 0;
+  size_t nslots_ = 0;  // churn slots mapped, slot 0 included
+  size_t slot_bytes_ = 0;
   size_t bytes_ = 0;
 };
 
 template <class F>
 uint64_t ChurnTable::for_each(F&& f) const {
   uint64_t n = 0;
-  for (size_t i = 0; i <= mask_ + 1; ++i) {
-    if (i % kSlotsPerPage == 0 && i <= mask_ && !page_used(i / kSlotsPerPage)) {
-      i += kSlotsPerPage - 1;
-      continue;
-    }
+  // The slots given so far: the array is dense, nothing past them was
+  // written (reading it would map pages for nothing).
+  size_t used = size_t{next_.load(std::memory_order_acquire)} + 1;
+  if (used > nslots_) used = nslots_;
+  for (size_t i = 0; i < used; ++i) {
     const Slot& s = slots_[i];
     mi_abi_churn row{};
     row.allocated_count = whole(s.allocated_count.load(std::memory_order_relaxed));
@@ -161,7 +168,7 @@ uint64_t ChurnTable::for_each(F&& f) const {
       freed += v;
     }
     if (row.allocated_count == 0 && freed == 0) continue;
-    row.stack_id = i > mask_ ? 0 : s.id.load(std::memory_order_relaxed);
+    row.stack_id = i == 0 ? 0 : s.id.load(std::memory_order_relaxed);
     row.flags = s.flags.load(std::memory_order_relaxed);
     row.freed_count = whole(freed);
     row.temporary_count = whole(s.temporary.load(std::memory_order_relaxed));
