@@ -7,15 +7,20 @@
 // bench/context.sh's ratio is about, without the machine's noise):
 //
 //   valgrind --tool=callgrind --callgrind-out-file=/dev/null
-//     c_src/build/bench_context off|on|miss ITERATIONS
+//     c_src/build/bench_context off|on|miss|other ITERATIONS
 //
 // `on` is a NIF allocating in a loop (every capture but the first is
 // answered by the thread's context cache); `miss` changes a y register of
-// the process's stack before every allocation, so every capture scans the
-// stack again (the first allocation of each NIF call, or of another
-// process running the same code): the context's words are the same.
+// the process's stack before every allocation, so the cache's check finds
+// a changed word (the first allocation of each NIF call, called again from
+// the same loop): the context's words are the same. `other` alternates
+// between two processes running the same code (each with its own heap, so
+// its own frame pointers): every capture scans the stack again, and finds
+// the same words.
 //
-// Prints the wall ns per pair too (noisy on a shared machine).
+// BENCH_SSE2=1 in the environment: the cache's check without AVX2 (what a
+// CPU without it runs). Prints the wall ns per pair too (noisy on a shared
+// machine).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +29,7 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "../track/erlang_context.h"
 #include "../track/tracker.h"
 
 namespace {
@@ -36,39 +42,24 @@ constexpr uint64_t atom(uint64_t index) {
   return (index << 6) | 0x0B;
 }
 
-uint64_t g_sd[64], g_proc[64], g_env[8], g_mfa[3] = {atom(100), atom(200), 2};
-std::vector<uint64_t> g_heap(4096, 0);
+uint64_t g_sd[64], g_proc[64], g_proc2[64], g_env[8], g_mfa[3] = {atom(100), atom(200), 2};
+std::vector<uint64_t> g_heap(4096, 0), g_heap2(4096, 0);
 
 uint64_t addr(const void* p) {
   return reinterpret_cast<uint64_t>(p);
 }
 
-mi_erlang_layout fake_vm() {
-  mi_erlang_layout l{};
-  l.version = MI_ERLANG_LAYOUT_VERSION;
-  l.key = 4;
-  l.sd_process = 21;
-  l.sd_env = 26;
-  l.sd_shadow = 27;
-  l.env_proc = 1;
-  l.p_current = 58;
-  l.p_htop = 10;
-  l.p_stop = 11;
-  l.p_heap = 24;
-  l.p_hend = 25;
-  l.max_cps = 8;
-  l.scan_words = 256;
-  g_proc[0] = kPid;
-  g_sd[21] = addr(g_proc);
-  g_sd[26] = addr(g_env);
-  g_env[1] = addr(g_proc);
-  g_proc[58] = addr(g_mfa);
-  uint64_t* h = g_heap.data();
-  const size_t stack_words = 40, stop = g_heap.size() - stack_words;
-  g_proc[24] = addr(h);
-  g_proc[10] = addr(h + 100);
-  g_proc[11] = addr(h + stop);
-  g_proc[25] = addr(h + g_heap.size());
+// A process running the bench's code: its pid, function, and a stack of 40
+// words at the end of its heap.
+void fake_process(uint64_t* proc, std::vector<uint64_t>& heap, uint64_t pid) {
+  proc[0] = pid;
+  proc[58] = addr(g_mfa);
+  uint64_t* h = heap.data();
+  const size_t stack_words = 40, stop = heap.size() - stack_words;
+  proc[24] = addr(h);
+  proc[10] = addr(h + 100);
+  proc[11] = addr(h + stop);
+  proc[25] = addr(h + heap.size());
   // Frames of 5 words: two y registers, a frame pointer, a CP.
   for (size_t i = 0; i < stack_words; ++i) {
     uint64_t w;
@@ -88,6 +79,28 @@ mi_erlang_layout fake_vm() {
     }
     h[stop + i] = w;
   }
+}
+
+mi_erlang_layout fake_vm() {
+  mi_erlang_layout l{};
+  l.version = MI_ERLANG_LAYOUT_VERSION;
+  l.key = 4;
+  l.sd_process = 21;
+  l.sd_env = 26;
+  l.sd_shadow = 27;
+  l.env_proc = 1;
+  l.p_current = 58;
+  l.p_htop = 10;
+  l.p_stop = 11;
+  l.p_heap = 24;
+  l.p_hend = 25;
+  l.max_cps = 8;
+  l.scan_words = 256;
+  g_sd[21] = addr(g_proc);
+  g_sd[26] = addr(g_env);
+  g_env[1] = addr(g_proc);
+  fake_process(g_proc, g_heap, kPid);
+  fake_process(g_proc2, g_heap2, kPid + (1 << 4));
   return l;
 }
 
@@ -114,11 +127,12 @@ uint64_t clock_ns() {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: bench_context off|on|miss ITERATIONS\n");
+    std::fprintf(stderr, "usage: bench_context off|on|miss|other ITERATIONS\n");
     return 2;
   }
   const bool miss = std::strcmp(argv[1], "miss") == 0;
-  const bool on = miss || std::strcmp(argv[1], "on") == 0;
+  const bool other = std::strcmp(argv[1], "other") == 0;
+  const bool on = miss || other || std::strcmp(argv[1], "on") == 0;
   const long n = std::atol(argv[2]);
   Tracker t;
   Config c;
@@ -127,10 +141,16 @@ int main(int argc, char** argv) {
   c.stack_capacity = 1 << 10;
   if (!t.init(c, fake_unwind, clock_ns)) return 1;
   if (on && !t.set_erlang_layout(fake_vm(), fake_sd, fake_name)) return 1;
+  if (std::getenv("BENCH_SSE2") != nullptr) mi::track::erlang_context_allow_avx2(false);
   const auto start = std::chrono::steady_clock::now();
   uint64_t& y0 = g_heap[g_heap.size() - 40];  // the stack's first word: a small integer
   for (long i = 0; i < n; ++i) {
     if (miss) y0 ^= 0x10;
+    if (other) {
+      uint64_t* next = (i & 1) != 0 ? g_proc2 : g_proc;
+      g_sd[21] = addr(next);
+      g_env[1] = addr(next);
+    }
     void* p = std::malloc(64);
     t.on_alloc(MI_FN_MALLOC, p, 64);
     t.on_free(MI_FN_FREE, p, false);

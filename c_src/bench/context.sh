@@ -76,21 +76,24 @@ done
 # instructions per malloc+free pair under callgrind, which the machine's
 # load does not move: the difference of 220,000 and 20,000 pairs. `on' is
 # a NIF allocating in a loop (the thread's context cache answers), `miss'
-# the first allocation of a NIF call (the process's stack scanned again).
+# the first allocation of a NIF call from the same loop (a y register
+# changed: the cache checks the words that differ), `other' another
+# process running the same code (the process's stack scanned again).
 bench=$root/c_src/build/bench_context
 if command -v valgrind >/dev/null && { [[ -x $bench ]] || make -s -C "$root/c_src" build/bench_context; }; then
   count() {  # ctx iterations
     valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bench" "$1" "$2" 2>&1 |
       sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
   }
-  for ctx in off on miss; do
+  for ctx in off on miss other; do
     a=$(count "$ctx" 20000) b=$(count "$ctx" 220000)
     eval "ins_$ctx=$(( (b - a) / 200000 ))"
   done
   echo
   echo "tracker alone (fake unwinder of 12 frames, fake scheduler): instructions per malloc+free"
   echo "pair: context off $ins_off; on, cache answering $ins_on (+$((ins_on - ins_off)));" \
-    "on, stack scanned again $ins_miss (+$((ins_miss - ins_off)))"
+    "on, a y register changed $ins_miss (+$((ins_miss - ins_off)));" \
+    "on, another process, stack scanned again $ins_other (+$((ins_other - ins_off)))"
 fi
 echo
 echo "memory: a stored stack has room for its Erlang context (MI_CONTEXT_MAX_WORDS = 12 words:"

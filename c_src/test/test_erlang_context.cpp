@@ -2,10 +2,12 @@
 // and its encoding at the end of a stack (common/mi_context.h), on fake VM
 // structures laid out as a mi_erlang_layout says: the reader must take what
 // checks out and stop, without reading further, at what does not.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 #include "catch.h"
@@ -508,4 +510,295 @@ TEST_CASE("tracker: one context, one stack, whether the cache, a new scan or a n
   REQUIRE(mi_context_split(f.data(), static_cast<uint32_t>(f.size()), &ctx) == 3);
   CHECK(ctx.words[3] == 0x7f0000009000ull);
   t.destroy();
+}
+
+namespace {
+
+// Two processes running the same code, for the randomized checks below:
+// each with a heap of its own whose last `depth` words are its stack.
+struct RandomVm {
+  static constexpr size_t kHeapWords = 128;
+  struct Process {
+    uint64_t words[64] = {};
+    std::vector<uint64_t> heap = std::vector<uint64_t>(kHeapWords, 0);
+    size_t depth = 0;
+    uint64_t* stack() { return heap.data() + kHeapWords - depth; }
+    uint64_t lo() const { return FakeVm::addr(heap.data()); }
+    uint64_t hi() const { return FakeVm::addr(heap.data() + kHeapWords); }
+  };
+  uint64_t sd[64] = {};
+  uint64_t env[8] = {};
+  uint64_t mfa[2][3] = {{atom(100), atom(200), 2}, {atom(101), atom(201), 3}};
+  Process procs[2];
+  unsigned running = 0;
+  mi_erlang_layout layout{};
+
+  RandomVm() {
+    layout.version = MI_ERLANG_LAYOUT_VERSION;
+    layout.key = 4;
+    layout.sd_process = 21;
+    layout.sd_env = 26;
+    layout.sd_shadow = 27;
+    layout.env_proc = 1;
+    layout.p_current = 58;
+    layout.p_htop = 10;
+    layout.p_stop = 11;
+    layout.p_heap = 24;
+    layout.p_hend = 25;
+    sd[26] = FakeVm::addr(env);
+    for (unsigned i = 0; i < 2; ++i) {
+      Process& p = procs[i];
+      p.words[0] = ((500ull + i) << 4) | 0x3;
+      p.words[58] = FakeVm::addr(mfa[0]);
+      p.words[24] = p.lo();
+      p.words[25] = p.hi();
+      p.words[10] = p.lo() + 80;  // the heap top
+    }
+    run(0);
+  }
+  Process& proc() { return procs[running]; }
+  void run(unsigned i) {
+    running = i;
+    sd[21] = FakeVm::addr(procs[i].words);
+    env[1] = sd[21];
+  }
+  // The stack top follows the depth (the words below it stay as they are).
+  void set_depth(Process& p, size_t depth) {
+    p.depth = depth;
+    p.words[11] = FakeVm::addr(p.stack());
+  }
+};
+
+RandomVm* g_rvm = nullptr;
+const void* random_sd(uint32_t key) {
+  return key == g_rvm->layout.key ? g_rvm->sd : nullptr;
+}
+
+// What a capture must give, written as plainly as the contract says it:
+// the header, the function, then up to max_cps continuation pointers (a
+// nonzero word with the low two bits clear that is outside the process's
+// memory [heap, hend)) among the first min(stack words, scan_words) words
+// from the stack top, and no CPs at all when the bounds do not check out.
+std::vector<uint64_t> reference_context(RandomVm& vm) {
+  RandomVm::Process& p = vm.proc();
+  const uint64_t heap = p.words[24], htop = p.words[10], stop = p.words[11], hend = p.words[25];
+  std::vector<uint64_t> cps;
+  if (heap != 0 && heap % 8 == 0 && htop % 8 == 0 && stop % 8 == 0 && hend % 8 == 0 &&
+      heap <= htop && htop <= stop && stop <= hend) {
+    const uint64_t* stack = reinterpret_cast<const uint64_t*>(stop);
+    const size_t limit = std::min<size_t>((hend - stop) / 8, vm.layout.scan_words);
+    for (size_t i = 0; i < limit && cps.size() < vm.layout.max_cps; ++i) {
+      const uint64_t w = stack[i];
+      const bool inside = w >= heap && w < hend;
+      if (w != 0 && w % 4 == 0 && !inside) cps.push_back(w);
+    }
+  }
+  const auto* m = reinterpret_cast<const uint64_t*>(p.words[58]);
+  std::vector<uint64_t> out = {
+      mi_context_header(MI_CONTEXT_PROCESS, 3, static_cast<uint32_t>(cps.size()), 0), m[0], m[1],
+      m[2]};
+  out.insert(out.end(), cps.begin(), cps.end());
+  return out;
+}
+
+// A random stack word for process p: mostly tagged terms, and frame
+// pointers, CPs, zeros, the bounds of p's memory and pointers into the
+// other process's (which are CPs as far as p is concerned).
+uint64_t random_word(std::mt19937_64& rng, RandomVm& vm, unsigned p) {
+  const RandomVm::Process& own = vm.procs[p];
+  const RandomVm::Process& other = vm.procs[1 - p];
+  const uint64_t r = rng();
+  const uint64_t slot = (r >> 8) % RandomVm::kHeapWords;
+  switch (r % 16) {
+    case 0:
+    case 1:
+    case 2:
+      return ((r >> 8) << 4) | 0xF;  // a small integer
+    case 3:
+      return atom((r >> 8) & 0xFFFF);
+    case 4:
+      return own.lo() + slot * 8 + 2;  // a boxed term
+    case 5:
+      return own.lo() + slot * 8 + 1;  // a list
+    case 6:
+      return 0;
+    case 7:
+    case 8:
+      return own.lo() + slot * 8;  // a frame pointer
+    case 9:
+    case 10:
+    case 11:
+      return 0x7f0000000000ull + ((r >> 8) & 0xFFFFF) * 4;  // a CP
+    case 12: {
+      const uint64_t bounds[] = {own.lo(), own.hi(), own.lo() - 8, own.hi() - 8, own.hi() + 8};
+      return bounds[(r >> 8) % 5];
+    }
+    case 13:
+      return other.lo() + slot * 8;  // the other process's memory
+    case 14:
+      return 4;  // the smallest nonzero word with the low two bits clear
+    default:
+      return ((r >> 8) << 4) | 0x3;  // a pid
+  }
+}
+
+bool is_tagged(uint64_t w) {
+  return (w & 3) != 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "erlang context: the cache and the scan give what the plain reading of the contract "
+    "gives, over random stacks and changes",
+    "[erlang_context]") {
+  const bool avx2 = GENERATE(true, false);
+  mi::track::erlang_context_allow_avx2(avx2);
+  std::mt19937_64 rng(avx2 ? 25 : 52);
+  std::map<uint64_t, std::vector<uint64_t>> named;  // token -> the words it names
+  // Steps checked, steps after which the cache held a scan, steps whose
+  // words were those of the step before, and other words.
+  size_t checked = 0, kept = 0, same = 0, other = 0;
+  for (unsigned round = 0; round < 400; ++round) {
+    RandomVm vm;
+    g_rvm = &vm;
+    vm.layout.max_cps = static_cast<uint32_t>(rng() % (MI_CONTEXT_MAX_CPS + 1));
+    vm.layout.scan_words = static_cast<uint32_t>(rng() % 4 == 0 ? rng() % 12 : rng() % 90);
+    REQUIRE(erlang_layout_valid(vm.layout));
+    // Deep stacks (beyond what the cache keeps) and shallow ones (fewer
+    // than 8 words).
+    const size_t depth = rng() % 3 == 0 ? rng() % 10 : rng() % 100;
+    for (unsigned p = 0; p < 2; ++p) {
+      vm.set_depth(vm.procs[p], depth);
+      for (size_t i = 0; i < depth; ++i) vm.procs[p].stack()[i] = random_word(rng, vm, p);
+    }
+    mi::track::ContextCache cache{};
+    cache.next_token = mi::track::first_token(round + (avx2 ? 0 : 1000));
+    std::vector<uint64_t> last;
+    uint64_t last_token = 0;
+    for (unsigned step = 0; step < 60; ++step) {
+      RandomVm::Process& p = vm.proc();
+      const size_t at = p.depth == 0 ? 0 : rng() % p.depth;
+      switch (rng() % 11) {
+        case 0:
+          break;  // the same stack: the cache answers
+        case 1:
+        case 2:
+          // A y register changed (a tagged term for another), as between
+          // two calls of a NIF from one loop.
+          if (p.depth != 0 && is_tagged(p.stack()[at])) p.stack()[at] = ((rng() >> 8) << 4) | 0xF;
+          break;
+        case 3:
+          if (rng() % 3 == 0) {
+            // A word's upper half alone (a CP for another, a frame pointer
+            // for a CP, a term for another).
+            p.stack()[at] ^= uint64_t{1} << (32 + rng() % 16);
+          } else {
+            p.stack()[at] = random_word(rng, vm, vm.running);  // any word, any kind
+          }
+          if (p.depth == 0) p.stack()[at] = 0;  // (none: the word below the stack)
+          break;
+        case 4: {
+          // The other process, running the same code: its frame pointers
+          // point into its own memory; a y register may differ.
+          const unsigned o = 1 - vm.running;
+          RandomVm::Process& q = vm.procs[o];
+          vm.set_depth(q, p.depth);
+          for (size_t i = 0; i < p.depth; ++i) {
+            const uint64_t w = p.stack()[i];
+            q.stack()[i] = w >= p.lo() && w < p.hi() ? w - p.lo() + q.lo() : w;
+          }
+          if (p.depth != 0 && rng() % 2 == 0 && is_tagged(q.stack()[at]))
+            q.stack()[at] = ((rng() >> 8) << 4) | 0xF;
+          vm.run(o);
+          break;
+        }
+        case 5: {
+          // A deeper or shallower stack (a call, a return).
+          const size_t d = rng() % 2 == 0 ? p.depth + 1 + rng() % 3
+                                          : p.depth - std::min<size_t>(p.depth, 1 + rng() % 3);
+          const size_t old = p.depth;
+          vm.set_depth(p, std::min<size_t>(d, RandomVm::kHeapWords - 16));
+          for (size_t i = 0; i + old < p.depth; ++i)
+            p.stack()[i] = random_word(rng, vm, vm.running);
+          break;
+        }
+        case 6:
+          // Another CP where one was (another caller at the same depth).
+          for (size_t i = 0; i < p.depth; ++i) {
+            const uint64_t w = p.stack()[(at + i) % p.depth];
+            if (w != 0 && w % 4 == 0 && !(w >= p.lo() && w < p.hi())) {
+              p.stack()[(at + i) % p.depth] = 0x7f0000000000ull + ((rng() >> 8) & 0xFFFFF) * 4;
+              break;
+            }
+          }
+          break;
+        case 7:
+          p.words[58] = FakeVm::addr(vm.mfa[rng() % 2]);  // another function
+          break;
+        case 8: {
+          // The heap top: usually somewhere it may be, now and then not.
+          const uint64_t tops[] = {p.lo(), p.lo() + 8 * (rng() % 16), p.words[11], p.words[11] + 8,
+                                   p.lo() + 4};
+          p.words[10] = tops[rng() % (rng() % 4 == 0 ? 5 : 3)];
+          break;
+        }
+        case 9:
+          // The bounds of the process's memory move, its stack top and pid
+          // do not: the frame pointers near them change kind. (The end
+          // stays within the memory, at or above the stack top.)
+          if (rng() % 2 == 0) {
+            p.words[24] = p.lo() + 8 * (rng() % 4);
+          } else {
+            p.words[25] = p.hi() - 8 * (rng() % (std::min<size_t>(p.depth, 3) + 1));
+          }
+          if (rng() % 3 == 0) {
+            p.words[24] = p.lo();
+            p.words[25] = p.hi();
+          }
+          break;
+        default:
+          // Two words at once: a y register and any word.
+          if (p.depth != 0 && is_tagged(p.stack()[at])) p.stack()[at] = atom(rng() & 0xFFF);
+          p.stack()[rng() % (p.depth + 1) % std::max<size_t>(p.depth, 1)] =
+              random_word(rng, vm, vm.running);
+          break;
+      }
+      INFO("avx2 " << avx2 << ", round " << round << ", step " << step << ", depth "
+                   << vm.proc().depth << ", max_cps " << vm.layout.max_cps << ", scan_words "
+                   << vm.layout.scan_words);
+      const std::vector<uint64_t> want = reference_context(vm);
+      uint64_t out[MI_CONTEXT_MAX_WORDS], pid = 0;
+      const mi::track::ContextWords c =
+          mi::track::read_erlang_context(vm.layout, random_sd, nullptr, out, &pid, &cache);
+      const std::vector<uint64_t> got(c.words, c.words + c.n);
+      REQUIRE(got == want);
+      REQUIRE(pid == vm.proc().words[0]);
+      REQUIRE(c.hash == mi::track::StackTable::hash_words(c.words, c.n));
+      // Without the cache: the same words.
+      uint64_t plain[MI_CONTEXT_MAX_WORDS], plain_pid = 0;
+      const unsigned n =
+          capture_erlang_context(vm.layout, random_sd, nullptr, plain, &plain_pid, nullptr);
+      REQUIRE(std::vector<uint64_t>(plain, plain + n) == want);
+      // A token names one content only.
+      if (c.token != 0) {
+        const auto it = named.emplace(c.token, got).first;
+        REQUIRE(it->second == got);
+      }
+      if (cache.scanned != 0) ++kept;
+      ++(got == last ? same : other);
+      // The same words as the last capture, both named: by the same token.
+      if (got == last && c.token != 0 && last_token != 0) REQUIRE(c.token == last_token);
+      last = got;
+      last_token = c.token;
+      ++checked;
+    }
+    g_rvm = nullptr;
+  }
+  mi::track::erlang_context_allow_avx2(true);
+  // Every kind of step, often.
+  CHECK(checked == 400u * 60u);
+  CHECK(kept > checked / 2);
+  CHECK(same > checked / 4);
+  CHECK(other > checked / 8);
 }

@@ -2,6 +2,12 @@
 
 #include <cstring>
 
+#include <atomic>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace mi::track {
 
 namespace {
@@ -18,21 +24,168 @@ inline bool aligned_pointer(uint64_t w) {
   return w != 0 && (w & 7) == 0;
 }
 
+// A continuation pointer: a nonzero word with the low two bits clear that
+// does not point into the process's own memory [heap, heap + span) (those
+// are frame pointers). Tagged terms have nonzero low bits.
+inline bool is_cp(uint64_t w, uint64_t heap, uint64_t span) {
+  return (w & 3) == 0 && w != 0 && w - heap >= span;
+}
+
 // The loop that runs once per stack word, apart so that it keeps its
 // values in registers: up to max_cps continuation pointers of sp[0, limit)
-// (nonzero words with the low two bits clear outside [heap, heap + span))
-// into out, their count in *cps; returns the words scanned.
+// into out, their count in *cps; returns the words scanned. Most words are
+// tagged terms, which the first test skips; the count is tested only after
+// a word was kept.
 [[gnu::noinline]] uint64_t scan_cps(const uint64_t* sp, uint64_t limit, uint64_t heap,
                                     uint64_t span, unsigned max_cps, uint64_t* out, unsigned* cps) {
   unsigned k = 0;
   uint64_t i = 0;
-  for (; i < limit && k < max_cps; ++i) {
-    const uint64_t w = sp[i];
-    if (w == 0 || (w & 3) != 0 || w - heap < span) continue;
-    out[k++] = w;
+  if (max_cps != 0) {
+    while (i < limit) {
+      const uint64_t w = sp[i++];
+      if ((w & 3) != 0 || w == 0 || w - heap < span) continue;
+      out[k++] = w;
+      if (k == max_cps) break;
+    }
   }
   *cps = k;
   return i;
+}
+
+// The cache's check: true when a scan of sp[0, n) with the cache's bounds
+// (so its limit) finds what the scan of kept[0, scanned) found, kept[0, n)
+// then holding sp[0, n). Each word that differs and that the scan read
+// (below `scanned`) must be a non-CP before and after, so that the scan
+// finds the same CPs at the same places and stops at the same word (the
+// words after it were kept only to compare whole blocks); so a y register
+// may change. False, with kept partly updated, when a CP changed, appeared
+// or went.
+//
+// The words are compared in blocks of 8: [0, 8), [8, 16), ... and, when
+// fewer than 8 are left, [n - 8, n), which overlaps the one before (so
+// n >= 8 but in the plain version). First a leaf that finds the first
+// block that differs, as cheap as the memcmp it replaced; then, only if
+// one does, the words that differ. Isa::same(k, s) tells whether the
+// blocks at k and s are the same, Isa::differ(k, s) which of their words
+// differ (bit j * Isa::kBitsPerWord: word j).
+template <class Isa>
+[[gnu::always_inline]] inline size_t first_changed_in(const uint64_t* kept, const uint64_t* sp,
+                                                      size_t n) {
+  const size_t whole = n & ~size_t{7};
+  for (size_t i = 0; i < whole; i += 8)
+    if (!Isa::same(kept + i, sp + i)) return i;
+  return whole == n || Isa::same(kept + n - 8, sp + n - 8) ? n : n - 8;
+}
+
+template <class Isa>
+[[gnu::always_inline]] inline bool patch_in(uint64_t* kept, const uint64_t* sp, size_t scanned,
+                                            size_t n, uint64_t heap, uint64_t span, size_t i) {
+  for (;;) {
+    for (unsigned words = Isa::differ(kept + i, sp + i); words != 0; words &= words - 1) {
+      const size_t j = i + static_cast<unsigned>(__builtin_ctz(words)) / Isa::kBitsPerWord;
+      const uint64_t o = kept[j], w = sp[j];
+      if (j < scanned && (is_cp(o, heap, span) || is_cp(w, heap, span))) return false;
+      kept[j] = w;
+    }
+    do {
+      if (i + 8 >= n) return true;
+      i = i + 16 <= n ? i + 8 : n - 8;
+    } while (Isa::same(kept + i, sp + i));
+  }
+}
+
+// One word at a time: any target, and stacks of fewer than 8 words.
+[[gnu::noinline]] bool same_cps_plain(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t n,
+                                      uint64_t heap, uint64_t span) {
+  for (size_t j = 0; j < n; ++j) {
+    const uint64_t o = kept[j], w = sp[j];
+    if (o == w) continue;
+    if (j < scanned && (is_cp(o, heap, span) || is_cp(w, heap, span))) return false;
+    kept[j] = w;
+  }
+  return true;
+}
+
+#if defined(__x86_64__)
+// 8 words in 4 compares: SSE2, which every x86-64 has. A word differs
+// when either of its halves does.
+struct Sse2 {
+  static __m128i pair(const uint64_t* a, const uint64_t* b) {
+    return _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  }
+  static bool same(const uint64_t* k, const uint64_t* s) {
+    const __m128i e = _mm_and_si128(_mm_and_si128(pair(k, s), pair(k + 2, s + 2)),
+                                    _mm_and_si128(pair(k + 4, s + 4), pair(k + 6, s + 6)));
+    return _mm_movemask_epi8(e) == 0xFFFF;
+  }
+  // Bit 2j: word j differs (its halves are bits 2j and 2j + 1).
+  static constexpr unsigned kBitsPerWord = 2;
+  static unsigned differ(const uint64_t* k, const uint64_t* s) {
+    const auto halves = [&](unsigned j) {
+      return static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(pair(k + j, s + j))));
+    };
+    const unsigned same = halves(0) | halves(2) << 4 | halves(4) << 8 | halves(6) << 12;
+    return ~(same & same >> 1) & 0x5555u;
+  }
+};
+
+[[gnu::noinline]] size_t first_changed_sse2(const uint64_t* kept, const uint64_t* sp, size_t n) {
+  return first_changed_in<Sse2>(kept, sp, n);
+}
+[[gnu::noinline]] bool patch_sse2(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t n,
+                                  uint64_t heap, uint64_t span, size_t i) {
+  return patch_in<Sse2>(kept, sp, scanned, n, heap, span, i);
+}
+
+// 8 words in 2 compares: AVX2, where the CPU has it.
+struct Avx2 {
+  [[gnu::target("avx2")]] static __m256i quad(const uint64_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  [[gnu::target("avx2")]] static bool same(const uint64_t* k, const uint64_t* s) {
+    const __m256i d = _mm256_or_si256(_mm256_xor_si256(quad(k), quad(s)),
+                                      _mm256_xor_si256(quad(k + 4), quad(s + 4)));
+    return _mm256_testz_si256(d, d) != 0;
+  }
+  static constexpr unsigned kBitsPerWord = 1;
+  [[gnu::target("avx2")]] static unsigned differ(const uint64_t* k, const uint64_t* s) {
+    const unsigned lo = static_cast<unsigned>(
+        _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(quad(k), quad(s)))));
+    const unsigned hi = static_cast<unsigned>(
+        _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(quad(k + 4), quad(s + 4)))));
+    return ~(lo | hi << 4) & 0xFFu;
+  }
+};
+
+[[gnu::noinline, gnu::target("avx2")]] size_t first_changed_avx2(const uint64_t* kept,
+                                                                 const uint64_t* sp, size_t n) {
+  return first_changed_in<Avx2>(kept, sp, n);
+}
+[[gnu::noinline, gnu::target("avx2")]] bool patch_avx2(uint64_t* kept, const uint64_t* sp,
+                                                       size_t scanned, size_t n, uint64_t heap,
+                                                       uint64_t span, size_t i) {
+  return patch_in<Avx2>(kept, sp, scanned, n, heap, span, i);
+}
+
+std::atomic<bool> g_allow_avx2{true};
+#endif
+
+inline bool same_cps(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t n, uint64_t heap,
+                     uint64_t span) {
+#if defined(__x86_64__)
+  // __builtin_cpu_supports reads what libgcc's constructor found (nothing
+  // before it ran: then SSE2, which answers the same).
+  if (n >= 8) {
+    if (__builtin_cpu_supports("avx2") && g_allow_avx2.load(std::memory_order_relaxed)) {
+      const size_t i = first_changed_avx2(kept, sp, n);
+      return i == n || patch_avx2(kept, sp, scanned, n, heap, span, i);
+    }
+    const size_t i = first_changed_sse2(kept, sp, n);
+    return i == n || patch_sse2(kept, sp, scanned, n, heap, span, i);
+  }
+#endif
+  return same_cps_plain(kept, sp, scanned, n, heap, span);
 }
 
 // Words in `out`, hashed here, with no token.
@@ -96,20 +249,25 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
   const uint64_t heap = proc[l.p_heap], htop = proc[l.p_htop];
   const uint64_t stop = proc[l.p_stop], hend = proc[l.p_hend];
   const auto* sp = reinterpret_cast<const uint64_t*>(stop);
-  // The same process (at the same address, with the same pid), env,
-  // function, bounds and stack words as the last capture: the same
-  // context. (The MFA words behind `current` are code metadata, unchanged
-  // while the function runs.) A kept context was scanned from a stack whose
-  // bounds checked out (below) and are those compared here: of the checks,
-  // only the heap top's can answer otherwise now, and the scan's limit is
-  // the same.
-  if (cache != nullptr && cache->scanned != 0 && cache->sd == reinterpret_cast<uint64_t>(sd) &&
-      cache->proc == procw && cache->pid == pid_term && cache->env == envw &&
-      cache->env_proc == env_proc && cache->current == current && cache->heap == heap &&
-      cache->stop == stop && cache->hend == hend && (htop & 7) == 0 && heap <= htop &&
-      htop <= stop && std::memcmp(cache->stack, sp, cache->scanned * 8) == 0) {
-    *pid = cache->pid;
-    return {cache->words, cache->n, cache->hash, cache->token};
+  // The same pid, function, bounds and stack words as the last capture:
+  // the same context. (The words are made from these alone: the checks
+  // above, on the scheduler data and the env, were made again; the MFA
+  // words behind `current` are code metadata, unchanged while the function
+  // runs.) A kept context was scanned from a stack whose bounds checked out
+  // (below) and are those compared here: of the checks, only the heap
+  // top's can answer otherwise now, and the scan's limit is the same. The
+  // stack words may differ where no CP was or is (same_cps): a y register
+  // changed, as between two calls of a NIF from one loop.
+  if (cache != nullptr && cache->scanned != 0) {
+    // One test for the five words (heap <= stop held when they were kept).
+    const uint64_t differ = (cache->pid ^ pid_term) | (cache->current ^ current) |
+                            (cache->heap ^ heap) | (cache->stop ^ stop) | (cache->hend ^ hend) |
+                            (htop & 7);
+    if (differ == 0 && htop - heap <= stop - heap &&
+        same_cps(cache->stack, sp, cache->scanned, cache->kept, heap, hend - heap)) {
+      *pid = cache->pid;
+      return {cache->words, cache->n, cache->hash, cache->token};
+    }
   }
   const bool stack_ok = aligned_pointer(heap) && (htop & 7) == 0 && (stop & 7) == 0 &&
                         (hend & 7) == 0 && heap <= htop && htop <= stop && stop <= hend &&
@@ -150,21 +308,30 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
           cache->next_token = (next & ((uint64_t{1} << kTokenBits) - 1)) != 0 ? next : 0;
         }
       }
-      cache->sd = reinterpret_cast<uint64_t>(sd);
-      cache->proc = procw;
-      cache->env = envw;
-      cache->env_proc = env_proc;
       cache->current = current;
       cache->heap = heap;
       cache->stop = stop;
       cache->hend = hend;
       cache->pid = *pid;
-      std::memcpy(cache->stack, sp, scanned * 8);
+      // Whole blocks of 8 where the stack has the words (kMaxScanned is
+      // a multiple of 8): the check compares them at once.
+      const uint64_t kept =
+          (scanned + 7) / 8 * 8 < stack_words ? (scanned + 7) / 8 * 8 : stack_words;
+      std::memcpy(cache->stack, sp, kept * 8);
       cache->scanned = static_cast<unsigned>(scanned);
+      cache->kept = static_cast<unsigned>(kept);
       return {cache->words, n, cache->hash, cache->token};
     }
   }
   return fresh(out, n);
+}
+
+void erlang_context_allow_avx2(bool allow) {
+#if defined(__x86_64__)
+  g_allow_avx2.store(allow, std::memory_order_relaxed);
+#else
+  (void)allow;
+#endif
 }
 
 void normalize_thread_name(const char* name, uint64_t out[2]) {

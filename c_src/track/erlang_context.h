@@ -42,11 +42,14 @@ bool erlang_layout_valid(const mi_erlang_layout& l);
 using SchedulerDataFn = const void* (*)(uint32_t key);
 
 // The last context a thread captured inside a NIF call, and everything it
-// was made from: the words of the process and of the env it read, and the
-// stack words it scanned. A capture that reads the same words makes the
-// same context, so it is copied instead of scanned again (a NIF that
-// allocates in a loop scans its process's stack once). Per thread, owned
-// by the caller; never shared.
+// was made from: the process's pid, function and bounds, and the stack
+// words it scanned (rounded up to whole blocks of 8 where the stack has
+// them). A capture that reads the same words makes the same context, so it
+// is copied instead of scanned again (a NIF that allocates in a loop scans
+// its process's stack once); so does one whose stack words differ only
+// where neither word is a CP (a y register changed: the next call of the
+// NIF from the same loop), and the cache then keeps the new words. Per
+// thread, owned by the caller; never shared.
 //
 // The cache also names its context words with a token (StackTable::Tail):
 // a refill that makes the same words as the last keeps the token and the
@@ -62,9 +65,10 @@ constexpr uint64_t first_token(uint64_t index) {
 }
 
 struct ContextCache {
-  static constexpr unsigned kMaxScanned = 64;  // longer scans are not kept
-  uint64_t sd, proc, env, env_proc, current, heap, stop, hend;
+  static constexpr unsigned kMaxScanned = 64;  // longer scans are not kept; a multiple of 8
+  uint64_t current, heap, stop, hend;
   unsigned scanned;  // stack words scanned; 0: nothing kept
+  unsigned kept;     // stack words kept: scanned, rounded up to 8 within the stack
   unsigned n;        // context words
   uint64_t pid;
   uint64_t stack[kMaxScanned];
@@ -95,6 +99,11 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
 unsigned capture_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_of,
                                 const uint64_t* name, uint64_t* out, uint64_t* pid,
                                 ContextCache* cache = nullptr);
+
+// Whether the cache's check may use AVX2 where the CPU has it (true, the
+// default); false: SSE2 on x86-64. The answers are the same: tests run
+// both. Relaxed, and read by every capture: set it while none runs.
+void erlang_context_allow_avx2(bool allow);
 
 // A thread name (at most 15 bytes, NUL-terminated) as the 2 context words:
 // a trailing run of digits becomes one '*' (erts_async_3 -> erts_async_*),
