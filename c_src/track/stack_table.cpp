@@ -261,6 +261,17 @@ bool StackTable::hold(uint32_t id, uint32_t e) {
   return stamp_if_current(id, e, true);
 }
 
+bool StackTable::reuse(uint32_t id, uint64_t hash) {
+  // hold(), then hash_of() without a second lookup: the stamp checked the
+  // generation; the hash read after it is this stack's if the slot still
+  // holds it afterwards (acquire loads: see get()).
+  if (!stamp_if_current(id, epoch(), true)) return false;
+  const Header& h = headers_[id & mask_];
+  const uint64_t got = h.hash.load(std::memory_order_acquire);
+  uint32_t w;
+  return still_holds(h, id >> slot_bits_, &w) && (got != 0 ? got : 1) == hash;
+}
+
 const StackTable::Header* StackTable::holding(uint32_t id, uint32_t* w) const {
   const uint32_t g = id >> slot_bits_;
   if (g == 0 || g > gen_max_ || headers_ == nullptr) return nullptr;

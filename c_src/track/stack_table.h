@@ -117,7 +117,7 @@ class StackTable {
   // reclaimed: intern the words again. The hash check is what makes an id
   // kept for long safe: a slot whose generation wrapped round to the kept
   // one holds another stack, of another hash (but for a 2^-64 chance).
-  bool reuse(uint32_t id, uint64_t hash) { return hold(id, epoch()) && hash_of(id) == hash; }
+  bool reuse(uint32_t id, uint64_t hash);
   // True when `id` names a READY stack (one load; no stamp, no revival).
   bool ready(uint32_t id) const {
     const uint32_t w = headers_[id & mask_].state.load(std::memory_order_acquire);
