@@ -87,6 +87,53 @@ TEST_CASE("live table: walking a sparse table leaves its unwritten pages unread"
   t.destroy();
 }
 
+TEST_CASE("live table: a 32-byte slot holds every address and size it takes, and refuses the rest",
+          "[track][table]") {
+  LiveTable t;
+  REQUIRE(t.init(1 << 12));
+  const uint64_t top = (uint64_t{1} << 48) - 32;  // the highest address it takes
+  const uint64_t big = (uint64_t{1} << 40) - 1;    // the largest size
+  struct Case {
+    uint64_t address, size, ts;
+    uint32_t stack;
+    uint64_t pid;
+  };
+  const Case cases[] = {
+      {0x1000, 0, 1, 1, 0},
+      {0x1008, 1, 2, 0x7FFFFFFFu, (42ull << 4) | 3},  // 8-aligned, beside the next
+      {0x1010, (uint64_t{1} << 21) - 1, 3, 0x80000003u, ~0ull},
+      {0x1018, uint64_t{1} << 21, ~0ull, 5, 1},
+      {0x7F0012345670, big, 4, 6, 2},
+      {top, 123456789012, 5, 7, 3},
+  };
+  for (const Case& c : cases) REQUIRE(t.insert(c.address, c.size, c.ts, c.stack, c.pid));
+  auto m = live_of(t);
+  REQUIRE(m.size() == std::size(cases));
+  for (const Case& c : cases) {
+    INFO("address " << c.address);
+    const LiveEntry& e = m.at(c.address);
+    CHECK(e.size == c.size);
+    CHECK(e.timestamp_ns == c.ts);
+    CHECK(e.stack_id == c.stack);
+    CHECK(e.pid == c.pid);
+  }
+  // What it cannot hold is refused, not mangled.
+  CHECK_FALSE(t.insert(0x2004, 8, 0, 1));                // not a multiple of 8
+  CHECK_FALSE(t.insert(top + 8, 8, 0, 1));               // beyond 2^48 - 24
+  CHECK_FALSE(t.insert(uint64_t{1} << 48, 8, 0, 1));
+  CHECK_FALSE(t.insert(0x3000, uint64_t{1} << 40, 0, 1));  // 1 TiB
+  CHECK(live_of(t).size() == std::size(cases));
+  for (const Case& c : cases) {
+    LiveEntry e{};
+    REQUIRE(t.remove(c.address, &e));
+    CHECK(e.address == c.address);
+    CHECK(e.size == c.size);
+    CHECK(e.stack_id == c.stack);
+  }
+  CHECK(live_of(t).empty());
+  t.destroy();
+}
+
 TEST_CASE("live table: a full window drops and says so", "[track][table]") {
   LiveTable t;
   REQUIRE(t.init(64));

@@ -34,6 +34,8 @@ void LiveTable::destroy() {
 
 bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
                        uint64_t pid) {
+  if ((address & 7) != 0 || addr_key(address) > kAddrMask || size >= kMaxSize) [[unlikely]]
+    return false;
   const size_t h = home(address);
   for (size_t i = 0; i < kWindow; ++i) {
     Slot& s = slots_[(h + i) & mask_];
@@ -48,32 +50,32 @@ bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, u
     // Sequence lock without fences (which TSan cannot model): the field
     // stores are release, so a reader that sees any of them also sees the
     // odd sequence number stored before; on x86 these are plain moves.
-    const uint32_t q = s.seq.load(std::memory_order_relaxed);
-    s.seq.store(q + 1, std::memory_order_relaxed);
-    s.size.store(size, std::memory_order_release);
-    s.ts.store(timestamp_ns, std::memory_order_release);
-    s.stack.store(stack_id, std::memory_order_release);
+    const uint64_t m = s.meta.load(std::memory_order_relaxed);
+    const uint64_t q = m & kSeqMask;
+    s.meta.store(with_seq(m, q + 1), std::memory_order_relaxed);
     s.pid.store(pid, std::memory_order_release);
-    // Even sequence before the key: the next owner claims the slot by CAS
-    // on the key, and must then read this even number, or it would start
-    // from an odd one and leave the slot's parity flipped for good.
-    s.seq.store(q + 2, std::memory_order_release);
-    s.key.store(address, std::memory_order_release);
+    s.ts.store(timestamp_ns, std::memory_order_release);
+    // Even sequence, with the new stack and size, before the key: the next
+    // owner claims the slot by CAS on the key, and must then read this even
+    // number, or it would start from an odd one and leave the slot's
+    // parity flipped for good.
+    s.meta.store(meta_of(stack_id, size, q + 2), std::memory_order_release);
+    s.key.store(key_of(address, size), std::memory_order_release);
     return true;
   }
   return false;
 }
 
-void LiveTable::release_slot(Slot& s, size_t home_index, LiveEntry* out) {
-  const uint32_t q = s.seq.load(std::memory_order_relaxed);
-  s.seq.store(q + 1, std::memory_order_relaxed);
+void LiveTable::release_slot(Slot& s, uint64_t key, size_t home_index, LiveEntry* out) {
+  const uint64_t m = s.meta.load(std::memory_order_relaxed);
+  const uint64_t q = m & kSeqMask;
+  s.meta.store(with_seq(m, q + 1), std::memory_order_relaxed);
   if (out != nullptr) {
-    out->size = s.size.load(std::memory_order_relaxed);
+    unpack(key, m, out);
     out->timestamp_ns = s.ts.load(std::memory_order_relaxed);
-    out->stack_id = s.stack.load(std::memory_order_relaxed);
     out->pid = s.pid.load(std::memory_order_relaxed);
   }
-  s.seq.store(q + 2, std::memory_order_release);  // before the key: see insert()
+  s.meta.store(with_seq(m, q + 2), std::memory_order_release);  // before the key: see insert()
   s.key.store(kTomb, std::memory_order_release);
   groups_[home_index >> kGroupShift].fetch_sub(1, std::memory_order_relaxed);
 }
@@ -81,16 +83,17 @@ void LiveTable::release_slot(Slot& s, size_t home_index, LiveEntry* out) {
 bool LiveTable::remove(uint64_t address, LiveEntry* out) {
   const size_t h = home(address);
   if (groups_[h >> kGroupShift].load(std::memory_order_relaxed) == 0) return false;
+  const uint64_t want = addr_key(address);
   for (size_t i = 0; i < kWindow; ++i) {
     Slot& s = slots_[(h + i) & mask_];
     uint64_t k = s.key.load(std::memory_order_acquire);
     if (k == kEmpty) return false;
-    if (k != address) continue;
+    // want >= 3: kTomb and kBusy never match it.
+    if ((k & kAddrMask) != want) continue;
     if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
                                        std::memory_order_relaxed))
       return false;  // someone else removed it (a double free race)
-    if (out != nullptr) out->address = address;
-    release_slot(s, h, out);
+    release_slot(s, k, h, out);
     return true;
   }
   return false;
@@ -101,18 +104,16 @@ bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
   // preempted there: retry a little, yield, and give up on the slot rather
   // than spin for long (readers run on dirty schedulers, never in hooks).
   for (int attempt = 0; attempt < 64; ++attempt) {
-    const uint32_t q1 = s.seq.load(std::memory_order_acquire);
-    if ((q1 & 1) == 0) {
-      // Acquire loads keep the second sequence read after the field reads.
+    const uint64_t m1 = s.meta.load(std::memory_order_acquire);
+    if ((m1 & 1) == 0) {
+      // Acquire loads keep the second meta read after the field reads.
       const uint64_t k = s.key.load(std::memory_order_acquire);
-      out->size = s.size.load(std::memory_order_acquire);
       out->timestamp_ns = s.ts.load(std::memory_order_acquire);
-      out->stack_id = s.stack.load(std::memory_order_acquire);
       out->pid = s.pid.load(std::memory_order_acquire);
-      const uint32_t q2 = s.seq.load(std::memory_order_relaxed);
-      if (q1 == q2) {
+      const uint64_t m2 = s.meta.load(std::memory_order_relaxed);
+      if (m1 == m2) {
         if (k <= kBusy) return false;
-        out->address = k;
+        unpack(k, m1, out);
         return true;
       }
     }
@@ -146,7 +147,7 @@ uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
                                        std::memory_order_relaxed))
       continue;
     LiveEntry e;
-    release_slot(s, home(k), &e);
+    release_slot(s, k, home(address_of(k)), &e);
     ++n;
     b += e.size;
     if (each != nullptr) each(e, ctx);

@@ -1,5 +1,15 @@
-// The live table: one 40-byte slot per recorded live block, keyed by
+// The live table: one 32-byte slot per recorded live block, keyed by
 // address, open addressing with linear probing bounded to kWindow slots.
+//
+// A slot packs its entry in four words: the key (the address divided by
+// 8, and the size's top bits), the pid, the timestamp, and a word of the
+// stack id, the size's low bits and the sequence number. So an entry
+// holds an address that is a multiple of 8 (every malloc family result:
+// glibc aligns to 16, jemalloc's smallest class to 8) below 2^48 - 24
+// (user space ends at 2^47 without 5-level paging) and a size below 2^40
+// (1 TiB); insert() refuses anything else (the caller counts it as
+// dropped). The sequence number has 11 bits: a reader is fooled only by
+// exactly 1024 rewrites of one slot between its two reads of the word.
 //
 // Concurrency: lock-free. Any number of threads insert and remove while any
 // number of readers iterate. A slot is claimed by CAS on its key
@@ -51,8 +61,10 @@ class LiveTable {
   // Unmaps. Not thread-safe; only for tests.
   void destroy();
 
-  // Records a live block. False when the probe window is full. Precondition:
-  // `address` is not already in the table (the allocator just returned it).
+  // Records a live block. False when the probe window is full, or the
+  // entry cannot be held (an address that is not a multiple of 8 or not
+  // below 2^48, a size not below 2^40). Precondition: `address` is not
+  // already in the table (the allocator just returned it).
   bool insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
               uint64_t pid = 0);
   // Removes `address` if present, copying its entry to *out. False if absent.
@@ -92,18 +104,46 @@ class LiveTable {
 
  private:
   struct Slot {
+    // kEmpty, kTomb, kBusy, or addr_key(address) (45 bits) | the size's
+    // top 19 bits << 45.
     std::atomic<uint64_t> key;
-    std::atomic<uint64_t> size;
-    std::atomic<uint64_t> ts;
-    std::atomic<uint32_t> stack;
-    std::atomic<uint32_t> seq;  // odd while a writer owns the slot's fields
     std::atomic<uint64_t> pid;
+    std::atomic<uint64_t> ts;
+    // stack id << 32 | the size's low 21 bits << 11 | sequence (11 bits,
+    // odd while a writer owns the slot's fields).
+    std::atomic<uint64_t> meta;
   };
-  static_assert(sizeof(Slot) == 40, "a live entry costs 40 bytes");
+  static_assert(sizeof(Slot) == 32, "a live entry costs 32 bytes");
 
   static constexpr uint64_t kEmpty = 0;
   static constexpr uint64_t kTomb = 1;
   static constexpr uint64_t kBusy = 2;
+  static constexpr unsigned kAddrBits = 45;  // addr_key(): address / 8 + 3
+  static constexpr uint64_t kAddrMask = (uint64_t{1} << kAddrBits) - 1;
+  static constexpr unsigned kSizeLoBits = 21;
+  static constexpr unsigned kSeqBits = 11;
+  static constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
+  static constexpr uint64_t kMaxSize = uint64_t{1} << 40;
+  // The key of `address` without its size bits: address / 8 + 3, so that
+  // no key is kEmpty, kTomb or kBusy (address 0 included).
+  static uint64_t addr_key(uint64_t address) { return (address >> 3) + 3; }
+  static uint64_t key_of(uint64_t address, uint64_t size) {
+    return addr_key(address) | (size >> kSizeLoBits) << kAddrBits;
+  }
+  static uint64_t address_of(uint64_t key) { return ((key & kAddrMask) - 3) << 3; }
+  static uint64_t meta_of(uint32_t stack, uint64_t size, uint64_t seq) {
+    return uint64_t{stack} << 32 | (size & ((uint64_t{1} << kSizeLoBits) - 1)) << kSeqBits |
+           (seq & kSeqMask);
+  }
+  static uint64_t with_seq(uint64_t meta, uint64_t seq) {
+    return (meta & ~kSeqMask) | (seq & kSeqMask);
+  }
+  // An entry from its key and meta words.
+  static void unpack(uint64_t key, uint64_t meta, LiveEntry* out) {
+    out->address = address_of(key);
+    out->size = (key >> kAddrBits) << kSizeLoBits | ((meta >> kSeqBits) & ((1u << kSizeLoBits) - 1));
+    out->stack_id = static_cast<uint32_t>(meta >> 32);
+  }
   static constexpr unsigned kGroupShift = 6;
   static constexpr size_t kGroupMask = (size_t{1} << kGroupShift) - 1;
   static_assert(kWindow <= (size_t{1} << kGroupShift), "for_each_stack skips by two groups");
@@ -113,7 +153,8 @@ class LiveTable {
   // group's first slot): its group and the one before count no entries.
   bool group_unused(size_t i) const;
   bool read_slot(const Slot& s, LiveEntry* out) const;
-  void release_slot(Slot& s, size_t home_index, LiveEntry* out);
+  // Frees slot s, which the caller holds (kBusy) and whose key was `key`.
+  void release_slot(Slot& s, uint64_t key, size_t home_index, LiveEntry* out);
 
   Slot* slots_ = nullptr;
   std::atomic<uint32_t>* groups_ = nullptr;
@@ -176,7 +217,7 @@ void LiveTable::for_each_stack(size_t lo, size_t hi, F&& f) const {
     // Acquire on the key: the stack field written before it was published
     // is visible (or a later one, if the slot was reused meanwhile).
     if (slots_[i].key.load(std::memory_order_acquire) <= kBusy) continue;
-    f(slots_[i].stack.load(std::memory_order_relaxed));
+    f(static_cast<uint32_t>(slots_[i].meta.load(std::memory_order_relaxed) >> 32));
   }
 }
 
