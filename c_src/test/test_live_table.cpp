@@ -92,7 +92,7 @@ TEST_CASE("live table: a 32-byte slot holds every address and size it takes, and
   LiveTable t;
   REQUIRE(t.init(1 << 12));
   const uint64_t top = (uint64_t{1} << 48) - 32;  // the highest address it takes
-  const uint64_t big = (uint64_t{1} << 40) - 1;    // the largest size
+  const uint64_t big = (uint64_t{1} << 40) - 1;   // the largest size
   struct Case {
     uint64_t address, size, ts;
     uint32_t stack;
@@ -118,8 +118,8 @@ TEST_CASE("live table: a 32-byte slot holds every address and size it takes, and
     CHECK(e.pid == c.pid);
   }
   // What it cannot hold is refused, not mangled.
-  CHECK_FALSE(t.insert(0x2004, 8, 0, 1));                // not a multiple of 8
-  CHECK_FALSE(t.insert(top + 8, 8, 0, 1));               // beyond 2^48 - 24
+  CHECK_FALSE(t.insert(0x2004, 8, 0, 1));   // not a multiple of 8
+  CHECK_FALSE(t.insert(top + 8, 8, 0, 1));  // beyond 2^48 - 24
   CHECK_FALSE(t.insert(uint64_t{1} << 48, 8, 0, 1));
   CHECK_FALSE(t.insert(0x3000, uint64_t{1} << 40, 0, 1));  // 1 TiB
   CHECK(live_of(t).size() == std::size(cases));

@@ -76,7 +76,8 @@ class ChurnTable {
   // `sampled` when those are a sample's weights.
   void on_alloc(uint32_t id, uint64_t count, uint64_t bytes, bool sampled) {
     Slot& s = slot_of(id);
-    if (s.id.load(std::memory_order_relaxed) != id && id != 0) [[unlikely]]
+    // Slot 0 (no stack, or no churn slot left) is never claimed.
+    if (s.id.load(std::memory_order_relaxed) != id && &s != slots_) [[unlikely]]
       claim(s, id);
     s.allocated_count.fetch_add(count, std::memory_order_relaxed);
     s.allocated_bytes.fetch_add(bytes, std::memory_order_relaxed);

@@ -141,7 +141,8 @@ class LiveTable {
   // An entry from its key and meta words.
   static void unpack(uint64_t key, uint64_t meta, LiveEntry* out) {
     out->address = address_of(key);
-    out->size = (key >> kAddrBits) << kSizeLoBits | ((meta >> kSeqBits) & ((1u << kSizeLoBits) - 1));
+    out->size =
+        (key >> kAddrBits) << kSizeLoBits | ((meta >> kSeqBits) & ((1u << kSizeLoBits) - 1));
     out->stack_id = static_cast<uint32_t>(meta >> 32);
   }
   static constexpr unsigned kGroupShift = 6;
