@@ -88,9 +88,9 @@ status_when_preloaded(Config) ->
                    stack_depth := 32}, S),
     #{table_capacity := Cap, table_bytes := TB, live_entries := Live, calls := Calls} = S,
     ?assert(Cap >= 1 bsl 21),
-    %% 40 bytes per slot (address, size, time, stack id and flags, the
-    %% process) plus the group counters.
-    ?assert(TB >= 40 * Cap andalso TB < 41 * Cap),
+    %% 32 bytes per slot (address and size packed, time, stack id and
+    %% flags, the process) plus the group counters.
+    ?assert(TB >= 32 * Cap andalso TB < 33 * Cap),
     ?assert(Live > 0),
     ?assert(maps:get(malloc, Calls) > 0),
     %% The region block's two views (one read of it): the mmap family's
