@@ -28,6 +28,24 @@ constexpr uint64_t atom(uint64_t index) {
   return (index << 6) | 0x0B;
 }
 
+// The word indices the fake VMs below lay out their memory by (those the
+// probe finds on OTP 27); max_cps and scan_words are left to each VM.
+mi_erlang_layout fake_layout() {
+  mi_erlang_layout l{};
+  l.version = MI_ERLANG_LAYOUT_VERSION;
+  l.key = 4;
+  l.sd_process = 21;
+  l.sd_env = 26;
+  l.sd_shadow = 27;
+  l.env_proc = 1;
+  l.p_current = 58;
+  l.p_htop = 10;
+  l.p_stop = 11;
+  l.p_heap = 24;
+  l.p_hend = 25;
+  return l;
+}
+
 // One scheduler's worth of fake VM memory.
 struct FakeVm {
   uint64_t sd[64] = {};
@@ -39,17 +57,7 @@ struct FakeVm {
   mi_erlang_layout layout{};
 
   FakeVm() {
-    layout.version = MI_ERLANG_LAYOUT_VERSION;
-    layout.key = 4;
-    layout.sd_process = 21;
-    layout.sd_env = 26;
-    layout.sd_shadow = 27;
-    layout.env_proc = 1;
-    layout.p_current = 58;
-    layout.p_htop = 10;
-    layout.p_stop = 11;
-    layout.p_heap = 24;
-    layout.p_hend = 25;
+    layout = fake_layout();
     layout.max_cps = 4;
     layout.scan_words = 64;
     proc[0] = kPid;
@@ -534,17 +542,7 @@ struct RandomVm {
   mi_erlang_layout layout{};
 
   RandomVm() {
-    layout.version = MI_ERLANG_LAYOUT_VERSION;
-    layout.key = 4;
-    layout.sd_process = 21;
-    layout.sd_env = 26;
-    layout.sd_shadow = 27;
-    layout.env_proc = 1;
-    layout.p_current = 58;
-    layout.p_htop = 10;
-    layout.p_stop = 11;
-    layout.p_heap = 24;
-    layout.p_hend = 25;
+    layout = fake_layout();
     sd[26] = FakeVm::addr(env);
     for (unsigned i = 0; i < 2; ++i) {
       Process& p = procs[i];
