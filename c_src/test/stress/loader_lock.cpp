@@ -25,6 +25,7 @@
 // code is x86_64); elsewhere it says so and exits 0.
 #include <dlfcn.h>
 #include <link.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,16 @@ constexpr size_t kTrampStride = 16;
 constexpr size_t kTramps = kCodeBytes / kTrampStride;
 constexpr int kStallSeconds = 10;
 
+std::atomic<bool> g_go{false};
 std::atomic<bool> g_stop{false};
+
+// Every worker waits here until all are created: a running dlopen thread
+// takes the loader's TLS lock again and again, and pthread_create needs it
+// (_dl_allocate_tls_init), so on a busy machine creating the threads after
+// it could take longer than the watchdog allows (seen: 20 s on one CPU).
+void wait_for_go() {
+  while (!g_go.load(std::memory_order_acquire)) sched_yield();
+}
 
 struct Worker {
   const char* kind;
@@ -102,6 +112,7 @@ __attribute__((noinline)) void chain_step(Chain* c, long depth) {
 
 void site_thread(Worker* w, const uint8_t* code, uint64_t seed) {
   Chain c{seed, code, nullptr};
+  wait_for_go();
   while (!g_stop.load(std::memory_order_relaxed)) {
     chain_step(&c, 1 + static_cast<long>(next_rand(&c) % 16));
     w->progress.fetch_add(1, std::memory_order_relaxed);
@@ -116,6 +127,7 @@ int phdr_callback(dl_phdr_info*, size_t, void* data) {
 
 void phdr_thread(Worker* w, const uint8_t* code, uint64_t seed) {
   Chain c{seed, code, nullptr};
+  wait_for_go();
   while (!g_stop.load(std::memory_order_relaxed)) {
     dl_iterate_phdr(phdr_callback, &c);
     w->progress.fetch_add(1, std::memory_order_relaxed);
@@ -123,6 +135,7 @@ void phdr_thread(Worker* w, const uint8_t* code, uint64_t seed) {
 }
 
 void dlopen_thread(Worker* w, std::string path) {
+  wait_for_go();
   while (!g_stop.load(std::memory_order_relaxed)) {
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
@@ -138,6 +151,7 @@ void dlopen_thread(Worker* w, std::string path) {
 
 void reset_thread(Worker* w, const mi_preload_abi* abi) {
   const timespec pause{0, 5 * 1000 * 1000};
+  wait_for_go();
   while (!g_stop.load(std::memory_order_relaxed)) {
     if (abi != nullptr) abi->reset();
     nanosleep(&pause, nullptr);
@@ -206,8 +220,8 @@ int main(int argc, char** argv) {
   threads.reserve(workers.size());
   Watch watch{&workers, std::vector<uint64_t>(workers.size(), 0),
               std::vector<int>(workers.size(), 0), seconds};
-  // Started first, counting at once: creating a thread allocates, and once
-  // workers run, any allocation (a later thread's creation too) may hang.
+  // Started first, counting at once: a creation that hangs stalls every
+  // worker at the gate, and the watchdog says so.
   std::thread dog(watchdog, &watch);
   size_t w = 0;
   for (int i = 0; i < kSites; ++i, ++w) {
@@ -223,6 +237,7 @@ int main(int argc, char** argv) {
   ++w;
   workers[w].kind = "reset";
   threads.emplace_back(reset_thread, &workers[w], abi);
+  g_go.store(true, std::memory_order_release);
   dog.join();
   g_stop.store(true);
   for (auto& t : threads) t.join();
