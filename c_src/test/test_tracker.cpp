@@ -107,6 +107,54 @@ TEST_CASE("tracker modes", "[track][tracker]") {
   t.destroy();
 }
 
+TEST_CASE("tracker: a thread takes the lowest free state; an exited thread's counts stay",
+          "[track][tracker][concurrency]") {
+  Tracker t;
+  init_small(t, 1 << 14);
+  REQUIRE(t.hooks_sweep());     // reset() sweeps below (as the reclaim tests require)
+  CHECK(t.states_seen() == 1);  // the shared state
+  uint64_t next = 0x100000;
+  const auto record_in_a_thread = [&] {
+    const uint64_t a = next;
+    next += 64;
+    std::thread([&t, a] {
+      t_fake_stack = {0x2000};
+      t.on_alloc(MI_FN_MALLOC, addr(a), 16);
+    }).join();
+  };
+  for (int i = 0; i < 20; ++i) record_in_a_thread();
+  // Each thread gave its state back on exit and the next took it again.
+  CHECK(t.states_seen() == 2);
+  CHECK(status_of(t).calls[MI_FN_MALLOC] == 20);
+
+  constexpr int kTogether = 6;
+  std::atomic<int> arrived{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kTogether; ++w) {
+    threads.emplace_back([&, w] {
+      t_fake_stack = {static_cast<uintptr_t>(0x3000 + w)};
+      t.on_alloc(MI_FN_MALLOC, addr(0x200000 + static_cast<uint64_t>(w) * 64), 16);
+      arrived.fetch_add(1);
+      while (arrived.load() < kTogether) std::this_thread::yield();
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(t.states_seen() == 1 + kTogether);
+  for (int i = 0; i < 5; ++i) record_in_a_thread();
+  CHECK(t.states_seen() == 1 + kTogether);  // the lowest free state again
+  mi_abi_status s = status_of(t);
+  CHECK(s.calls[MI_FN_MALLOC] == 20 + kTogether + 5);
+  CHECK(s.live_entries == 20 + kTogether + 5);
+  CHECK(s.stacks == 1 + kTogether);
+  // With every thread gone, reset() still forgets the table and frees
+  // every stack (its sweep marks only held states' pending ids).
+  CHECK(t.reset() == 20 + kTogether + 5);
+  s = status_of(t);
+  CHECK(s.live_entries == 0);
+  CHECK(s.stacks == 0);
+  t.destroy();
+}
+
 TEST_CASE("tracker: per-thread counters are exact after threads finish",
           "[track][tracker][concurrency]") {
   Tracker t;

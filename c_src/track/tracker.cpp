@@ -19,8 +19,6 @@ namespace {
 // Whether t_sample_left holds a drawn countdown (0 at thread start).
 __thread bool t_sample_armed = false;
 
-constexpr size_t kThreadStates = 1024;
-
 // Publishing a pending id and checking the epoch must stay in program
 // order: the sweeper's membarrier makes that order the one that counts.
 inline void compiler_barrier() {
@@ -107,6 +105,7 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
     return false;
   }
   states_bytes_ = kThreadStates * sizeof(ThreadState);
+  static_assert(kThreadStates % 64 == 0);
   states_ = static_cast<ThreadState*>(os_map(states_bytes_));
   if (states_ == nullptr) {
     table_.destroy();
@@ -121,7 +120,9 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
   // when a thread first takes it (acquire_state), not at start.
   states_[0].owner = this;
   states_[0].shared = 1;
-  states_[0].in_use.store(1, std::memory_order_relaxed);
+  for (std::atomic<uint64_t>& w : held_) w.store(0, std::memory_order_relaxed);
+  held_[0].store(1, std::memory_order_seq_cst);
+  states_seen_.store(1, std::memory_order_release);
   // pthread_key_create does not allocate; the destructor hands a thread's
   // state back to the pool when the thread exits.
   key_ok_ = ::pthread_key_create(&key_, &Tracker::release_state) == 0;
@@ -135,11 +136,14 @@ void Tracker::destroy() {
   if (key_ok_) ::pthread_key_delete(key_);
   key_ok_ = false;
   if (t_state != nullptr && t_state->owner == this) t_state = nullptr;
-  for (size_t i = 0; i < nstates_; ++i)
+  const size_t seen = states_seen_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < seen && i < nstates_; ++i)
     if (states_[i].unwind_cache != nullptr) os_unmap(states_[i].unwind_cache, unwind_cache_bytes());
   os_unmap(states_, states_bytes_);
   states_ = nullptr;
   nstates_ = 0;
+  for (std::atomic<uint64_t>& w : held_) w.store(0, std::memory_order_relaxed);
+  states_seen_.store(0, std::memory_order_relaxed);
   table_.destroy();
   stacks_.destroy();
   churn_.destroy();
@@ -147,14 +151,21 @@ void Tracker::destroy() {
 }
 
 ThreadState* Tracker::acquire_state() {
-  const size_t start = state_hint_.load(std::memory_order_relaxed);
-  for (size_t k = 0; k < nstates_ - 1; ++k) {
-    const size_t i = 1 + (start - 1 + k) % (nstates_ - 1);
-    ThreadState& s = states_[i];
-    uint32_t expected = 0;
-    if (s.in_use.load(std::memory_order_relaxed) == 0 &&
-        s.in_use.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
-      state_hint_.store(i + 1 < nstates_ ? i + 1 : 1, std::memory_order_relaxed);
+  // The lowest free state: a pool reused from the bottom keeps the held
+  // states and states_seen_ as few as the threads alive at once.
+  for (size_t w = 0; w < nstates_ / 64; ++w) {
+    uint64_t bits = held_[w].load(std::memory_order_relaxed);
+    while (~bits != 0) {
+      const unsigned b = static_cast<unsigned>(__builtin_ctzll(~bits));
+      const uint64_t bit = uint64_t{1} << b;
+      bits = held_[w].fetch_or(bit, std::memory_order_seq_cst);
+      if ((bits & bit) != 0) continue;  // another thread took it first
+      const size_t i = w * 64 + b;
+      size_t seen = states_seen_.load(std::memory_order_relaxed);
+      while (seen <= i && !states_seen_.compare_exchange_weak(
+                              seen, i + 1, std::memory_order_release, std::memory_order_relaxed)) {
+      }
+      ThreadState& s = states_[i];
       s.owner = this;
       s.solo = this;
       if (s.sampler.rng == 0) {
@@ -193,8 +204,10 @@ void Tracker::release_state(void* p) {
   // Whatever this thread still frees or allocates during the rest of its
   // exit goes to the shared state, never to a state another thread may be
   // handed next.
-  t_state = &ts->owner->states_[0];
-  ts->in_use.store(0, std::memory_order_release);
+  Tracker* t = ts->owner;
+  t_state = &t->states_[0];
+  const size_t i = static_cast<size_t>(ts - t->states_);
+  t->held_[i / 64].fetch_and(~(uint64_t{1} << (i % 64)), std::memory_order_seq_cst);
 }
 
 bool Tracker::set_mode(uint32_t mode) {
@@ -639,8 +652,9 @@ uint64_t Tracker::clear_table() {
   bool settled = false;
   for (unsigned round = 0; !settled; ++round) {
     settled = true;
-    for (size_t i = 0; i < nstates_ && settled; ++i)
-      if (states_[i].table_busy.load(std::memory_order_seq_cst) != 0) settled = false;
+    each_held_state([&](ThreadState& st) {
+      if (st.table_busy.load(std::memory_order_seq_cst) != 0) settled = false;
+    });
     if (settled || round >= config_.quiesce_rounds) break;
     ::sched_yield();
   }
@@ -694,7 +708,8 @@ void Tracker::status(mi_abi_status* out) const {
   s.erlang_context = erlang_on_.load(std::memory_order_acquire) ? 1 : 0;
   s.churn_since_ns = churn_since_.load(std::memory_order_relaxed);
   uint64_t inserts = 0, insert_bytes = 0, removes = 0, remove_bytes = 0;
-  for (size_t i = 0; i < nstates_; ++i) {
+  const size_t seen = states_seen_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < seen && i < nstates_; ++i) {
     const ThreadState& t = states_[i];
     for (int f = 0; f < MI_FN_COUNT; ++f) s.calls[f] += t.calls[f].load(std::memory_order_relaxed);
     s.bytes_allocated += t.bytes_allocated.load(std::memory_order_relaxed);

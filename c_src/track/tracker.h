@@ -173,7 +173,6 @@ struct StackMemo {
 };
 
 struct alignas(64) ThreadState {
-  std::atomic<uint32_t> in_use;
   uint32_t shared;  // 1 for the overflow state many threads share
   class Tracker* owner;
   // owner while this state has one writer (the thread that took it), else
@@ -367,6 +366,9 @@ class Tracker {
   uint64_t now_ns() const { return clock_(); }
   // Resident bytes of the live table (mincore), for tests and benchmarks.
   size_t table_resident_bytes() const { return table_.resident_bytes(); }
+  // One past the highest thread state ever handed out: the most threads
+  // that recorded at once, plus the shared state. For tests.
+  size_t states_seen() const { return states_seen_.load(std::memory_order_acquire); }
   // How many clears kept the table's pages (see Config::quiesce_rounds).
   uint64_t unreleased_clears() const { return unreleased_clears_.load(std::memory_order_relaxed); }
   const Config& config() const { return config_; }
@@ -484,7 +486,10 @@ class Tracker {
     return sweep_ != nullptr && (sweep_->cursor.load(std::memory_order_relaxed) >> 48) != 0;
   }
   void sweep_hook_step();
-  bool sweep_start(bool from_hook, uint64_t* sweeps_before);
+  bool sweep_start(bool from_hook);
+  // Calls f(state) for every state a thread holds (and the shared one).
+  template <class F>
+  void each_held_state(F f);
   bool sweep_chunk(bool from_hook);
   void sweep_advance(uint32_t phase, uint32_t e, bool from_hook);
   void mark_pending(uint32_t e);
@@ -501,10 +506,22 @@ class Tracker {
   StackTable stacks_;
   ChurnTable churn_;
   std::atomic<uint64_t> churn_since_{0};  // clock_() at init and at each reset()
-  ThreadState* states_ = nullptr;         // pool; states_[0] is the shared overflow
+  static constexpr size_t kThreadStates = 1024;
+  ThreadState* states_ = nullptr;  // pool; states_[0] is the shared overflow
   size_t nstates_ = 0;
   size_t states_bytes_ = 0;
-  std::atomic<size_t> state_hint_{1};
+  // Which states a thread holds, one bit each (bit 0, the shared state,
+  // always set while initialised). Sweeps and clears visit only these:
+  // the pool is 1024 states on as many pages, and where a cold page costs
+  // microseconds (a VM's shadow page tables) walking it all in every
+  // sweep made reset() take seconds. Set and cleared seq_cst: clear_table()
+  // reads it between closing the table and reading table_busy.
+  std::atomic<uint64_t> held_[kThreadStates / 64]{};
+  // One past the highest state ever handed out (the lowest free one is
+  // taken first, so this is the most threads at once, plus one). status()
+  // and destroy() read up to here: a state keeps its counters after its
+  // thread exits.
+  std::atomic<size_t> states_seen_{0};
   pthread_key_t key_{};
   bool key_ok_ = false;
   uintptr_t self_lo_ = 0, self_hi_ = 0;
@@ -524,6 +541,9 @@ class Tracker {
   SweepControl* sweep_ = nullptr;
   bool hooks_sweep_ = false;
   std::atomic<uint64_t> sweeps_{0};
+  // Sweeps that passed their start (M1, pending ids marked). Sweeps run one
+  // at a time, so the n-th started is the n-th to complete (sweeps_).
+  std::atomic<uint64_t> sweeps_started_{0};
   std::atomic<uint64_t> stale_{0};
   TestHook test_hook_ = nullptr;
   void* test_ctx_ = nullptr;
@@ -536,6 +556,13 @@ class Tracker {
   // Clears that could not give the pages back (a thread stayed in the table).
   std::atomic<uint64_t> unreleased_clears_{0};
 };
+
+template <class F>
+void Tracker::each_held_state(F f) {
+  for (size_t w = 0; w < nstates_ / 64; ++w)
+    for (uint64_t bits = held_[w].load(std::memory_order_seq_cst); bits != 0; bits &= bits - 1)
+      f(states_[w * 64 + static_cast<size_t>(__builtin_ctzll(bits))]);
+}
 
 }  // namespace mi::track
 

@@ -97,17 +97,19 @@ void Tracker::sweep_destroy() {
 void Tracker::mark_pending(uint32_t e) {
   // A pending id may already be stale (its hook is about to notice and
   // intern again): mark() then does nothing, and that is no error.
-  for (size_t i = 0; i < nstates_; ++i) {
-    const uint32_t id = states_[i].pending.load(std::memory_order_acquire);
+  // Only held states: a thread publishes pending ids only while it holds
+  // its state, and took it (held_, seq_cst) before its first one.
+  each_held_state([&](ThreadState& st) {
+    const uint32_t id = st.pending.load(std::memory_order_acquire);
     if (id != 0) stacks_.mark(id, e);
-  }
+  });
   for (const std::atomic<uint32_t>& p : shared_pending_) {
     const uint32_t id = p.load(std::memory_order_acquire);
     if (id != 0 && id != kPendingClaimed) stacks_.mark(id, e);
   }
 }
 
-bool Tracker::sweep_start(bool from_hook, uint64_t* sweeps_before) {
+bool Tracker::sweep_start(bool from_hook) {
   if (sweep_ == nullptr || (from_hook && !hooks_sweep_)) return false;
   SweepControl& c = *sweep_;
   uint64_t cur = c.cursor.load(std::memory_order_relaxed);
@@ -115,7 +117,6 @@ bool Tracker::sweep_start(bool from_hook, uint64_t* sweeps_before) {
   if (!c.cursor.compare_exchange_strong(cur, phase_word(kStarting), std::memory_order_acq_rel,
                                         std::memory_order_relaxed))
     return false;
-  if (sweeps_before != nullptr) *sweeps_before = sweeps_.load(std::memory_order_relaxed);
   const uint32_t e = stacks_.begin_sweep();
   // M1. On failure the epoch moved for nothing: hooks re-stamp and go on.
   if (!process_barrier(!from_hook)) {
@@ -123,6 +124,9 @@ bool Tracker::sweep_start(bool from_hook, uint64_t* sweeps_before) {
     return false;
   }
   mark_pending(e);
+  // Counted before the scan is published: a reclaim() that read the count
+  // before this waits for this sweep, whose scan follows its table writes.
+  sweeps_started_.fetch_add(1, std::memory_order_seq_cst);
   c.epoch.store(e, std::memory_order_relaxed);
   c.freed.store(0, std::memory_order_relaxed);
   c.done.store(phase_word(kScan), std::memory_order_relaxed);
@@ -186,29 +190,29 @@ void Tracker::sweep_hook_step() {
   if (sweep_active())
     sweep_chunk(true);
   else if (stacks_.wants_sweep())
-    sweep_start(true, nullptr);
+    sweep_start(true);
 }
 
 uint64_t Tracker::reclaim() {
   if (sweep_ == nullptr || barrier_kind() == kBarrierNone) return 0;
   const uint64_t freed_before = stacks_.reclaimed();
-  bool started = false;
-  uint64_t before = 0;  // completed sweeps when ours started
-  for (;;) {
-    if (started && sweeps_.load(std::memory_order_acquire) > before) break;
+  // Wait for the first sweep counted after this point, whoever starts it:
+  // its scan reads the table as the caller left it (the fence orders the
+  // caller's writes, a clear, before the count is read). Waiting for a
+  // sweep of our own instead could starve: a hook may start the next one
+  // each time the last ends, before this thread runs again.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint64_t target = sweeps_started_.load(std::memory_order_seq_cst) + 1;
+  while (sweeps_.load(std::memory_order_acquire) < target) {
     if (sweep_active()) {
       // Help whichever sweep runs; when every chunk is claimed, the
       // threads holding them finish in a few us.
       if (!sweep_chunk(false)) ::sched_yield();
       continue;
     }
-    if (!started && sweep_start(false, &before)) {
-      started = true;
-      continue;
-    }
-    // Idle and not started: the barrier failed, nothing more to do here.
-    if (!started && !sweep_active()) break;
-    ::sched_yield();
+    // Idle: start one. When that fails and nothing runs, the barrier
+    // failed: nothing more to do here.
+    if (!sweep_start(false) && !sweep_active()) break;
   }
   return stacks_.reclaimed() - freed_before;
 }
