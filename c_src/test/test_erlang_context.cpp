@@ -174,6 +174,86 @@ TEST_CASE("erlang context: the per-thread cache answers as a fresh capture, neve
   g_vm = nullptr;
 }
 
+TEST_CASE(
+    "erlang context: another process running the same code is answered by the cache, its words "
+    "judged against its own heap",
+    "[erlang_context]") {
+  const bool avx2 = GENERATE(true, false);
+  mi::track::erlang_context_allow_avx2(avx2);
+  FakeVm vm;
+  g_vm = &vm;
+  mi::track::ContextCache cache{};
+  cache.next_token = mi::track::first_token(5);
+  uint64_t out[MI_CONTEXT_MAX_WORDS], pid = 0;
+  const auto read = [&] {
+    const mi::track::ContextWords c =
+        mi::track::read_erlang_context(vm.layout, fake_sd, nullptr, out, &pid, &cache);
+    return std::vector<uint64_t>(c.words, c.words + c.n);
+  };
+  const auto fresh = [&] {
+    uint64_t plain[MI_CONTEXT_MAX_WORDS], plain_pid = 0;
+    const unsigned n =
+        capture_erlang_context(vm.layout, fake_sd, nullptr, plain, &plain_pid, nullptr);
+    return std::vector<uint64_t>(plain, plain + n);
+  };
+  const std::vector<uint64_t> first = read();
+  REQUIRE(first.size() == 8);  // header, function, 4 CPs
+  REQUIRE(cache.scanned != 0);
+  // Process B: the same function and stack shape in memory of its own (its
+  // frame pointer and boxed term point into it), another y register.
+  std::vector<uint64_t> heap_b(1024, 0);
+  uint64_t proc_b[64] = {};
+  std::memcpy(proc_b, vm.proc, sizeof proc_b);
+  const uint64_t lo_a = FakeVm::addr(vm.heap.data()), lo_b = FakeVm::addr(heap_b.data());
+  const uint64_t hi_a = lo_a + 1024 * 8;
+  proc_b[0] = (77ull << 4) | 0x3;
+  proc_b[24] = lo_b;
+  proc_b[10] = lo_b + 100 * 8;
+  proc_b[11] = lo_b + 1000 * 8;
+  proc_b[25] = lo_b + 1024 * 8;
+  for (size_t i = 1000; i < 1024; ++i) {
+    const uint64_t w = vm.heap[i];
+    heap_b[i] = (w & ~uint64_t{7}) >= lo_a && (w & ~uint64_t{7}) < hi_a ? w - lo_a + lo_b : w;
+  }
+  heap_b[1000] = (9ull << 4) | 0xF;
+  vm.sd[21] = FakeVm::addr(proc_b);
+  vm.env[1] = vm.sd[21];
+  // A mark in the cache's last word: only an answer from the cache keeps it
+  // (a scan finds the real CP, unlike the mark, and takes its words).
+  const uint64_t real = cache.words[7];
+  cache.words[7] = 0x7f00000bad00ull;
+  std::vector<uint64_t> got = read();
+  CHECK(pid == proc_b[0]);
+  CHECK(got.back() == 0x7f00000bad00ull);  // answered by the cache
+  got.back() = real;
+  CHECK(got == fresh());
+  CHECK(cache.stop == proc_b[11]);
+  // Back to A: its stack elsewhere again, answered the same way.
+  cache.words[7] = 0x7f00000bad00ull;
+  vm.sd[21] = FakeVm::addr(vm.proc);
+  vm.env[1] = vm.sd[21];
+  got = read();
+  CHECK(got.back() == 0x7f00000bad00ull);
+  cache.words[7] = real;
+  // B again, with A's frame pointer where its own was: the same word as
+  // the kept one, a frame pointer in A's stack but a CP in B's (it is not
+  // in B's memory). The cache must not answer: a scan finds one more CP.
+  heap_b[1001] = vm.heap[1001];
+  vm.sd[21] = FakeVm::addr(proc_b);
+  vm.env[1] = vm.sd[21];
+  got = read();
+  CHECK(got == fresh());
+  CHECK(got.size() == 8);
+  CHECK(got[4] == vm.heap[1001]);  // the new first CP
+  // A CP moved by one word in B (same values, another frame shape): a scan.
+  heap_b[1001] = heap_b[1002];
+  heap_b[1002] = (3ull << 4) | 0xF;
+  CHECK(read() == fresh());
+  CHECK(read() == first);
+  mi::track::erlang_context_allow_avx2(true);
+  g_vm = nullptr;
+}
+
 TEST_CASE("erlang context: the cache names its words with a token of its own range",
           "[erlang_context]") {
   FakeVm vm;
@@ -687,6 +767,7 @@ TEST_CASE(
           if (p.depth != 0 && is_tagged(p.stack()[at])) p.stack()[at] = ((rng() >> 8) << 4) | 0xF;
           break;
         case 3:
+          if (p.depth == 0) break;  // no word to change
           if (rng() % 3 == 0) {
             // A word's upper half alone (a CP for another, a frame pointer
             // for a CP, a term for another).
@@ -694,7 +775,6 @@ TEST_CASE(
           } else {
             p.stack()[at] = random_word(rng, vm, vm.running);  // any word, any kind
           }
-          if (p.depth == 0) p.stack()[at] = 0;  // (none: the word below the stack)
           break;
         case 4: {
           // The other process, running the same code: its frame pointers
@@ -757,9 +837,9 @@ TEST_CASE(
           break;
         default:
           // Two words at once: a y register and any word.
-          if (p.depth != 0 && is_tagged(p.stack()[at])) p.stack()[at] = atom(rng() & 0xFFF);
-          p.stack()[rng() % (p.depth + 1) % std::max<size_t>(p.depth, 1)] =
-              random_word(rng, vm, vm.running);
+          if (p.depth == 0) break;  // no word to change
+          if (is_tagged(p.stack()[at])) p.stack()[at] = atom(rng() & 0xFFF);
+          p.stack()[rng() % p.depth] = random_word(rng, vm, vm.running);
           break;
       }
       INFO("avx2 " << avx2 << ", round " << round << ", step " << step << ", depth "

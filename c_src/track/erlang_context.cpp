@@ -31,24 +31,35 @@ inline bool is_cp(uint64_t w, uint64_t heap, uint64_t span) {
   return (w & 3) == 0 && w != 0 && w - heap >= span;
 }
 
-// The loop that runs once per stack word, apart so that it keeps its
-// values in registers: up to max_cps continuation pointers of sp[0, limit)
-// into out, their count in *cps; returns the words scanned. Most words are
-// tagged terms, which the first test skips; the count is tested only after
-// a word was kept.
+// The scan for continuation pointers: up to max_cps CPs of sp[0, limit)
+// into out, their count in *cps; returns the words scanned (up to and
+// including the last CP kept, when max_cps were found). On the way:
+//  - it compares CP j with expect[j] (room for max_cps words): *diff is 0
+//    when each equals its expect word, so a capture that finds the words
+//    its cache holds learns it without comparing them again;
+//  - *at gets bit i for each CP at word i < 64 (where the cache looks for
+//    them in another process's stack).
+// Apart, so that it keeps its values in registers. Most words are tagged
+// terms, which the first test skips.
 [[gnu::noinline]] uint64_t scan_cps(const uint64_t* sp, uint64_t limit, uint64_t heap,
-                                    uint64_t span, unsigned max_cps, uint64_t* out, unsigned* cps) {
+                                    uint64_t span, unsigned max_cps, uint64_t* out,
+                                    const uint64_t* expect, unsigned* cps, uint64_t* diff,
+                                    uint64_t* at) {
   unsigned k = 0;
-  uint64_t i = 0;
+  uint64_t i = 0, d = 0, a = 0;
   if (max_cps != 0) {
     while (i < limit) {
       const uint64_t w = sp[i++];
       if ((w & 3) != 0 || w == 0 || w - heap < span) continue;
-      out[k++] = w;
-      if (k == max_cps) break;
+      out[k] = w;
+      d |= w ^ expect[k];
+      a |= i <= 64 ? uint64_t{1} << (i - 1) : 0;
+      if (++k == max_cps) break;
     }
   }
   *cps = k;
+  *diff = d;
+  *at = a;
   return i;
 }
 
@@ -188,6 +199,94 @@ inline bool same_cps(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t 
   return same_cps_plain(kept, sp, scanned, n, heap, span);
 }
 
+// The cache's check for a stack elsewhere (another process running the
+// same code, or this one after its stack moved): true when a scan of
+// sp[0, scanned) finds CPs exactly at the words `at` names (bit j: word j),
+// each equal to kept's, kept[0, n) then holding sp[0, n). Every word below
+// `scanned` is judged against the new heap, equal or not (an equal word
+// may be a frame pointer into one heap and not the other). False, with
+// kept partly updated, otherwise. The caller checked sp[0, n) is within
+// the stack, n >= scanned.
+[[gnu::noinline]] bool same_cps_moved_plain(uint64_t* kept, const uint64_t* sp, size_t scanned,
+                                            size_t n, uint64_t at, uint64_t heap, uint64_t span) {
+  // As the scan reads them: most words are tagged terms, which the first
+  // test finds not to be CPs. Nothing is written before all words check.
+  for (size_t j = 0; j < scanned; ++j) {
+    const uint64_t w = sp[j];
+    const uint64_t cp = (w & 3) != 0 || w == 0 || w - heap < span ? 0 : 1;
+    if (cp != ((at >> j) & 1) || (cp != 0 && w != kept[j])) return false;
+  }
+  std::memcpy(kept, sp, n * 8);
+  return true;
+}
+
+#if defined(__x86_64__)
+// 4 words at a time, the last n % 4 one by one (nothing past sp[n) is
+// read). Lanes at or past `scanned` are masked off at the end. The
+// unsigned compare w - heap >= span is a signed one with both sides' top
+// bits flipped.
+[[gnu::noinline, gnu::target("avx2")]] bool same_cps_moved_avx2(uint64_t* kept, const uint64_t* sp,
+                                                                size_t scanned, size_t n,
+                                                                uint64_t at, uint64_t heap,
+                                                                uint64_t span) {
+  const __m256i three = _mm256_set1_epi64x(3), zero = _mm256_setzero_si256();
+  const __m256i top = _mm256_set1_epi64x(static_cast<long long>(uint64_t{1} << 63));
+  const __m256i base = _mm256_set1_epi64x(static_cast<long long>(heap));
+  const __m256i span_top = _mm256_set1_epi64x(static_cast<long long>(span ^ (uint64_t{1} << 63)));
+  uint64_t found = 0, bad = 0;
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + j));
+    const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kept + j));
+    const __m256i untagged = _mm256_cmpeq_epi64(_mm256_and_si256(v, three), zero);
+    const __m256i own =
+        _mm256_cmpgt_epi64(span_top, _mm256_xor_si256(_mm256_sub_epi64(v, base), top));
+    const __m256i cp =
+        _mm256_andnot_si256(_mm256_or_si256(_mm256_cmpeq_epi64(v, zero), own), untagged);
+    const __m256i changed_cp = _mm256_andnot_si256(_mm256_cmpeq_epi64(v, k), cp);
+    found |= uint64_t(_mm256_movemask_pd(_mm256_castsi256_pd(cp))) << j;
+    bad |= uint64_t(_mm256_movemask_pd(_mm256_castsi256_pd(changed_cp))) << j;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(kept + j), v);
+  }
+  for (; j < n; ++j) {
+    const uint64_t w = sp[j];
+    const uint64_t cp = is_cp(w, heap, span) ? 1 : 0;
+    found |= cp << j;
+    bad |= (cp & (w != kept[j] ? 1 : 0)) << j;
+    kept[j] = w;
+  }
+  // Only the words the scan read count.
+  const uint64_t read = scanned >= 64 ? ~uint64_t{0} : (uint64_t{1} << scanned) - 1;
+  return (found & read) == at && (bad & read) == 0;
+}
+#endif
+
+inline bool same_cps_moved(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t n,
+                           uint64_t at, uint64_t heap, uint64_t span) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && g_allow_avx2.load(std::memory_order_relaxed))
+    return same_cps_moved_avx2(kept, sp, scanned, n, at, heap, span);
+#endif
+  return same_cps_moved_plain(kept, sp, scanned, n, at, heap, span);
+}
+
+// A process's heap and stack bounds as the VM keeps them: aligned,
+// heap <= htop <= stop <= hend, less than 1 TiB. Only then is its stack,
+// [stop, hend), read.
+inline bool bounds_ok(uint64_t heap, uint64_t htop, uint64_t stop, uint64_t hend) {
+  return aligned_pointer(heap) && (htop & 7) == 0 && (stop & 7) == 0 && (hend & 7) == 0 &&
+         heap <= htop && htop <= stop && stop <= hend && hend - heap < (uint64_t{1} << 40);
+}
+
+// The words a scan of the stack [stop, hend) reads at most (bounds_ok).
+inline uint64_t scan_limit(const mi_erlang_layout& l, uint64_t stop, uint64_t hend) {
+  const uint64_t words = (hend - stop) / 8;
+  return words < l.scan_words ? words : l.scan_words;
+}
+
+// What the scan compares CPs with when there is no cache.
+constexpr uint64_t kNoWords[MI_CONTEXT_MAX_CPS] = {};
+
 // Words in `out`, hashed here, with no token.
 inline ContextWords fresh(const uint64_t* out, unsigned n) {
   return {out, n, StackTable::hash_words(out, n), 0};
@@ -249,31 +348,38 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
   const uint64_t heap = proc[l.p_heap], htop = proc[l.p_htop];
   const uint64_t stop = proc[l.p_stop], hend = proc[l.p_hend];
   const auto* sp = reinterpret_cast<const uint64_t*>(stop);
-  // The same pid, function, bounds and stack words as the last capture:
-  // the same context. (The words are made from these alone: the checks
-  // above, on the scheduler data and the env, were made again; the MFA
-  // words behind `current` are code metadata, unchanged while the function
-  // runs.) A kept context was scanned from a stack whose bounds checked out
-  // (below) and are those compared here: of the checks, only the heap
-  // top's can answer otherwise now, and the scan's limit is the same. The
-  // stack words may differ where no CP was or is (same_cps): a y register
-  // changed, as between two calls of a NIF from one loop.
-  if (cache != nullptr && cache->scanned != 0) {
-    // One test for the five words (heap <= stop held when they were kept).
-    const uint64_t differ = (cache->pid ^ pid_term) | (cache->current ^ current) |
-                            (cache->heap ^ heap) | (cache->stop ^ stop) | (cache->hend ^ hend) |
-                            (htop & 7);
-    if (differ == 0 && htop - heap <= stop - heap &&
-        same_cps(cache->stack, sp, cache->scanned, cache->kept, heap, hend - heap)) {
-      *pid = cache->pid;
-      return {cache->words, cache->n, cache->hash, cache->token};
+  // The same function and stack words as the last capture: the same
+  // context. (The words are made from these alone: the checks above, on
+  // the scheduler data and the env, were made again; the MFA words behind
+  // `current` are code metadata, unchanged while the function runs.)
+  //  - The same bounds: the stack the context was scanned from, whose
+  //    bounds checked out then (below): of the checks, only the heap top's
+  //    can answer otherwise now, and the scan's limit is the same. Its
+  //    words may differ where no CP was or is (same_cps): a y register
+  //    changed, as between two calls of a NIF from one loop.
+  //  - Other bounds: another process running the same code, or this one's
+  //    stack after a GC moved it. They are checked here; the scan of this
+  //    stack must end where the kept one's did (at its last CP wanted, or
+  //    at the same limit), and find CPs at the same words, equal
+  //    (same_cps_moved), and nowhere else.
+  if (cache != nullptr && cache->scanned != 0 && cache->current == current) {
+    // One test for the three bounds (heap <= stop held when they were kept).
+    if (((cache->heap ^ heap) | (cache->stop ^ stop) | (cache->hend ^ hend) | (htop & 7)) == 0) {
+      if (htop - heap <= stop - heap &&
+          same_cps(cache->stack, sp, cache->scanned, cache->kept, heap, hend - heap))
+        return {cache->words, cache->n, cache->hash, cache->token};
+    } else if (bounds_ok(heap, htop, stop, hend) && cache->kept <= (hend - stop) / 8 &&
+               (cache->full != 0 || scan_limit(l, stop, hend) == cache->scanned)) {
+      if (same_cps_moved(cache->stack, sp, cache->scanned, cache->kept, cache->at, heap,
+                         hend - heap)) {
+        cache->heap = heap;
+        cache->stop = stop;
+        cache->hend = hend;
+        return {cache->words, cache->n, cache->hash, cache->token};
+      }
+      cache->scanned = 0;  // its kept words are partly this stack's now
     }
   }
-  const bool stack_ok = aligned_pointer(heap) && (htop & 7) == 0 && (stop & 7) == 0 &&
-                        (hend & 7) == 0 && heap <= htop && htop <= stop && stop <= hend &&
-                        hend - heap < (uint64_t{1} << 40);
-  const uint64_t stack_words = stack_ok ? (hend - stop) / 8 : 0;
-  const uint64_t limit = stack_words < l.scan_words ? stack_words : l.scan_words;
   if (aligned_pointer(current)) {
     const auto* m = reinterpret_cast<const uint64_t*>(current);
     if (is_atom(m[0]) && is_atom(m[1]) && m[2] < 256) {
@@ -283,21 +389,33 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
       mfa = 3;
     }
   }
-  uint64_t scanned = 0;
+  const bool stack_ok = bounds_ok(heap, htop, stop, hend);
+  const uint64_t stack_words = stack_ok ? (hend - stop) / 8 : 0;
+  uint64_t scanned = 0, cps_differ = 1, at = 0;
   if (stack_ok) {
     // Continuation pointers: words with the low two bits clear that do not
-    // point into the process's own memory (those are frame pointers).
-    scanned = scan_cps(sp, limit, heap, hend - heap, l.max_cps, out + n, &cps);
+    // point into the process's own memory (those are frame pointers),
+    // compared with the cache's as they are found (its words may be of
+    // another shape: the header and count compare below settle that).
+    const uint64_t* expect = cache != nullptr ? cache->words + n : kNoWords;
+    scanned = scan_cps(sp, scan_limit(l, stop, hend), heap, hend - heap, l.max_cps, out + n, expect,
+                       &cps, &cps_differ, &at);
     n += cps;
   }
   out[0] = mi_context_header(MI_CONTEXT_PROCESS, mfa, cps, 0);
   if (cache != nullptr) {
     // Kept only when the scan read at least one word (the key) and fits.
     // Words and token stay paired: words the cache holds already keep
-    // their token (and hash); others take a new one.
+    // their token (and hash); others take a new one. (A cache emptied
+    // above still holds its words, token and hash.)
     cache->scanned = 0;
     if (scanned != 0 && scanned <= ContextCache::kMaxScanned) {
-      if (cache->token == 0 || cache->n != n || std::memcmp(cache->words, out, n * 8) != 0) {
+      // The CPs were compared by the scan; the header and the function here.
+      const bool same = cache->token != 0 && cache->n == n && cps_differ == 0 &&
+                        cache->words[0] == out[0] &&
+                        (mfa == 0 || ((cache->words[1] ^ out[1]) | (cache->words[2] ^ out[2]) |
+                                      (cache->words[3] ^ out[3])) == 0);
+      if (!same) {
         std::memcpy(cache->words, out, n * 8);
         cache->n = n;
         cache->hash = StackTable::hash_words(out, n);
@@ -312,7 +430,6 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
       cache->heap = heap;
       cache->stop = stop;
       cache->hend = hend;
-      cache->pid = *pid;
       // Whole blocks of 8 where the stack has the words (kMaxScanned is
       // a multiple of 8): the check compares them at once.
       const uint64_t kept =
@@ -320,6 +437,8 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
       std::memcpy(cache->stack, sp, kept * 8);
       cache->scanned = static_cast<unsigned>(scanned);
       cache->kept = static_cast<unsigned>(kept);
+      cache->full = cps == l.max_cps ? 1 : 0;
+      cache->at = at;
       return {cache->words, n, cache->hash, cache->token};
     }
   }

@@ -42,14 +42,18 @@ bool erlang_layout_valid(const mi_erlang_layout& l);
 using SchedulerDataFn = const void* (*)(uint32_t key);
 
 // The last context a thread captured inside a NIF call, and everything it
-// was made from: the process's pid, function and bounds, and the stack
-// words it scanned (rounded up to whole blocks of 8 where the stack has
-// them). A capture that reads the same words makes the same context, so it
-// is copied instead of scanned again (a NIF that allocates in a loop scans
+// was made from: the process's function and bounds, and the stack words it
+// scanned (rounded up to whole blocks of 8 where the stack has them). A
+// capture that reads the same words makes the same context, so it is
+// copied instead of scanned again (a NIF that allocates in a loop scans
 // its process's stack once); so does one whose stack words differ only
 // where neither word is a CP (a y register changed: the next call of the
-// NIF from the same loop), and the cache then keeps the new words. Per
-// thread, owned by the caller; never shared.
+// NIF from the same loop), and one on a stack elsewhere (another process
+// running the same code, or this one's after a GC moved it) with CPs at
+// the same words, equal, and none elsewhere, judged against its own heap;
+// the cache then keeps the new words. The pid is not part of the context
+// words: it is read every time. Per thread, owned by the caller; never
+// shared.
 //
 // The cache also names its context words with a token (StackTable::Tail):
 // a refill that makes the same words as the last keeps the token and the
@@ -65,12 +69,14 @@ constexpr uint64_t first_token(uint64_t index) {
 }
 
 struct ContextCache {
-  static constexpr unsigned kMaxScanned = 64;  // longer scans are not kept; a multiple of 8
+  // Longer scans are not kept; a multiple of 8, at most 64 (`at`).
+  static constexpr unsigned kMaxScanned = 64;
   uint64_t current, heap, stop, hend;
   unsigned scanned;  // stack words scanned; 0: nothing kept
   unsigned kept;     // stack words kept: scanned, rounded up to 8 within the stack
   unsigned n;        // context words
-  uint64_t pid;
+  unsigned full;     // 1: the scan ended at the last CP it wanted, 0: at its limit
+  uint64_t at;       // bit i: stack word i (< scanned) is a CP
   uint64_t stack[kMaxScanned];
   uint64_t words[MI_CONTEXT_MAX_WORDS];
   uint64_t hash;        // StackTable::hash_words(words, n)
