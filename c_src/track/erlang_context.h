@@ -73,7 +73,8 @@ struct ContextCache {
   static constexpr unsigned kMaxScanned = 64;
   uint64_t current, heap, stop, hend;
   unsigned scanned;  // stack words scanned; 0: nothing kept
-  unsigned kept;     // stack words kept: scanned, rounded up to 8 within the stack
+  unsigned kept;     // stack words kept, at least scanned (when kept: rounded up to 8
+                     // within that stack; a stack elsewhere that matched keeps the count)
   unsigned n;        // context words
   unsigned full;     // 1: the scan ended at the last CP it wanted, 0: at its limit
   uint64_t at;       // bit i: stack word i (< scanned) is a CP

@@ -19,7 +19,9 @@
 // good on a long-running node. A sweep frees every stack that no live entry
 // references. It is a small state machine split into bounded chunks:
 //   start    bump the stack table's epoch to E; process-wide barrier (M1,
-//            membarrier(2)); mark every thread's pending id;
+//            membarrier(2)); mark every thread's pending id (the held
+//            states': a thread takes its state, seq_cst, before it ever
+//            publishes an id, so the barrier shows its bit too);
 //   scan     mark the stack of every live-table entry (chunks of slots);
 //   condemn  READY stacks not stamped E become FREEING (chunks);
 //   barrier  M2; mark every thread's pending id again;
@@ -366,8 +368,10 @@ class Tracker {
   uint64_t now_ns() const { return clock_(); }
   // Resident bytes of the live table (mincore), for tests and benchmarks.
   size_t table_resident_bytes() const { return table_.resident_bytes(); }
-  // One past the highest thread state ever handed out: the most threads
-  // that recorded at once, plus the shared state. For tests.
+  // One past the highest thread state ever handed out: about the most
+  // threads that took a state at once (a thread may take a higher state
+  // while a lower one is being given back), plus the shared state. For
+  // tests.
   size_t states_seen() const { return states_seen_.load(std::memory_order_acquire); }
   // How many clears kept the table's pages (see Config::quiesce_rounds).
   uint64_t unreleased_clears() const { return unreleased_clears_.load(std::memory_order_relaxed); }
@@ -512,13 +516,13 @@ class Tracker {
   size_t states_bytes_ = 0;
   // Which states a thread holds, one bit each (bit 0, the shared state,
   // always set while initialised). Sweeps and clears visit only these:
-  // the pool is 1024 states on as many pages, and where a cold page costs
+  // the pool is 1024 states of 2 KiB, and where a cold page costs
   // microseconds (a VM's shadow page tables) walking it all in every
   // sweep made reset() take seconds. Set and cleared seq_cst: clear_table()
   // reads it between closing the table and reading table_busy.
   std::atomic<uint64_t> held_[kThreadStates / 64]{};
   // One past the highest state ever handed out (the lowest free one is
-  // taken first, so this is the most threads at once, plus one). status()
+  // taken first, so this is about the most threads at once, plus one). status()
   // and destroy() read up to here: a state keeps its counters after its
   // thread exits.
   std::atomic<size_t> states_seen_{0};

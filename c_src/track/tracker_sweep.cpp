@@ -125,8 +125,14 @@ bool Tracker::sweep_start(bool from_hook) {
   }
   mark_pending(e);
   // Counted before the scan is published: a reclaim() that read the count
-  // before this waits for this sweep, whose scan follows its table writes.
-  sweeps_started_.fetch_add(1, std::memory_order_seq_cst);
+  // before this waits for this sweep. The fences pair (reclaim() has the
+  // other): either reclaim() read this count, or this sweep's scan reads
+  // the table as reclaim()'s caller left it. Stored rather than added: only
+  // one sweep starts at a time, and a child forked between a start and its
+  // end (the control page wiped, the counts not) is back in step at its
+  // first sweep.
+  sweeps_started_.store(sweeps_.load(std::memory_order_acquire) + 1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   c.epoch.store(e, std::memory_order_relaxed);
   c.freed.store(0, std::memory_order_relaxed);
   c.done.store(phase_word(kScan), std::memory_order_relaxed);

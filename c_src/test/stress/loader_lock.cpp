@@ -183,8 +183,12 @@ void watchdog(Watch* w) {
       w->still[i] = now == w->last[i] ? w->still[i] + 1 : 0;
       w->last[i] = now;
       if (w->still[i] >= kStallSeconds) {
-        say("stress_loader_lock: FAILED: a ", (*w->workers)[i].kind,
-            " thread made no progress for 10 s (deadlock)\n");
+        // Before the gate opened every worker waits: the creation hung.
+        if (!g_go.load(std::memory_order_acquire))
+          say("stress_loader_lock: FAILED: creating the worker threads took 10 s (deadlock)\n");
+        else
+          say("stress_loader_lock: FAILED: a ", (*w->workers)[i].kind,
+              " thread made no progress for 10 s (deadlock)\n");
         _exit(3);
       }
     }
@@ -220,8 +224,8 @@ int main(int argc, char** argv) {
   threads.reserve(workers.size());
   Watch watch{&workers, std::vector<uint64_t>(workers.size(), 0),
               std::vector<int>(workers.size(), 0), seconds};
-  // Started first, counting at once: a creation that hangs stalls every
-  // worker at the gate, and the watchdog says so.
+  // Started first, counting at once: a creation that hangs keeps the gate
+  // shut, and the watchdog says so.
   std::thread dog(watchdog, &watch);
   size_t w = 0;
   for (int i = 0; i < kSites; ++i, ++w) {
