@@ -15,8 +15,9 @@
 // a changed word (the first allocation of each NIF call, called again from
 // the same loop): the context's words are the same. `other` alternates
 // between two processes running the same code (each with its own heap, so
-// its own frame pointers): every capture scans the stack again, and finds
-// the same words.
+// its own frame pointers): every capture checks the other's stack in place
+// (the CPs at the same words, equal, none elsewhere) and finds the same
+// words.
 //
 // BENCH_SSE2=1 in the environment: the cache's check without AVX2 (what a
 // CPU without it runs). Prints the wall ns per pair too (noisy on a shared

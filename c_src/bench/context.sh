@@ -78,7 +78,7 @@ done
 # a NIF allocating in a loop (the thread's context cache answers), `miss'
 # the first allocation of a NIF call from the same loop (a y register
 # changed: the cache checks the words that differ), `other' another
-# process running the same code (the process's stack scanned again).
+# process running the same code (the cache checks its stack in place).
 bench=$root/c_src/build/bench_context
 if command -v valgrind >/dev/null && { [[ -x $bench ]] || make -s -C "$root/c_src" build/bench_context; }; then
   count() {  # ctx iterations
@@ -93,7 +93,7 @@ if command -v valgrind >/dev/null && { [[ -x $bench ]] || make -s -C "$root/c_sr
   echo "tracker alone (fake unwinder of 12 frames, fake scheduler): instructions per malloc+free"
   echo "pair: context off $ins_off; on, cache answering $ins_on (+$((ins_on - ins_off)));" \
     "on, a y register changed $ins_miss (+$((ins_miss - ins_off)));" \
-    "on, another process, stack scanned again $ins_other (+$((ins_other - ins_off)))"
+    "on, another process running the same code $ins_other (+$((ins_other - ins_off)))"
 fi
 echo
 echo "memory: a stored stack has room for its Erlang context (MI_CONTEXT_MAX_WORDS = 12 words:"
