@@ -180,15 +180,20 @@ struct Avx2 {
 }
 
 std::atomic<bool> g_allow_avx2{true};
+
+// Whether the checks take their AVX2 paths. __builtin_cpu_supports reads
+// what libgcc's constructor found (nothing before it ran: then the other
+// paths, which answer the same).
+inline bool use_avx2() {
+  return __builtin_cpu_supports("avx2") && g_allow_avx2.load(std::memory_order_relaxed);
+}
 #endif
 
 inline bool same_cps(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t n, uint64_t heap,
                      uint64_t span) {
 #if defined(__x86_64__)
-  // __builtin_cpu_supports reads what libgcc's constructor found (nothing
-  // before it ran: then SSE2, which answers the same).
   if (n >= 8) {
-    if (__builtin_cpu_supports("avx2") && g_allow_avx2.load(std::memory_order_relaxed)) {
+    if (use_avx2()) {
       const size_t i = first_changed_avx2(kept, sp, n);
       return i == n || patch_avx2(kept, sp, scanned, n, heap, span, i);
     }
@@ -213,7 +218,7 @@ inline bool same_cps(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t 
   // test finds not to be CPs. Nothing is written before all words check.
   for (size_t j = 0; j < scanned; ++j) {
     const uint64_t w = sp[j];
-    const uint64_t cp = (w & 3) != 0 || w == 0 || w - heap < span ? 0 : 1;
+    const uint64_t cp = is_cp(w, heap, span) ? 1 : 0;
     if (cp != ((at >> j) & 1) || (cp != 0 && w != kept[j])) return false;
   }
   std::memcpy(kept, sp, n * 8);
@@ -264,8 +269,7 @@ inline bool same_cps(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t 
 inline bool same_cps_moved(uint64_t* kept, const uint64_t* sp, size_t scanned, size_t n,
                            uint64_t at, uint64_t heap, uint64_t span) {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && g_allow_avx2.load(std::memory_order_relaxed))
-    return same_cps_moved_avx2(kept, sp, scanned, n, at, heap, span);
+  if (use_avx2()) return same_cps_moved_avx2(kept, sp, scanned, n, at, heap, span);
 #endif
   return same_cps_moved_plain(kept, sp, scanned, n, at, heap, span);
 }
@@ -377,7 +381,7 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
         cache->hend = hend;
         return {cache->words, cache->n, cache->hash, cache->token};
       }
-      cache->scanned = 0;  // its kept words are partly this stack's now
+      // Its kept words are partly this stack's now: emptied below.
     }
   }
   if (aligned_pointer(current)) {
@@ -406,8 +410,9 @@ ContextWords read_erlang_context(const mi_erlang_layout& l, SchedulerDataFn sd_o
   if (cache != nullptr) {
     // Kept only when the scan read at least one word (the key) and fits.
     // Words and token stay paired: words the cache holds already keep
-    // their token (and hash); others take a new one. (A cache emptied
-    // above still holds its words, token and hash.)
+    // their token (and hash); others take a new one. Emptied first (a
+    // failed check above may have left its kept words half replaced); its
+    // words, token and hash stay as they were.
     cache->scanned = 0;
     if (scanned != 0 && scanned <= ContextCache::kMaxScanned) {
       // The CPs were compared by the scan; the header and the function here.
