@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "../common/mi_abi.h"
+#include "../test/fake_erlang_layout.h"
 #include "../track/erlang_context.h"
 #include "../track/tracker.h"
 
@@ -83,18 +84,7 @@ void fake_process(uint64_t* proc, std::vector<uint64_t>& heap, uint64_t pid) {
 }
 
 mi_erlang_layout fake_vm() {
-  mi_erlang_layout l{};
-  l.version = MI_ERLANG_LAYOUT_VERSION;
-  l.key = 4;
-  l.sd_process = 21;
-  l.sd_env = 26;
-  l.sd_shadow = 27;
-  l.env_proc = 1;
-  l.p_current = 58;
-  l.p_htop = 10;
-  l.p_stop = 11;
-  l.p_heap = 24;
-  l.p_hend = 25;
+  mi_erlang_layout l = mi::test::fake_erlang_layout();
   l.max_cps = 8;
   l.scan_words = 256;
   g_sd[21] = addr(g_proc);

@@ -15,6 +15,7 @@
 #include "../common/mi_context.h"
 #include "../track/erlang_context.h"
 #include "../track/tracker.h"
+#include "fake_erlang_layout.h"
 
 using mi::track::capture_erlang_context;
 using mi::track::erlang_layout_valid;
@@ -28,24 +29,6 @@ constexpr uint64_t atom(uint64_t index) {
   return (index << 6) | 0x0B;
 }
 
-// The word indices the fake VMs below lay out their memory by (those the
-// probe finds on OTP 27); max_cps and scan_words are left to each VM.
-mi_erlang_layout fake_layout() {
-  mi_erlang_layout l{};
-  l.version = MI_ERLANG_LAYOUT_VERSION;
-  l.key = 4;
-  l.sd_process = 21;
-  l.sd_env = 26;
-  l.sd_shadow = 27;
-  l.env_proc = 1;
-  l.p_current = 58;
-  l.p_htop = 10;
-  l.p_stop = 11;
-  l.p_heap = 24;
-  l.p_hend = 25;
-  return l;
-}
-
 // One scheduler's worth of fake VM memory.
 struct FakeVm {
   uint64_t sd[64] = {};
@@ -57,7 +40,7 @@ struct FakeVm {
   mi_erlang_layout layout{};
 
   FakeVm() {
-    layout = fake_layout();
+    layout = mi::test::fake_erlang_layout();
     layout.max_cps = 4;
     layout.scan_words = 64;
     proc[0] = kPid;
@@ -622,7 +605,7 @@ struct RandomVm {
   mi_erlang_layout layout{};
 
   RandomVm() {
-    layout = fake_layout();
+    layout = mi::test::fake_erlang_layout();
     sd[26] = FakeVm::addr(env);
     for (unsigned i = 0; i < 2; ++i) {
       Process& p = procs[i];
