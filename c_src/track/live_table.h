@@ -121,6 +121,7 @@ class LiveTable {
   static constexpr unsigned kAddrBits = 45;  // addr_key(): address / 8 + 3
   static constexpr uint64_t kAddrMask = (uint64_t{1} << kAddrBits) - 1;
   static constexpr unsigned kSizeLoBits = 21;
+  static constexpr uint64_t kSizeLoMask = (uint64_t{1} << kSizeLoBits) - 1;
   static constexpr unsigned kSeqBits = 11;
   static constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
   static constexpr uint64_t kMaxSize = uint64_t{1} << 40;
@@ -132,8 +133,7 @@ class LiveTable {
   }
   static uint64_t address_of(uint64_t key) { return ((key & kAddrMask) - 3) << 3; }
   static uint64_t meta_of(uint32_t stack, uint64_t size, uint64_t seq) {
-    return uint64_t{stack} << 32 | (size & ((uint64_t{1} << kSizeLoBits) - 1)) << kSeqBits |
-           (seq & kSeqMask);
+    return uint64_t{stack} << 32 | (size & kSizeLoMask) << kSeqBits | (seq & kSeqMask);
   }
   static uint64_t with_seq(uint64_t meta, uint64_t seq) {
     return (meta & ~kSeqMask) | (seq & kSeqMask);
@@ -141,8 +141,7 @@ class LiveTable {
   // An entry from its key and meta words.
   static void unpack(uint64_t key, uint64_t meta, LiveEntry* out) {
     out->address = address_of(key);
-    out->size =
-        (key >> kAddrBits) << kSizeLoBits | ((meta >> kSeqBits) & ((1u << kSizeLoBits) - 1));
+    out->size = (key >> kAddrBits) << kSizeLoBits | ((meta >> kSeqBits) & kSizeLoMask);
     out->stack_id = static_cast<uint32_t>(meta >> 32);
   }
   static constexpr unsigned kGroupShift = 6;
