@@ -9,6 +9,7 @@
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_message.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 using Catch::Approx;
 #ifdef MALLOCINFO_CATCH_MAIN
 #include <catch2/catch_session.hpp>
