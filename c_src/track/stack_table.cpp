@@ -81,22 +81,28 @@ bool StackTable::init(size_t capacity, unsigned depth) {
     cap <<= 1;
     ++bits;
   }
-  const size_t header_bytes = cap * sizeof(Header);
-  const size_t frame_bytes = cap * depth * sizeof(uintptr_t);
-  const size_t token_bytes = cap * sizeof(uint64_t);
-  void* mem = os_map(header_bytes + frame_bytes + token_bytes);
+  // Header bytes rounded to a page, so the pool starts page-aligned.
+  const size_t header_bytes = (cap * sizeof(Header) + 4095) & ~size_t{4095};
+  // A record per slot, and a window more: a record is lost only when a
+  // process forks while a thread holds one between the free list and a
+  // slot (the child never gives it back).
+  const size_t rec_cap = cap + kWindow;
+  const size_t record_bytes = rec_cap * (depth + 1) * sizeof(uint64_t);
+  void* mem = os_map(header_bytes + record_bytes);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
-  frames_ = reinterpret_cast<std::atomic<uintptr_t>*>(static_cast<char*>(mem) + header_bytes);
-  tokens_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + header_bytes +
-                                                     frame_bytes);
+  records_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + header_bytes);
+  words_per_rec_ = depth + 1;
+  rec_cap_ = static_cast<uint32_t>(rec_cap);
+  free_head_.store(kNoRecord, std::memory_order_relaxed);
+  bumped_.store(0, std::memory_order_relaxed);
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
   const unsigned gen_bits = 31 - bits < 21 ? 31 - bits : 21;
   gen_max_ = (uint32_t{1} << gen_bits) - 1;
   depth_ = depth;
-  bytes_ = header_bytes + frame_bytes + token_bytes;
+  bytes_ = header_bytes + record_bytes;
   // The first sweep is wanted at a quarter full: early enough that the
   // probe windows stay short, late enough that a node with few call sites
   // never sweeps.
@@ -107,9 +113,40 @@ bool StackTable::init(size_t capacity, unsigned depth) {
 void StackTable::destroy() {
   os_unmap(headers_, bytes_);
   headers_ = nullptr;
-  frames_ = nullptr;
-  tokens_ = nullptr;
+  records_ = nullptr;
   bytes_ = 0;
+}
+
+uint32_t StackTable::take_record() {
+  // Acquire: the link read next is the one the record's giver stored
+  // before its release CAS. A link read from a record another thread took
+  // meanwhile may be anything, but then the head's count has moved and the
+  // CAS fails.
+  uint64_t head = free_head_.load(std::memory_order_acquire);
+  while (static_cast<uint32_t>(head) != kNoRecord) {
+    const uint32_t r = static_cast<uint32_t>(head);
+    const uint64_t next = record(r)[0].load(std::memory_order_relaxed);
+    const uint64_t want = ((head >> 32) + 1) << 32 | static_cast<uint32_t>(next);
+    if (free_head_.compare_exchange_weak(head, want, std::memory_order_acquire,
+                                         std::memory_order_acquire))
+      return r;
+  }
+  uint32_t b = bumped_.load(std::memory_order_relaxed);
+  while (b < rec_cap_)
+    if (bumped_.compare_exchange_weak(b, b + 1, std::memory_order_relaxed)) return b;
+  return kNoRecord;
+}
+
+void StackTable::give_record(uint32_t r) {
+  // Release: a taker's acquire CAS then sees the link, and everything that
+  // happened before the give (the old slot's free, in finish()).
+  uint64_t head = free_head_.load(std::memory_order_relaxed);
+  uint64_t want;
+  do {
+    record(r)[0].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
+    want = ((head >> 32) + 1) << 32 | r;
+  } while (!free_head_.compare_exchange_weak(head, want, std::memory_order_release,
+                                             std::memory_order_relaxed));
 }
 
 template <bool kTail>
@@ -118,18 +155,23 @@ bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintpt
   const Header& h = headers_[slot];
   const unsigned depth = kTail ? n + tail.n : n;
   if (depth_of(w) != depth || h.hash.load(std::memory_order_acquire) != hash) return false;
-  const std::atomic<uintptr_t>* f = frames_ + slot * depth_;
+  const std::atomic<uint64_t>* rec = record_of(h);
+  if (rec == nullptr) return false;
+  const std::atomic<uintptr_t>* f = rec + 1;
   if (!same_words(f, frames, n)) return false;
-  // A tail with the slot's own token is the slot's tail (Tail's contract).
-  if (kTail && (tail.token == 0 || tokens_[slot].load(std::memory_order_acquire) != tail.token) &&
+  // A tail with the record's own token is its tail (Tail's contract).
+  if (kTail && (tail.token == 0 || rec[0].load(std::memory_order_acquire) != tail.token) &&
       !same_words(f + n, tail.words, tail.n))
     return false;
-  // The slot may have been freed and rewritten while we compared: only a
-  // state word unchanged since `w` proves the frames (and the token) were
-  // this stack's. A sequence lock without fences (which TSan cannot
-  // model): a rewriter's frame and token stores are release and come after
-  // its WRITING CAS, so an acquire load that saw one of them makes this
-  // load see WRITING or later.
+  // The slot may have been freed and rewritten while we compared, or its
+  // record given to another slot: only a state word unchanged since `w`
+  // proves the record and its words were this stack's. A sequence lock
+  // without fences (which TSan cannot model): a rewriter's record, word
+  // and token stores are release and come after its WRITING CAS, or (a
+  // record reused by another slot) after its take_record()'s acquire of
+  // the release that gave the record back, which finish() did after
+  // freeing this slot; so an acquire load that saw one of them makes this
+  // load see the free or later.
   return h.state.load(std::memory_order_relaxed) == w;
 }
 
@@ -145,16 +187,24 @@ uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr
                            unsigned n, const Tail& tail) {
   Header& h = headers_[slot];
   const uint32_t g = kind(w) == kEmpty ? 1 : gen(w);
+  // The record first: a slot never waits in WRITING for one, and a spent
+  // pool loses no slot.
+  const uint32_t r = take_record();
+  if (r == kNoRecord) return 0;
   if (!h.state.compare_exchange_strong(w, word(kWriting, 0, g), std::memory_order_acquire,
-                                       std::memory_order_relaxed))
+                                       std::memory_order_relaxed)) {
+    give_record(r);
     return 0;
+  }
   // Release stores (plain moves on x86): see same_stack().
+  h.rec.store(r, std::memory_order_release);
   h.hash.store(hash, std::memory_order_release);
   h.stamp.store(epoch(), std::memory_order_relaxed);
-  std::atomic<uintptr_t>* f = frames_ + slot * depth_;
+  std::atomic<uint64_t>* rec = record(r);
+  std::atomic<uintptr_t>* f = rec + 1;
   for (unsigned j = 0; j < n; ++j) f[j].store(frames[j], std::memory_order_release);
   for (unsigned j = 0; j < tail.n; ++j) f[n + j].store(tail.words[j], std::memory_order_release);
-  tokens_[slot].store(tail.token, std::memory_order_release);
+  rec[0].store(tail.token, std::memory_order_release);
   if (park_hook_ != nullptr) [[unlikely]]
     park_hook_(park_ctx_);
   h.state.store(word(kReady, n + tail.n, g), std::memory_order_release);
@@ -292,7 +342,9 @@ unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
   const Header* h = holding(id, &w);
   if (h == nullptr) return 0;
   const unsigned n = depth_of(w);
-  const std::atomic<uintptr_t>* f = frames_ + (id & mask_) * depth_;
+  const std::atomic<uint64_t>* rec = record_of(*h);
+  if (rec == nullptr) return 0;
+  const std::atomic<uintptr_t>* f = rec + 1;
   for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
   // Frames change only after the slot is freed, which changes the
   // generation: READY and FREEING of the same generation hold the same
@@ -335,11 +387,16 @@ size_t StackTable::finish(size_t lo, size_t hi, uint32_t e) {
     const bool keep = h.stamp.load(std::memory_order_relaxed) >= e;
     const uint32_t next =
         keep ? word(kReady, depth_of(w), gen(w)) : word(kFree, 0, next_gen(gen(w)));
-    // A failed CAS means a hook revived the slot meanwhile: it stays.
+    // A failed CAS means a hook revived the slot meanwhile: it stays. A
+    // freed slot's record goes back to the pool after the free, so that a
+    // reader of the old stack that sees the record's next words also sees
+    // the free (same_stack()).
     if (h.state.compare_exchange_strong(w, next, std::memory_order_acq_rel,
                                         std::memory_order_relaxed) &&
-        !keep)
+        !keep) {
+      if (const uint32_t r = h.rec.load(std::memory_order_relaxed); r < rec_cap_) give_record(r);
       ++freed;
+    }
   }
   return freed;
 }

@@ -3,10 +3,23 @@
 // stack and aggregation by call site is a group-by on an integer.
 //
 // Layout. Open addressing on the stack's hash, linear probing bounded to
-// kWindow slots. Each slot has a 16-byte header (state word, epoch stamp,
-// hash) and room for depth() frames. The state word packs the slot's kind,
-// the stack's depth and a generation: ids are (generation << slot_bits) |
-// slot, generation >= 1, so id 0 never names a stack.
+// kWindow slots. Each slot has a 24-byte header (state word, epoch stamp,
+// hash, record). The state word packs the slot's kind, the stack's depth
+// and a generation: ids are (generation << slot_bits) | slot, generation
+// >= 1, so id 0 never names a stack.
+//
+// Records. A stack's words live in a record (its tail's token, then room
+// for depth() words) from a pool beside the headers, not in its slot: the
+// slots are spread by hash over the whole table, so frames kept per slot
+// made every table page resident once a quarter of the slots had been used
+// (23 MiB of a preloaded RabbitMQ's 52). The pool hands out records from
+// its low end, and a slot freed by a sweep gives its record back (a
+// lock-free list with a tagged head), so the pool's resident part is the
+// most stacks stored at once, packed. A new stack takes a record before it
+// claims its slot and gives it back if the claim fails. Records move
+// between slots only through a free, which changes the old slot's state
+// word first: a reader that read a reused record's new words sees that
+// change when it checks the state again (see same_stack()).
 //
 // Slot life cycle (every transition is one CAS or release store on the
 // state word; readers only trust READY and FREEING):
@@ -165,6 +178,10 @@ class StackTable {
   size_t capacity() const { return mask_ + 1; }
   unsigned depth() const { return depth_; }
   size_t bytes_reserved() const { return bytes_; }
+  // Records ever handed out: the pool's high-water mark (its resident part
+  // is about this many times record_bytes()).
+  size_t records_used() const { return bumped_.load(std::memory_order_relaxed); }
+  size_t record_bytes() const { return (depth_ + 1) * sizeof(uint64_t); }
   unsigned slot_bits() const { return slot_bits_; }
   // Distinct generations an id cycles through before repeating.
   uint32_t gen_period() const { return gen_max_; }
@@ -188,8 +205,9 @@ class StackTable {
     std::atomic<uint32_t> state;  // kind | depth << 3 | gen << 11
     std::atomic<uint32_t> stamp;  // the latest epoch that interned or held it
     std::atomic<uint64_t> hash;
+    std::atomic<uint32_t> rec;  // the record holding its words (WRITING and later)
   };
-  static_assert(sizeof(Header) == 16, "a stack slot's header costs 16 bytes");
+  static_assert(sizeof(Header) == 24, "a stack slot's header costs 24 bytes");
 
   static constexpr uint32_t kEmpty = 0;
   static constexpr uint32_t kWriting = 1;
@@ -225,9 +243,27 @@ class StackTable {
   uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
                  const Tail& tail);
 
+  // The record pool. A record is words_per_rec_ words: the token (a free
+  // record's link to the next free one), then the stack's words.
+  static constexpr uint32_t kNoRecord = UINT32_MAX;
+  std::atomic<uint64_t>* record(uint32_t r) const { return records_ + size_t{r} * words_per_rec_; }
+  // The record slot `h` holds while it holds state word `w`'s stack;
+  // nullptr when its index is out of range (only if the slot was rewritten
+  // meanwhile: the caller's state check then fails anyway).
+  const std::atomic<uint64_t>* record_of(const Header& h) const {
+    const uint32_t r = h.rec.load(std::memory_order_acquire);
+    return r < rec_cap_ ? record(r) : nullptr;
+  }
+  // A record from the free list, else the pool's next never-used one;
+  // kNoRecord when the pool is spent. Lock-free, hook-safe.
+  uint32_t take_record();
+  // Gives record r back to the free list. Lock-free.
+  void give_record(uint32_t r);
+
   Header* headers_ = nullptr;
-  std::atomic<uintptr_t>* frames_ = nullptr;
-  std::atomic<uint64_t>* tokens_ = nullptr;  // per slot: its tail's token, or 0
+  std::atomic<uint64_t>* records_ = nullptr;
+  size_t words_per_rec_ = 0;
+  uint32_t rec_cap_ = 0;
   size_t mask_ = 0;
   unsigned slot_bits_ = 0;
   uint32_t gen_max_ = 0;
@@ -244,6 +280,12 @@ class StackTable {
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> reclaimed_{0};
   std::atomic<uint64_t> count_after_sweep_{0};
+  // The free list's head: the first free record's index (kNoRecord: none)
+  // in the low 32 bits, a count of head changes above it, so a thread that
+  // read a head and its link cannot install a link that went stale meanwhile
+  // (ABA). Written when a new stack is stored or a sweep frees one.
+  alignas(64) std::atomic<uint64_t> free_head_{kNoRecord};
+  std::atomic<uint32_t> bumped_{0};  // records handed out from the low end
 };
 
 }  // namespace mi::track
