@@ -113,7 +113,7 @@ TEST_CASE("churn: sampled counts keep their fractions", "[track][churn]") {
   ChurnTable ct;
   REQUIRE(ct.init(64));
   // Ten sampled blocks of 1.4 blocks each: 14, where whole weights gave 10.
-  for (int i = 0; i < 10; ++i) ct.on_alloc(7, kCountOne * 14 / 10, 1400, true);
+  for (int i = 0; i < 10; ++i) ct.on_alloc(7, 3, kCountOne * 14 / 10, 1400, true);
   mi_abi_churn row{};
   ct.for_each([&](const mi_abi_churn& r) { row = r; });
   CHECK(row.stack_id == 7);
@@ -219,15 +219,16 @@ TEST_CASE("churn: sample mode, a block with bytes allocated after it is not temp
   t.destroy();
 }
 
-TEST_CASE("churn table: a reused slot folds the old stack's counts into the unknown row",
+TEST_CASE("churn table: a reused row folds the old stack's counts into the unknown row",
           "[track][churn]") {
   ChurnTable ct;
   REQUIRE(ct.init(64));
-  const uint32_t old_id = (1u << 6) | 5, new_id = (2u << 6) | 5;  // same slot, next generation
-  ct.on_alloc(old_id, 3 * kCountOne, 300, false);
-  ct.on_free(old_id, kCountOne, 100, 0, true);
-  ct.on_alloc(0, kCountOne, 1, false);
-  ct.on_alloc(new_id, kCountOne, 10, false);
+  // Two stacks that had the same record in turn: the same row.
+  const uint32_t old_id = (1u << 6) | 5, new_id = (2u << 6) | 9, row = 12;
+  ct.on_alloc(old_id, row, 3 * kCountOne, 300, false);
+  ct.on_free(old_id, row, kCountOne, 100, 0, true);
+  ct.on_alloc(0, 0, kCountOne, 1, false);
+  ct.on_alloc(new_id, row, kCountOne, 10, false);
   std::map<uint32_t, mi_abi_churn> rows;
   ct.for_each([&](const mi_abi_churn& r) { rows[r.stack_id] = r; });
   REQUIRE(rows.size() == 2);
@@ -240,11 +241,17 @@ TEST_CASE("churn table: a reused slot folds the old stack's counts into the unkn
   CHECK(rows.at(0).temporary_count == 1);
   // A free for the old id now (it cannot happen: its stack was reclaimed
   // because no live block used it) would go to the unknown row.
-  ct.on_free(old_id, kCountOne, 100, 0, false);
+  ct.on_free(old_id, row, kCountOne, 100, 0, false);
+  // Rows out of range, and any row for id 0, are the unknown row's.
+  ct.on_alloc(new_id, 64, kCountOne, 5, false);
+  ct.on_alloc(0, row, kCountOne, 5, false);
   rows.clear();
   ct.for_each([&](const mi_abi_churn& r) { rows[r.stack_id] = r; });
   CHECK(rows.at(0).freed_count == 2);
+  CHECK(rows.at(0).allocated_count == 6);
+  CHECK(rows.at(0).allocated_bytes == 311);
   CHECK(rows.at(new_id).freed_count == 0);
+  CHECK(rows.at(new_id).allocated_count == 1);
   ct.clear();
   uint64_t n = ct.for_each([](const mi_abi_churn&) {});
   CHECK(n == 0);

@@ -3,19 +3,17 @@
 // how many were temporary (memray's rule: freed before any other
 // allocation on the thread that allocated them).
 //
-// One slot per stack-table slot that ever counted something, in a
-// separate mmapped array, dense: a stack-table slot is given the next
-// free churn slot the first time one of its stacks counts (an index of
-// 4 bytes per stack-table slot says which), so the resident set is 256
-// bytes per call site that counted, not a page per site scattered over
-// the table. Churn slot 0 is the blocks' without a stack (id 0). The live
-// table and the stack table keep their layout, and a site's counters
-// outlive its live blocks. A slot belongs to the id that last claimed it.
-// The stack table reuses a slot only after a sweep freed its stack (no
-// live block referenced it); the first allocation of the new id then
-// claims the churn slot and folds what the old id counted into the row of
-// blocks without a known stack, so the totals still add up (the old id's
-// frames are gone: nobody could name it any more).
+// One row per stack-table record (StackTable::row()), in a separate
+// mmapped array: the stack table hands its records out densely from the
+// low end and reuses freed ones, so the resident set is 256 bytes per
+// stack stored at once, not a page per site scattered over the table.
+// Row 0 is the blocks' without a stack (id 0). A site's counters outlive
+// its live blocks. A row belongs to the id that last claimed it. The
+// stack table gives a record to another stack only after a sweep freed
+// its stack (no live block referenced it); the first allocation of the
+// new id then claims the row and folds what the old id counted into the
+// row of blocks without a known stack, so the totals still add up (the
+// old id's frames are gone: nobody could name it any more).
 //
 // Block counts are kept in fixed point (kCountOne per block): a sampled
 // block of n bytes stands for 1/p(n) blocks, 1.09 for n = 10 KiB at the
@@ -66,19 +64,20 @@ inline unsigned lifetime_bucket(uint64_t ns) {
 
 class ChurnTable {
  public:
-  // `capacity` is the stack table's (a power of two). False when the
-  // memory cannot be mapped.
-  bool init(size_t capacity);
+  // Rows 0 to rows - 1 (the stack table's rows()). False when the memory
+  // cannot be mapped.
+  bool init(size_t rows);
   void destroy();
 
-  // A block of stack `id` (0: none) entered the live table, standing for
-  // `count` blocks (fixed point: kCountOne is one) of `bytes` bytes in all;
+  // A block of stack `id` (0: none), whose row is `row` (the stack table's
+  // row(id): 0 for id 0), entered the live table, standing for `count`
+  // blocks (fixed point: kCountOne is one) of `bytes` bytes in all;
   // `sampled` when those are a sample's weights.
-  void on_alloc(uint32_t id, uint64_t count, uint64_t bytes, bool sampled) {
-    Slot& s = slot_of(id);
-    // Slot 0 (no stack, or no churn slot left) is never claimed.
+  void on_alloc(uint32_t id, uint32_t row, uint64_t count, uint64_t bytes, bool sampled) {
+    Slot& s = slot_of(id, row);
+    // Row 0 (no stack, or a row out of range) is never claimed.
     if (s.id.load(std::memory_order_relaxed) != id && &s != slots_) [[unlikely]]
-      claim(s, id);
+      claim(s, id, row);
     s.allocated_count.fetch_add(count, std::memory_order_relaxed);
     s.allocated_bytes.fetch_add(bytes, std::memory_order_relaxed);
     if (sampled && s.flags.load(std::memory_order_relaxed) == 0) [[unlikely]]
@@ -88,10 +87,10 @@ class ChurnTable {
   // realloc) after living `lifetime_ns`; it stands for `count` (fixed
   // point) blocks of
   // `bytes` bytes; `temporary`: it was its thread's last allocation.
-  void on_free(uint32_t id, uint64_t count, uint64_t bytes, uint64_t lifetime_ns, bool temporary) {
-    const uint32_t i = id != 0 ? index_[id & mask_].load(std::memory_order_relaxed) : 0;
-    Slot* s = &slots_[i];
-    // The slot was claimed by a newer id meanwhile (the old stack was
+  void on_free(uint32_t id, uint32_t row, uint64_t count, uint64_t bytes, uint64_t lifetime_ns,
+               bool temporary) {
+    Slot* s = &slot_of(id, row);
+    // The row was claimed by a newer id meanwhile (the old stack was
     // reclaimed under a live block: a protocol failure, see tracker.h), or
     // never by this one: count the free with the unknown stacks.
     if (s->id.load(std::memory_order_relaxed) != id) [[unlikely]]
@@ -106,8 +105,8 @@ class ChurnTable {
   template <class F>
   uint64_t for_each(F&& f) const;
 
-  // Zeroes every counter and the index and gives the pages back (they
-  // cost nothing until the next allocation of a site writes them).
+  // Zeroes every counter and gives the pages back (they cost nothing
+  // until the next allocation of a site writes them).
   void clear();
   size_t bytes_reserved() const { return bytes_; }
   size_t resident_bytes() const;
@@ -125,36 +124,24 @@ class ChurnTable {
   static_assert(sizeof(Slot) == 256, "a churn slot is four cache lines");
 
   static uint64_t whole(uint64_t fixed) { return (fixed + kCountOne / 2) / kCountOne; }
-  // Stack `id`'s churn slot; id 0's (no stack) is slot 0.
-  Slot& slot_of(uint32_t id) {
-    if (id == 0) return slots_[0];
-    const uint32_t i = index_[id & mask_].load(std::memory_order_relaxed);
-    if (i == 0) [[unlikely]]
-      return slots_[assign(id & mask_)];
-    return slots_[i];
-  }
-  // Gives stack-table slot k the next free churn slot (or the one a racing
-  // thread gave it first); 0 (the unknown row) when none is left.
-  [[gnu::noinline, gnu::cold]] uint32_t assign(uint32_t k);
-  // Makes s the slot of `id`, folding what an older id counted into the
-  // unknown stacks' slot.
-  [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id);
+  // The row of stack `id`: row 0 (no stack) for id 0 or a row out of range.
+  Slot& slot_of(uint32_t id, uint32_t row) { return slots_[id != 0 && row < nslots_ ? row : 0]; }
+  // Makes s (row `row`) the row of `id`, folding what an older id counted
+  // into the unknown stacks' row.
+  [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id, uint32_t row);
 
-  Slot* slots_ = nullptr;                   // slots_ 0 (unknown), then as assigned
-  std::atomic<uint32_t>* index_ = nullptr;  // per stack-table slot: its churn slot, or 0
-  std::atomic<uint32_t> next_{0};           // churn slots given so far (slot 0 aside)
-  uint32_t mask_ = 0;
-  size_t nslots_ = 0;  // churn slots mapped, slot 0 included
-  size_t slot_bytes_ = 0;
+  Slot* slots_ = nullptr;          // row 0 (unknown), then one per stack-table record
+  std::atomic<uint32_t> used_{1};  // rows up to here may have counted (read by for_each)
+  size_t nslots_ = 0;              // rows mapped, row 0 included
   size_t bytes_ = 0;
 };
 
 template <class F>
 uint64_t ChurnTable::for_each(F&& f) const {
   uint64_t n = 0;
-  // The slots given so far: the array is dense, nothing past them was
+  // The rows claimed so far: records are dense, nothing past them was
   // written (reading it would map pages for nothing).
-  size_t used = size_t{next_.load(std::memory_order_acquire)} + 1;
+  size_t used = used_.load(std::memory_order_acquire);
   if (used > nslots_) used = nslots_;
   for (size_t i = 0; i < used; ++i) {
     const Slot& s = slots_[i];

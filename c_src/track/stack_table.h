@@ -178,6 +178,18 @@ class StackTable {
   size_t capacity() const { return mask_ + 1; }
   unsigned depth() const { return depth_; }
   size_t bytes_reserved() const { return bytes_; }
+  // The churn row of stack `id` (track/churn.h): its record's index + 1,
+  // dense like the records; 0 for id 0. Not checked against the id's
+  // generation (a row is claimed by id, so a stale one only misfiles
+  // counts into another row, which folds them into the unknown row). One
+  // relaxed load.
+  uint32_t row(uint32_t id) const {
+    if (id == 0) return 0;
+    const uint32_t r = headers_[id & mask_].rec.load(std::memory_order_relaxed);
+    return r < rec_cap_ ? r + 1 : 0;
+  }
+  // Rows row() answers: 0 to rows() - 1.
+  size_t rows() const { return size_t{rec_cap_} + 1; }
   // Records ever handed out: the pool's high-water mark (its resident part
   // is about this many times record_bytes()).
   size_t records_used() const { return bumped_.load(std::memory_order_relaxed); }

@@ -93,7 +93,7 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
     table_.destroy();
     return false;
   }
-  if (!churn_.init(stacks_.capacity())) {
+  if (!churn_.init(stacks_.rows())) {
     table_.destroy();
     stacks_.destroy();
     return false;
@@ -414,9 +414,9 @@ bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
     // Counted before the pin is released: the id is still protected.
     if (sampled) {
       const Weight w = weight_of(size, config_.sample_bytes);
-      churn_.on_alloc(id, w.fixed_calls, w.bytes, true);
+      churn_.on_alloc(id, stacks_.row(id), w.fixed_calls, w.bytes, true);
     } else {
-      churn_.on_alloc(id, kCountOne, size, false);
+      churn_.on_alloc(id, stacks_.row(id), kCountOne, size, false);
     }
   } else if (inserted == 0) {
     bump_own(ts, ts->dropped, 1);
@@ -446,9 +446,9 @@ __attribute__((always_inline)) inline void Tracker::churn_free(ThreadState* ts,
   const uint32_t id = e.stack_id & ~kSampledBit;
   if (sampled) {
     const Weight w = weight_of(e.size, config_.sample_bytes);
-    churn_.on_free(id, w.fixed_calls, w.bytes, lifetime, temporary);
+    churn_.on_free(id, stacks_.row(id), w.fixed_calls, w.bytes, lifetime, temporary);
   } else {
-    churn_.on_free(id, kCountOne, e.size, lifetime, temporary);
+    churn_.on_free(id, stacks_.row(id), kCountOne, e.size, lifetime, temporary);
   }
 }
 
