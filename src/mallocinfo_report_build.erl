@@ -349,7 +349,8 @@ native(#{trace_status := #{} = S, olds := Olds,
     %% The figures of one snapshot (the roll-ups', the oldest blocks'), not
     %% the tracker's counters read at another moment; `self' is what
     %% mallocinfo's own work allocated, never recorded (status/0).
-    Base = maps:with([mode, dropped, table_bytes, stack_bytes, attached, attached_at, self], S),
+    Base = maps:with([mode, dropped, table_bytes, stack_bytes, tables_bytes, attached,
+                      attached_at, self], S),
     Live = #{live_bytes => maps:get(live_bytes, Rollup, maps:get(live_bytes, S, 0)),
              live_entries => maps:get(live_blocks, Rollup, maps:get(live_entries, S, 0))},
     Processes = maps:get(native_processes, Raw, []),
@@ -360,8 +361,8 @@ native(#{trace_status := #{}, rollup := Error}) when not is_map(Error) ->
     unavailable(Error, <<"mallocinfo_trace:snapshot/0 failed">>);
 native(#{trace_status := #{} = S, sites := Sites, olds := Olds})
   when is_list(Sites), is_list(Olds) ->
-    (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, attached,
-                attached_at], S))#{sites => Sites, olds => Olds};
+    (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, tables_bytes,
+                attached, attached_at], S))#{sites => Sites, olds => Olds};
 native(#{trace_status := #{}, sites := Error}) when not is_list(Error) ->
     unavailable(Error, <<"mallocinfo_trace:sites/2 failed">>);
 native(#{trace_status := #{}, olds := Error}) ->
@@ -644,7 +645,7 @@ claims(#{resident := #{groups := G}} = R) ->
       libc_arena => case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
       libc_mmap => case maps:get(libc, R) of #{mmap_bytes := M} -> M; _ -> 0 end,
       tracker => case maps:get(native, R) of
-                     #{table_bytes := TB, stack_bytes := SB} -> TB + SB;
+                     #{} = N -> mallocinfo_report_verdicts:tracker_reserved(N);
                      _ -> 0
                  end,
       other_alloc => case maps:get(other_allocator, R) of

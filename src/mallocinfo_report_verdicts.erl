@@ -12,7 +12,7 @@
 -export([rules/0, rule/2, verdicts/1]).
 %% What the report's text shares with the sentences.
 -export([culprit/1, proc_name/1, resident_parts/1, part_label/1, rss/1, mfa_text/1,
-         processes_text/1, row_processes_text/1]).
+         processes_text/1, row_processes_text/1, tracker_reserved/1]).
 
 -define(MiB, (1 bsl 20)).
 %% A verdict needs at least this many bytes and this share of RSS.
@@ -191,13 +191,13 @@ rule(erts_mseg_cache, #{erts := #{mseg_cache_bytes := C, mmap_bytes := M}} = R)
                     "all): they are reused for new carriers or released over time",
                     [bytes(C), bytes(M)])}
     end;
-rule(tracker_tables, #{native := #{table_bytes := TB, stack_bytes := SB} = N,
+rule(tracker_tables, #{native := #{table_bytes := _, stack_bytes := _} = N,
                        attributed := Attributed} = R) ->
     case proplists:get_value(tracker_tables, Attributed, 0) of
         B when is_integer(B) ->
             case significant(B, R) of
                 false -> none;
-                true -> {B, tracker_tables_text(B, TB + SB, N, R)}
+                true -> {B, tracker_tables_text(B, tracker_reserved(N), N, R)}
             end;
         _ -> none
     end;
@@ -414,6 +414,15 @@ fmt(Format, Args) ->
 bytes(B) -> mallocinfo_units:bytes(B).
 count(N) -> mallocinfo_units:count(N).
 age(Ms) -> mallocinfo_units:age(Ms).
+
+%% @doc What the tracker's tables reserved, from its status: every table
+%% (`tables_bytes') from interposers that say it; the live and stack tables
+%% only from older ones (0 without a tracker).
+-spec tracker_reserved(map()) -> non_neg_integer().
+tracker_reserved(#{tables_bytes := T}) when is_integer(T), T > 0 -> T;
+tracker_reserved(#{table_bytes := TB, stack_bytes := SB}) when is_integer(TB), is_integer(SB) ->
+    TB + SB;
+tracker_reserved(_) -> 0.
 
 %% The tracker verdict reads the mode: what the tables cost in it, and what
 %% each knob would change from there (never "switch to sample" in sample).

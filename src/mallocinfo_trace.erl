@@ -119,7 +119,9 @@
 %% Other keys (with the interposer): `table_capacity', `table_bytes',
 %% `live_entries', `live_bytes', `dropped' (allocations the full table
 %% could not record), `stacks' (distinct call stacks stored now),
-%% `stack_capacity', `stack_bytes', `stacks_dropped' (allocations recorded
+%% `stack_capacity', `stack_bytes', `tables_bytes' (what all the tracker's
+%% tables reserved: live, stack and churn tables, thread states, regions;
+%% 0 from older interposers), `stacks_dropped' (allocations recorded
 %% without a stack because the stack table had no room), `stacks_reclaimed'
 %% (stacks freed because no live block used them any more), `stack_sweeps'
 %% (reclamation passes done), `stack_depth', `sample_bytes', `unwinder'

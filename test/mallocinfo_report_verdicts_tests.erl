@@ -244,6 +244,20 @@ tracker_tables_test() ->
                                "back, and a smaller MALLOCINFO_TABLE_SIZE caps the table">>},
                  ?V:rule(tracker_tables, R)).
 
+%% An interposer that says what all its tables reserved (tables_bytes) is
+%% believed; an older one's live and stack tables are all there is to say
+%% (a preloaded RabbitMQ's report said 87.6 MiB reserved of the 110.3).
+tracker_tables_reserved_test() ->
+    Q = quiet(),
+    R = Q#{attributed := [{tracker_tables, 70 * ?MiB}],
+           native := (maps:get(native, Q))#{tables_bytes => 110 * ?MiB}},
+    {_, Text} = ?V:rule(tracker_tables, R),
+    ?assertMatch({_, _}, binary:match(Text, <<"(6% of RSS, 110.0 MiB reserved)">>)),
+    ?assertEqual(110 * ?MiB, ?V:tracker_reserved(maps:get(native, R))),
+    ?assertEqual(80 * ?MiB, ?V:tracker_reserved(maps:get(native, Q))),
+    ?assertEqual(80 * ?MiB, ?V:tracker_reserved((maps:get(native, Q))#{tables_bytes => 0})),
+    ?assertEqual(0, ?V:tracker_reserved(#{})).
+
 %% No live block: no "per live block for 0 blocks" (an attached RabbitMQ
 %% whose queues live in ERTS got "64.8 MiB per live block for 0 blocks").
 tracker_tables_no_block_test() ->

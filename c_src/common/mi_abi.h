@@ -117,6 +117,11 @@ typedef struct mi_abi_status {
   /* Filled by interposers that have mi_preload_abi.churn: when churn
    * started counting (start, or the last reset()), on now_ns()'s clock. */
   uint64_t churn_since_ns;
+  /* Filled by interposers since the stack table's record pool; older ones
+   * leave the caller's zero. What every table of the tracker reserved
+   * (live, stack and churn tables, thread states, the region table):
+   * MAP_NORESERVE mappings, resident only where written. */
+  uint64_t tables_bytes;
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;

@@ -47,6 +47,7 @@
   X(stacks, "stacks")                               \
   X(stack_capacity, "stack_capacity")               \
   X(stack_bytes, "stack_bytes")                     \
+  X(tables_bytes, "tables_bytes")                   \
   X(stacks_dropped, "stacks_dropped")               \
   X(stacks_reclaimed, "stacks_reclaimed")           \
   X(stack_sweeps, "stack_sweeps")                   \

@@ -131,6 +131,7 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.stacks, make_u64(env, s.stacks))
       .put(atoms.stack_capacity, make_u64(env, s.stack_capacity))
       .put(atoms.stack_bytes, make_u64(env, s.stack_bytes))
+      .put(atoms.tables_bytes, make_u64(env, s.tables_bytes))
       .put(atoms.stacks_dropped, make_u64(env, s.stacks_dropped))
       .put(atoms.stacks_reclaimed, make_u64(env, s.stacks_reclaimed))
       .put(atoms.stack_sweeps, make_u64(env, s.stack_sweeps))

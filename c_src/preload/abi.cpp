@@ -30,6 +30,11 @@ void abi_status(mi_abi_status* out, size_t out_size) {
   } else {
     s.mode = MI_MODE_OFF;
   }
+  if (s.tables_bytes != 0) {
+    mi_abi_region_status r{};
+    map_status(&r);
+    s.tables_bytes += r.table_bytes;
+  }
   std::memcpy(out, &s, out_size < sizeof s ? out_size : sizeof s);
 }
 

@@ -700,6 +700,10 @@ void Tracker::status(mi_abi_status* out) const {
   s.stacks = stacks_.count();
   s.stack_capacity = stacks_.capacity();
   s.stack_bytes = stacks_.bytes_reserved();
+  // The region table is the interposer's, not the tracker's: abi_status()
+  // adds it.
+  s.tables_bytes =
+      table_.bytes_reserved() + stacks_.bytes_reserved() + churn_.bytes_reserved() + states_bytes_;
   s.stacks_dropped = stacks_.dropped() + stacks_lost_.load(std::memory_order_relaxed);
   s.stacks_reclaimed = stacks_.reclaimed();
   s.stack_sweeps = sweeps_.load(std::memory_order_relaxed);
