@@ -81,8 +81,7 @@ bool StackTable::init(size_t capacity, unsigned depth) {
     cap <<= 1;
     ++bits;
   }
-  // Header bytes rounded to a page, so the pool starts page-aligned.
-  const size_t header_bytes = (cap * sizeof(Header) + 4095) & ~size_t{4095};
+  const size_t header_bytes = header_bytes_of(cap);
   // A record per slot, and a window more: a record is lost only when a
   // process forks while a thread holds one between the free list and a
   // slot (the child never gives it back).
@@ -115,6 +114,14 @@ void StackTable::destroy() {
   headers_ = nullptr;
   records_ = nullptr;
   bytes_ = 0;
+}
+
+size_t StackTable::resident_slot_bytes() const {
+  return headers_ != nullptr ? os_resident(headers_, header_bytes()) : 0;
+}
+
+size_t StackTable::resident_record_bytes() const {
+  return records_ != nullptr ? os_resident(records_, bytes_ - header_bytes()) : 0;
 }
 
 uint32_t StackTable::take_record() {

@@ -194,6 +194,10 @@ class StackTable {
   // is about this many times record_bytes()).
   size_t records_used() const { return bumped_.load(std::memory_order_relaxed); }
   size_t record_bytes() const { return (depth_ + 1) * sizeof(uint64_t); }
+  // Resident bytes of the slots and of the record pool (mincore). Never
+  // allocates.
+  size_t resident_slot_bytes() const;
+  size_t resident_record_bytes() const;
   unsigned slot_bits() const { return slot_bits_; }
   // Distinct generations an id cycles through before repeating.
   uint32_t gen_period() const { return gen_max_; }
@@ -254,6 +258,12 @@ class StackTable {
   bool stamp_if_current(uint32_t id, uint32_t e, bool revive);
   uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
                  const Tail& tail);
+
+  // The slots' bytes, rounded to a page so that the pool starts on one.
+  static size_t header_bytes_of(size_t cap) {
+    return (cap * sizeof(Header) + 4095) & ~size_t{4095};
+  }
+  size_t header_bytes() const { return header_bytes_of(mask_ + 1); }
 
   // The record pool. A record is words_per_rec_ words: the token (a free
   // record's link to the next free one), then the stack's words.
