@@ -14,6 +14,8 @@
          prometheus_scrapes_layers/1]).
 
 -define(HTTPC, mallocinfo_watch_suite).
+%% How long wait_for/3 waits for samples and verdicts.
+-define(WAIT_MS, 300000).
 
 all() ->
     [watch_names_growth, watch_options, sampler_restarts, watch_over_distribution,
@@ -48,15 +50,34 @@ test_dir() ->
 call(Config, M, F, A) ->
     peer:call(?config(peer, Config), M, F, A, 120000).
 
-%% Waits (without a deadline of its own: CT's timetrap bounds it) until
-%% the sampler has N samples and a verdict for each of Parts.
+%% Waits until the sampler has N samples and a verdict for each of
+%% Prefixes, for at most ?WAIT_MS; then fails with what it saw. A deadline
+%% of its own, not CT's timetrap: the growers add about 4 MB/s to the peer,
+%% and a verdict that never comes (a trixie full matrix run at a load
+%% average of 9) grew it to 3.2 GB before the 30-minute timetrap, and said
+%% nothing of why.
 wait_for(Config, N, Prefixes) ->
+    wait_for(Config, N, Prefixes, erlang:monotonic_time(millisecond) + ?WAIT_MS).
+
+wait_for(Config, N, Prefixes, Deadline) ->
     {ok, H} = call(Config, mallocinfo, history, []),
     #{samples := S, verdicts := Vs} = H,
     Seen = [P || P <- Prefixes, lists:any(fun(V) -> string:prefix(V, P) =/= nomatch end, Vs)],
     case length(S) >= N andalso Seen =:= Prefixes of
-        true -> H;
-        false -> timer:sleep(500), wait_for(Config, N, Prefixes)
+        true ->
+            H;
+        false ->
+            case erlang:monotonic_time(millisecond) > Deadline of
+                true ->
+                    ct:log("history after ~b ms: ~p", [?WAIT_MS, maps:without([samples], H)]),
+                    ct:fail({verdicts_not_seen, #{samples => length(S), wanted => N,
+                                                  missing => Prefixes -- Seen, verdicts => Vs,
+                                                  rates => maps:get(rates, H, none),
+                                                  cost => maps:get(cost, H, none)}});
+                false ->
+                    timer:sleep(500),
+                    wait_for(Config, N, Prefixes, Deadline)
+            end
     end.
 
 %%% Cases --------------------------------------------------------------------
