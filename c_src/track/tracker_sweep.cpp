@@ -125,14 +125,17 @@ bool Tracker::sweep_start(bool from_hook) {
   }
   mark_pending(e);
   // Counted before the scan is published: a reclaim() that read the count
-  // before this waits for this sweep. The fences pair (reclaim() has the
-  // other): either reclaim() read this count, or this sweep's scan reads
-  // the table as reclaim()'s caller left it. Stored rather than added: only
-  // one sweep starts at a time, and a child forked between a start and its
-  // end (the control page wiped, the counts not) is back in step at its
-  // first sweep.
-  sweeps_started_.store(sweeps_.load(std::memory_order_acquire) + 1, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // before this waits for this sweep. This exchange and reclaim()'s
+  // fetch_add(0) are read-modify-writes of one atomic, so one comes first
+  // in its order: either reclaim() reads this count, or this exchange
+  // reads reclaim()'s write (acquire of its release) and this sweep's scan
+  // sees the table as reclaim()'s caller left it. RMWs rather than seq_cst
+  // fences: the same argument in the C++ model, and one ThreadSanitizer
+  // models (GCC refuses fences under -fsanitize=thread, -Werror=tsan).
+  // Stored rather than added: only one sweep starts at a time, and a child
+  // forked between a start and its end (the control page wiped, the counts
+  // not) is back in step at its first sweep.
+  sweeps_started_.exchange(sweeps_.load(std::memory_order_acquire) + 1, std::memory_order_acq_rel);
   c.epoch.store(e, std::memory_order_relaxed);
   c.freed.store(0, std::memory_order_relaxed);
   c.done.store(phase_word(kScan), std::memory_order_relaxed);
@@ -203,12 +206,11 @@ uint64_t Tracker::reclaim() {
   if (sweep_ == nullptr || barrier_kind() == kBarrierNone) return 0;
   const uint64_t freed_before = stacks_.reclaimed();
   // Wait for the first sweep counted after this point, whoever starts it:
-  // its scan reads the table as the caller left it (the fence orders the
-  // caller's writes, a clear, before the count is read). Waiting for a
-  // sweep of our own instead could starve: a hook may start the next one
-  // each time the last ends, before this thread runs again.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const uint64_t target = sweeps_started_.load(std::memory_order_seq_cst) + 1;
+  // its scan reads the table as the caller left it (this RMW releases the
+  // caller's writes, a clear, to sweep_start()'s exchange: see there).
+  // Waiting for a sweep of our own instead could starve: a hook may start
+  // the next one each time the last ends, before this thread runs again.
+  const uint64_t target = sweeps_started_.fetch_add(0, std::memory_order_acq_rel) + 1;
   while (sweeps_.load(std::memory_order_acquire) < target) {
     if (sweep_active()) {
       // Help whichever sweep runs; when every chunk is claimed, the
