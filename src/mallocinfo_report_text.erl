@@ -106,7 +106,8 @@ section_growth(#{layer_growth := #{parts := Parts, span_ms := Ms, samples := N} 
       || #{part := P, last := Last, delta := D, rate := Rate, growing := Growing} <- Rows],
      para(io_lib:format("noise threshold: a part grew when it grew by ~ts or more over the "
                         "interval (free space: ~ts) and never fell by that much between two "
-                        "samples",
+                        "samples (over six or more: or its last third stayed that much above "
+                        "its first)",
                         [bytes(maps:get(noise_bytes, G)), bytes(4 * maps:get(noise_bytes, G))])),
      [[io_lib:format("~ts (largest growth first):~n", [mallocinfo_layers_growth:part_label(P)]),
        [io_lib:format("  ~ts~n", [culprit_line(C)]) || C <- lists:sublist(Cs, 3)]]

@@ -55,6 +55,31 @@ a_part_that_fell_between_samples_did_not_grow_test() ->
     [#{delta := D}] = [R || #{part := ets} = R <- maps:get(parts, G)],
     ?assertEqual(2 * ?MiB, D).
 
+%% A heap that keeps growing through collections that each drop it by more
+%% than the noise threshold grew (its last third is above its first); one
+%% that is collected back to where it was did not, whatever the window
+%% ends on. 60 samples a second apart.
+a_part_that_grows_through_its_collections_grew_test() ->
+    Series = fun(F) -> [sample(I * 1000, #{{memory, processes} => 10 * ?MiB + F(I)})
+                        || I <- lists:seq(0, 59)] end,
+    Growing = fun(Samples) ->
+                      G = mallocinfo_layers_growth:growth(Samples),
+                      [P || #{part := P} <- maps:get(growing, G)]
+              end,
+    %% 1 MiB/s, and every 10 s a collection gives 4 MiB back.
+    Trend = fun(I) -> I * ?MiB - (I div 10) * 4 * ?MiB end,
+    ?assertEqual([processes], Growing(Series(Trend))),
+    %% A sawtooth: 2 MiB/s for 9 s, then collected to the start, ending on a
+    %% peak (+18 MiB over the window).
+    Saw = fun(I) -> (I rem 10) * 2 * ?MiB end,
+    ?assertEqual([], Growing(Series(Saw))),
+    %% The same sawtooth on a slow rise that the drops exceed.
+    SlowSaw = fun(I) -> (I rem 10) * 2 * ?MiB + I * 100000 end,
+    ?assertEqual([], Growing(Series(SlowSaw))),
+    %% Fewer than six samples: one fall of the threshold still says no.
+    ?assertEqual([], Growing([sample(I * 1000, #{{memory, processes} => (10 + M) * ?MiB})
+                              || {I, M} <- [{0, 0}, {1, 3}, {2, 6}, {3, 2}, {4, 3}]])).
+
 fastest_first_and_free_space_follows_its_use_test() ->
     Samples = [sample(0, #{}),
                sample(5000, #{{memory, ets} => 5 * ?MiB, {memory, processes} => 11 * ?MiB}),
