@@ -36,9 +36,8 @@
 // Thread-safety: every method is thread-safe. on_alloc/on_free are
 // hook-safe (no malloc, no lock, no syscall); init/destroy are not
 // thread-safe; clear() may race with hooks (a count landing mid-clear may
-// survive it or be lost, or land in a slot another site takes after the
-// clear: then the two sites' counts go to the unknown row as they take the
-// slot in turn, until the next clear; the totals still add up).
+// survive it or be lost; a row zeroed under a site is claimed again by its
+// next allocation).
 #ifndef MALLOCINFO_TRACK_CHURN_H
 #define MALLOCINFO_TRACK_CHURN_H
 

@@ -269,9 +269,9 @@ class StackTable {
   // record's link to the next free one), then the stack's words.
   static constexpr uint32_t kNoRecord = UINT32_MAX;
   std::atomic<uint64_t>* record(uint32_t r) const { return records_ + size_t{r} * words_per_rec_; }
-  // The record slot `h` holds while it holds state word `w`'s stack;
-  // nullptr when its index is out of range (only if the slot was rewritten
-  // meanwhile: the caller's state check then fails anyway).
+  // The record of slot `h`'s stack; nullptr when its index is out of
+  // range (only if the slot was rewritten meanwhile: the caller's state
+  // check then fails anyway).
   const std::atomic<uint64_t>* record_of(const Header& h) const {
     const uint32_t r = h.rec.load(std::memory_order_acquire);
     return r < rec_cap_ ? record(r) : nullptr;
