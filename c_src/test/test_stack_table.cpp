@@ -421,3 +421,60 @@ TEST_CASE("stack table: resident records follow the stacks stored at once", "[tr
   CHECK(st.resident_slot_bytes() <= 65536 * 24);
   st.destroy();
 }
+
+TEST_CASE(
+    "stack table: a slot claimed while its sweep is between the free and the give back "
+    "keeps its new record",
+    "[track][stacks]") {
+  // A full one-window table: the only slot a new stack can take is the one
+  // the sweep frees. finish() is held after the free (its test hook), a
+  // new stack takes that slot, then finish() goes on. It must give back
+  // the old stack's record, not the new stack's (a review found finish()
+  // reading the slot's record after the free, so it gave back the one the
+  // new stack had just put there: two stacks would then share a record).
+  StackTable st;
+  REQUIRE(st.init(64, 4));
+  std::vector<uint32_t> ids;
+  for (uintptr_t i = 1; i <= 64; ++i) {
+    const uintptr_t f[] = {i, i + 100};
+    ids.push_back(st.intern(f, 2));
+    REQUIRE(ids.back() != 0);
+  }
+  struct Ctx {
+    StackTable* st;
+    uint32_t id = 0;
+  } ctx{&st};
+  st.set_finish_hook(
+      [](void* p) {
+        auto* c = static_cast<Ctx*>(p);
+        if (c->id != 0) return;
+        const uintptr_t f[] = {9001, 9002};
+        c->id = c->st->intern(f, 2);
+      },
+      &ctx);
+  const uint32_t e = st.begin_sweep();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (i != 4) REQUIRE(st.mark(ids[i], e));
+  CHECK(st.condemn(0, 64, e) == 1);
+  CHECK(st.finish(0, 64, e) == 1);
+  st.end_sweep(1);
+  st.set_finish_hook(nullptr, nullptr);
+  REQUIRE(ctx.id != 0);
+  CHECK((ctx.id & 63) == (ids[4] & 63));  // the freed slot, taken mid-finish
+  uint64_t scratch[4];
+  CHECK(st.records_consistent(scratch, 4));
+  // The old stack's record is the free one: the next stack stored gets it
+  // and the new stack keeps its words.
+  const uint32_t e2 = st.begin_sweep();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (i != 4 && i != 5) REQUIRE(st.mark(ids[i], e2));
+  REQUIRE(st.mark(ctx.id, e2));
+  CHECK(st.condemn(0, 64, e2) == 1);
+  CHECK(st.finish(0, 64, e2) == 1);
+  st.end_sweep(1);
+  const uintptr_t g[] = {7001, 7002};
+  REQUIRE(st.intern(g, 2) != 0);
+  CHECK(frames_of(st, ctx.id) == std::vector<uint64_t>{9001, 9002});
+  CHECK(st.records_consistent(scratch, 4));
+  st.destroy();
+}

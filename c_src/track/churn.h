@@ -35,9 +35,12 @@
 //
 // Thread-safety: every method is thread-safe. on_alloc/on_free are
 // hook-safe (no malloc, no lock, no syscall); init/destroy are not
-// thread-safe; clear() may race with hooks (a count landing mid-clear may
-// survive it or be lost; a row zeroed under a site is claimed again by its
-// next allocation).
+// thread-safe; clear() may race with hooks: a count landing mid-clear may
+// survive it or be lost, and a row claimed across a clear may count
+// without being listed by for_each() until a higher row is claimed. A
+// row's claim by a new id folds what the old id counted into the unknown
+// row; counts the new id adds during that fold may go there too (the
+// totals still add up).
 #ifndef MALLOCINFO_TRACK_CHURN_H
 #define MALLOCINFO_TRACK_CHURN_H
 

@@ -116,6 +116,28 @@ void StackTable::destroy() {
   bytes_ = 0;
 }
 
+bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) const {
+  const size_t used = bumped_.load(std::memory_order_relaxed);
+  if (scratch_words < used / 64 + 1) return false;
+  for (size_t i = 0; i < scratch_words; ++i) scratch[i] = 0;
+  auto take = [&](uint32_t r) {
+    if (r >= used || (scratch[r / 64] >> (r % 64) & 1) != 0) return false;
+    scratch[r / 64] |= uint64_t{1} << (r % 64);
+    return true;
+  };
+  for (size_t slot = 0; slot <= mask_; ++slot) {
+    const uint32_t k = kind(headers_[slot].state.load(std::memory_order_relaxed));
+    if ((k == kReady || k == kFreeing) && !take(headers_[slot].rec.load(std::memory_order_relaxed)))
+      return false;
+  }
+  uint32_t r = static_cast<uint32_t>(free_head_.load(std::memory_order_relaxed));
+  for (size_t n = 0; r != kNoRecord; ++n) {
+    if (n > used || !take(r)) return false;
+    r = static_cast<uint32_t>(record(r)[0].load(std::memory_order_relaxed));
+  }
+  return true;
+}
+
 size_t StackTable::resident_slot_bytes() const {
   return headers_ != nullptr ? os_resident(headers_, header_bytes()) : 0;
 }
@@ -150,7 +172,10 @@ void StackTable::give_record(uint32_t r) {
   uint64_t head = free_head_.load(std::memory_order_relaxed);
   uint64_t want;
   do {
-    record(r)[0].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
+    // The link overwrites the token: a release store like every rewrite of
+    // a record's words, so a reader that loads it sees the free (see
+    // same_stack()).
+    record(r)[0].store(static_cast<uint32_t>(head), std::memory_order_release);
     want = ((head >> 32) + 1) << 32 | r;
   } while (!free_head_.compare_exchange_weak(head, want, std::memory_order_release,
                                              std::memory_order_relaxed));
@@ -394,6 +419,12 @@ size_t StackTable::finish(size_t lo, size_t hi, uint32_t e) {
     const bool keep = h.stamp.load(std::memory_order_relaxed) >= e;
     const uint32_t next =
         keep ? word(kReady, depth_of(w), gen(w)) : word(kFree, 0, next_gen(gen(w)));
+    // The record is read before the free: once FREE, the slot may be
+    // claimed by a new stack, which stores its own record there (a review
+    // found the read after the CAS giving that new record back while the
+    // new stack used it). While the slot is FREEING of `w`'s generation its
+    // record does not change, so a CAS from `w` proves `r` was its.
+    const uint32_t r = h.rec.load(std::memory_order_relaxed);
     // A failed CAS means a hook revived the slot meanwhile: it stays. A
     // freed slot's record goes back to the pool after the free, so that a
     // reader of the old stack that sees the record's next words also sees
@@ -401,7 +432,9 @@ size_t StackTable::finish(size_t lo, size_t hi, uint32_t e) {
     if (h.state.compare_exchange_strong(w, next, std::memory_order_acq_rel,
                                         std::memory_order_relaxed) &&
         !keep) {
-      if (const uint32_t r = h.rec.load(std::memory_order_relaxed); r < rec_cap_) give_record(r);
+      if (finish_hook_ != nullptr) [[unlikely]]
+        finish_hook_(finish_ctx_);
+      if (r < rec_cap_) give_record(r);
       ++freed;
     }
   }

@@ -215,6 +215,17 @@ class StackTable {
     park_ctx_ = ctx;
     park_hook_ = hook;
   }
+  // True when every record is in at most one place: a READY or FREEING
+  // slot, or the free list (walked from its head). Only on a quiescent
+  // table; never allocates (a bitmap of `scratch_words` words from the
+  // caller, at least records_used() / 64 + 1).
+  bool records_consistent(uint64_t* scratch, size_t scratch_words) const;
+  // Called by finish() between freeing a slot and giving its record back,
+  // so a test can hold a sweeper there. Same rules as set_park_hook().
+  void set_finish_hook(ParkHook hook, void* ctx) {
+    finish_ctx_ = ctx;
+    finish_hook_ = hook;
+  }
 
  private:
   struct Header {
@@ -294,6 +305,8 @@ class StackTable {
   std::atomic<uint32_t> spin_limit_{kDefaultSpinLimit};
   ParkHook park_hook_ = nullptr;
   void* park_ctx_ = nullptr;
+  ParkHook finish_hook_ = nullptr;
+  void* finish_ctx_ = nullptr;
   // Read on every intern; written by sweeps only.
   alignas(64) std::atomic<uint32_t> epoch_{1};
   std::atomic<uint64_t> sweep_at_{0};
