@@ -7,7 +7,7 @@ namespace mi::track {
 bool ChurnTable::init(size_t rows) {
   if (rows == 0 || rows > (size_t{1} << 32)) return false;
   nslots_ = rows;
-  bytes_ = (rows * sizeof(Slot) + 4095) & ~size_t{4095};
+  bytes_ = os_page_up(rows * sizeof(Slot));
   void* mem = os_map(bytes_);
   if (mem == nullptr) return false;
   slots_ = static_cast<Slot*>(mem);

@@ -7,6 +7,12 @@
 
 namespace mi::track {
 
+// `bytes` rounded up to whole 4 KiB pages: tables that place one array
+// after another (or give their pages back by range) start each on a page.
+constexpr size_t os_page_up(size_t bytes) {
+  return (bytes + 4095) & ~size_t{4095};
+}
+
 // Zero-filled, page-aligned, lazily backed (MAP_NORESERVE): untouched pages
 // cost no resident memory. nullptr on failure. Thread-safe.
 void* os_map(size_t bytes);

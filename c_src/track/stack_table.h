@@ -76,6 +76,7 @@
 #include <cstdint>
 
 #include "../common/mi_limits.h"
+#include "os_mem.h"
 
 namespace mi::track {
 
@@ -271,9 +272,7 @@ class StackTable {
                  const Tail& tail);
 
   // The slots' bytes, rounded to a page so that the pool starts on one.
-  static size_t header_bytes_of(size_t cap) {
-    return (cap * sizeof(Header) + 4095) & ~size_t{4095};
-  }
+  static size_t header_bytes_of(size_t cap) { return os_page_up(cap * sizeof(Header)); }
   size_t header_bytes() const { return header_bytes_of(mask_ + 1); }
 
   // The record pool. A record is words_per_rec_ words: the token (a free
