@@ -644,10 +644,7 @@ claims(#{resident := #{groups := G}} = R) ->
     #{heaps => Rss_(main_heap) + Rss_(arenas),
       libc_arena => case maps:get(libc, R) of #{system_bytes := S} -> S; _ -> 0 end,
       libc_mmap => case maps:get(libc, R) of #{mmap_bytes := M} -> M; _ -> 0 end,
-      tracker => case maps:get(native, R) of
-                     #{} = N -> mallocinfo_report_verdicts:tracker_reserved(N);
-                     _ -> 0
-                 end,
+      tracker => mallocinfo_report_verdicts:tracker_reserved(maps:get(native, R)),
       other_alloc => case maps:get(other_allocator, R) of
                          #{resident := OR} when is_integer(OR) -> OR;
                          _ -> 0

@@ -417,8 +417,9 @@ age(Ms) -> mallocinfo_units:age(Ms).
 
 %% @doc What the tracker's tables reserved, from its status: every table
 %% (`tables_bytes') from interposers that say it; the live and stack tables
-%% only from older ones (0 without a tracker).
--spec tracker_reserved(map()) -> non_neg_integer().
+%% only from older ones (0 without a tracker, or for a native section that is
+%% not a map of them).
+-spec tracker_reserved(term()) -> non_neg_integer().
 tracker_reserved(#{tables_bytes := T}) when is_integer(T), T > 0 -> T;
 tracker_reserved(#{table_bytes := TB, stack_bytes := SB}) when is_integer(TB), is_integer(SB) ->
     TB + SB;
