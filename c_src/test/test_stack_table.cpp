@@ -478,3 +478,65 @@ TEST_CASE(
   CHECK(st.records_consistent(scratch, 4));
   st.destroy();
 }
+
+TEST_CASE("stack table: sweeps are wanted at 4096 stacks, then after half the survivors again",
+          "[track][stacks]") {
+  // What the record pool keeps is the most stacks stored at once, so the
+  // sweep points decide it: a node that goes through many start-up stacks
+  // and keeps a few thousand gives records back early and often.
+  StackTable st;
+  REQUIRE(st.init(65536, 4));
+  uintptr_t next = 1;
+  auto add = [&](size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const uintptr_t f[] = {next++, 7};
+      REQUIRE(st.intern(f, 2) != 0);
+    }
+  };
+  add(4095);
+  CHECK_FALSE(st.wants_sweep());
+  add(1);
+  CHECK(st.wants_sweep());  // not at a quarter (16,384): at 4096
+  // A sweep that keeps 8,000 stacks (held through it) wants the next one
+  // 4,000 stacks later.
+  add(8000 - 4096);
+  std::vector<uint32_t> keep;
+  {
+    const uint32_t e = st.begin_sweep();
+    for (uintptr_t v = 1; v <= 8000; ++v) {
+      const uintptr_t f[] = {v, 7};
+      REQUIRE(st.intern(f, 2) != 0);  // stamped with this epoch: kept
+    }
+    st.condemn(0, st.capacity(), e);
+    st.end_sweep(st.finish(0, st.capacity(), e));
+  }
+  CHECK(st.count() == 8000);
+  add(3999);
+  CHECK_FALSE(st.wants_sweep());
+  add(1);
+  CHECK(st.wants_sweep());
+  // Survivors of a full table: the step is at most an eighth of it.
+  StackTable big;
+  REQUIRE(big.init(1024, 4));
+  for (uintptr_t v = 1; v <= 600; ++v) {
+    const uintptr_t f[] = {v, 9};
+    REQUIRE(big.intern(f, 2) != 0);
+  }
+  const uint32_t e = big.begin_sweep();
+  for (uintptr_t v = 1; v <= 600; ++v) {
+    const uintptr_t f[] = {v, 9};
+    REQUIRE(big.intern(f, 2) != 0);
+  }
+  big.condemn(0, big.capacity(), e);
+  big.end_sweep(big.finish(0, big.capacity(), e));
+  for (uintptr_t v = 601; v < 600 + 128; ++v) {
+    const uintptr_t f[] = {v, 9};
+    REQUIRE(big.intern(f, 2) != 0);
+  }
+  CHECK_FALSE(big.wants_sweep());
+  const uintptr_t f[] = {5000, 9};
+  REQUIRE(big.intern(f, 2) != 0);
+  CHECK(big.wants_sweep());  // 600 + 1024 / 8
+  st.destroy();
+  big.destroy();
+}

@@ -271,6 +271,15 @@ class StackTable {
   uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
                  const Tail& tail);
 
+  // Where the first sweep is wanted: at a quarter full, or at 4096 stacks
+  // if that comes first. Early enough that the probe windows stay short
+  // and that stacks a node's start-up used once give their records back
+  // before many more pile up; late enough that a node with few call sites
+  // never sweeps.
+  uint64_t first_sweep() const {
+    const uint64_t quarter = (mask_ + 1) / 4;
+    return quarter < 4096 ? quarter : 4096;
+  }
   // The slots' bytes, rounded to a page so that the pool starts on one.
   static size_t header_bytes_of(size_t cap) { return os_page_up(cap * sizeof(Header)); }
   size_t header_bytes() const { return header_bytes_of(mask_ + 1); }

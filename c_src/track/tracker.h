@@ -28,8 +28,10 @@
 //   finish   FREEING stacks not stamped E become FREE, generation + 1;
 //            the others READY again (chunks).
 // Marking a stack stamps it with E. A sweep starts when the table asks for
-// one (StackTable::wants_sweep: a quarter full, then every eighth of the
-// table added, or a dropped stack) and advances one chunk at the end of
+// one (StackTable::wants_sweep: at 4096 stacks or a quarter full, then
+// once half as many as survived the last sweep are added, between a 64th
+// and an eighth of the table, or a dropped stack) and advances one chunk
+// at the end of
 // each recorded allocation while the table still asks, so no hook pauses
 // for more than a chunk (1024 slots, a few us) or a membarrier call;
 // reset() and reclaim() run a whole sweep from the caller's thread.
