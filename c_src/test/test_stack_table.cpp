@@ -500,7 +500,6 @@ TEST_CASE("stack table: sweeps are wanted at 4096 stacks, then after half the su
   // A sweep that keeps 8,000 stacks (held through it) wants the next one
   // 4,000 stacks later.
   add(8000 - 4096);
-  std::vector<uint32_t> keep;
   {
     const uint32_t e = st.begin_sweep();
     for (uintptr_t v = 1; v <= 8000; ++v) {

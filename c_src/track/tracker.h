@@ -31,9 +31,9 @@
 // one (StackTable::wants_sweep: at 4096 stacks or a quarter full, then
 // once half as many as survived the last sweep are added, between a 64th
 // and an eighth of the table, or a dropped stack) and advances one chunk
-// at the end of
-// each recorded allocation while the table still asks, so no hook pauses
-// for more than a chunk (1024 slots, a few us) or a membarrier call;
+// at the end of each recorded allocation while the table still asks, so
+// no hook pauses for more than a chunk (1024 slots, a few us) or a
+// membarrier call;
 // reset() and reclaim() run a whole sweep from the caller's thread.
 //
 // The race with the hot path. Between interning a stack and inserting the
