@@ -212,6 +212,19 @@ TEST_CASE("stack table: concurrent interning of the same stacks", "[track][stack
   }
 }
 
+namespace {
+// One whole sweep of a 64-slot table holding `ids` that marks every id
+// but ids[skip]: it frees that stack, and only that one.
+void sweep_freeing(StackTable& st, const std::vector<uint32_t>& ids, size_t skip) {
+  const uint32_t e = st.begin_sweep();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (i != skip) REQUIRE(st.mark(ids[i], e));
+  CHECK(st.condemn(0, 64, e) == 1);
+  CHECK(st.finish(0, 64, e) == 1);
+  st.end_sweep(1);
+}
+}  // namespace
+
 TEST_CASE("stack table: a reclaimed id reads as unknown, never as its slot's next stack",
           "[track][stacks]") {
   StackTable st;
@@ -226,12 +239,7 @@ TEST_CASE("stack table: a reclaimed id reads as unknown, never as its slot's nex
   CHECK(st.intern(extra, 2) == 0);  // full
   CHECK(st.dropped() == 1);
   // A sweep that marks every stack but the fifth frees the fifth only.
-  const uint32_t e = st.begin_sweep();
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (i != 4) REQUIRE(st.mark(ids[i], e));
-  CHECK(st.condemn(0, 64, e) == 1);
-  CHECK(st.finish(0, 64, e) == 1);
-  st.end_sweep(1);
+  sweep_freeing(st, ids, 4);
   CHECK(st.count() == 63);
   CHECK(st.reclaimed() == 1);
   CHECK(frames_of(st, ids[4]).empty());
@@ -452,12 +460,7 @@ TEST_CASE(
         c->id = c->st->intern(f, 2);
       },
       &ctx);
-  const uint32_t e = st.begin_sweep();
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (i != 4) REQUIRE(st.mark(ids[i], e));
-  CHECK(st.condemn(0, 64, e) == 1);
-  CHECK(st.finish(0, 64, e) == 1);
-  st.end_sweep(1);
+  sweep_freeing(st, ids, 4);
   st.set_finish_hook(nullptr, nullptr);
   REQUIRE(ctx.id != 0);
   CHECK((ctx.id & 63) == (ids[4] & 63));  // the freed slot, taken mid-finish
@@ -479,6 +482,16 @@ TEST_CASE(
   st.destroy();
 }
 
+namespace {
+// Interns the stacks {v, tag} for v in [lo, hi], each of them stored.
+void intern_range(StackTable& st, uintptr_t lo, uintptr_t hi, uintptr_t tag) {
+  for (uintptr_t v = lo; v <= hi; ++v) {
+    const uintptr_t f[] = {v, tag};
+    REQUIRE(st.intern(f, 2) != 0);
+  }
+}
+}  // namespace
+
 TEST_CASE("stack table: sweeps are wanted at 4096 stacks, then after half the survivors again",
           "[track][stacks]") {
   // What the record pool keeps is the most stacks stored at once, so the
@@ -486,55 +499,33 @@ TEST_CASE("stack table: sweeps are wanted at 4096 stacks, then after half the su
   // and keeps a few thousand gives records back early and often.
   StackTable st;
   REQUIRE(st.init(65536, 4));
-  uintptr_t next = 1;
-  auto add = [&](size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      const uintptr_t f[] = {next++, 7};
-      REQUIRE(st.intern(f, 2) != 0);
-    }
-  };
-  add(4095);
+  intern_range(st, 1, 4095, 7);
   CHECK_FALSE(st.wants_sweep());
-  add(1);
+  intern_range(st, 4096, 4096, 7);
   CHECK(st.wants_sweep());  // not at a quarter (16,384): at 4096
-  // A sweep that keeps 8,000 stacks (held through it) wants the next one
-  // 4,000 stacks later.
-  add(8000 - 4096);
-  {
-    const uint32_t e = st.begin_sweep();
-    for (uintptr_t v = 1; v <= 8000; ++v) {
-      const uintptr_t f[] = {v, 7};
-      REQUIRE(st.intern(f, 2) != 0);  // stamped with this epoch: kept
-    }
-    st.condemn(0, st.capacity(), e);
-    st.end_sweep(st.finish(0, st.capacity(), e));
-  }
+  // A sweep that keeps 8,000 stacks (interned again during it, so stamped
+  // with its epoch) wants the next one 4,000 stacks later.
+  intern_range(st, 4097, 8000, 7);
+  const uint32_t e = st.begin_sweep();
+  intern_range(st, 1, 8000, 7);
+  st.condemn(0, st.capacity(), e);
+  st.end_sweep(st.finish(0, st.capacity(), e));
   CHECK(st.count() == 8000);
-  add(3999);
+  intern_range(st, 8001, 11999, 7);
   CHECK_FALSE(st.wants_sweep());
-  add(1);
+  intern_range(st, 12000, 12000, 7);
   CHECK(st.wants_sweep());
   // Survivors of a full table: the step is at most an eighth of it.
   StackTable big;
   REQUIRE(big.init(1024, 4));
-  for (uintptr_t v = 1; v <= 600; ++v) {
-    const uintptr_t f[] = {v, 9};
-    REQUIRE(big.intern(f, 2) != 0);
-  }
-  const uint32_t e = big.begin_sweep();
-  for (uintptr_t v = 1; v <= 600; ++v) {
-    const uintptr_t f[] = {v, 9};
-    REQUIRE(big.intern(f, 2) != 0);
-  }
-  big.condemn(0, big.capacity(), e);
-  big.end_sweep(big.finish(0, big.capacity(), e));
-  for (uintptr_t v = 601; v < 600 + 128; ++v) {
-    const uintptr_t f[] = {v, 9};
-    REQUIRE(big.intern(f, 2) != 0);
-  }
+  intern_range(big, 1, 600, 9);
+  const uint32_t e2 = big.begin_sweep();
+  intern_range(big, 1, 600, 9);
+  big.condemn(0, big.capacity(), e2);
+  big.end_sweep(big.finish(0, big.capacity(), e2));
+  intern_range(big, 601, 727, 9);
   CHECK_FALSE(big.wants_sweep());
-  const uintptr_t f[] = {5000, 9};
-  REQUIRE(big.intern(f, 2) != 0);
+  intern_range(big, 5000, 5000, 9);
   CHECK(big.wants_sweep());  // 600 + 1024 / 8
   st.destroy();
   big.destroy();
