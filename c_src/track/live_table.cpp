@@ -83,6 +83,10 @@ void LiveTable::release_slot(Slot& s, uint64_t key, size_t home_index, LiveEntry
 bool LiveTable::remove(uint64_t address, LiveEntry* out) {
   const size_t h = home(address);
   if (groups_[h >> kGroupShift].load(std::memory_order_relaxed) == 0) return false;
+  // insert() holds only multiples of 8, and the key drops the low 3 bits:
+  // a free of a pointer inside a block must not take the block's entry.
+  if ((address & 7) != 0) [[unlikely]]
+    return false;
   const uint64_t want = addr_key(address);
   for (size_t i = 0; i < kWindow; ++i) {
     Slot& s = slots_[(h + i) & mask_];

@@ -67,7 +67,8 @@ class LiveTable {
   // already in the table (the allocator just returned it).
   bool insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
               uint64_t pid = 0);
-  // Removes `address` if present, copying its entry to *out. False if absent.
+  // Removes `address` if present, copying its entry to *out. False if absent
+  // (an address that is not a multiple of 8 always is).
   bool remove(uint64_t address, LiveEntry* out);
 
   // Calls f(const LiveEntry&) for every live entry, each read consistently.
