@@ -3,7 +3,8 @@
 # sampling profiler), the mallocinfo interposer in each mode, and heaptrack's
 # preload, side by side on one workload (bench_alloc.cpp); then the tracker's
 # resident memory per live block and per thread (bench_alloc -m); then what
-# one stack capture and one symbolization cost (bench_unwind, bench_symbolize).
+# one stack capture and one symbolization cost (bench_unwind, bench_symbolize),
+# and the live table alone (bench_live_table).
 # Prints the table and rewrites the block between the bench markers in
 # BENCHMARKS.md. Exits 0 whatever the numbers are (a benchmark reports, it
 # does not gate); non-zero only when the benchmark itself cannot run.
@@ -297,10 +298,20 @@ for b in bench_unwind bench_symbolize; do
   "$root/c_src/build/$b" >>"$core" 2>&1 || echo "$b: failed (exit $?)" >>"$core"
 done
 
+# The live table alone (bench_live_table.cpp): its probes behind long-lived
+# blocks, in a fragmented heap's steady state and after a peak, and what it
+# keeps resident per block; one run.
+table=$tmp/table.txt
+"$root/c_src/build/bench_live_table" >"$table" 2>&1 || echo "bench_live_table: failed (exit $?)" >>"$table"
+
 core_report() {
   echo "Unwinder and symbolizer on their own (\`c_src/build/bench_unwind\`, \`bench_symbolize\`, one run each; ns and us per call):"
   echo
   sed 's/^/    /' "$core"
+  echo
+  echo "The live table alone (\`c_src/build/bench_live_table\`, default capacity, one run; ns of table work per operation, medians of 5 batches; resident bytes per live block):"
+  echo
+  sed 's/^/    /' "$table"
 }
 
 mem_report() {
