@@ -81,22 +81,32 @@ using ShapeFn = int (*)(Ctx*, int);
 // Code without CFI, copied at run time into an anonymous executable mapping
 // like a JIT's output: unwind_fixture_code_fp .. unwind_fixture_code_end.
 struct Jit {
-  ShapeFn fp, bp, fake;
+  ShapeFn fp, bp, fake, edge;
 };
+
+// unwind_fixture_code_fp's return address: push, mov, add, call (1 + 3 +
+// 3 + 3 bytes) in.
+constexpr size_t kCodeFpReturn = 10;
 
 const Jit* jit_code() {
   static const Jit* jit = [] {
     static Jit j{};
     const char* begin = reinterpret_cast<const char*>(&unwind_fixture_code_fp);
     const size_t size = static_cast<size_t>(unwind_fixture_code_end - begin);
-    void* mem = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // Two pages: the code at the start, and a second copy of code_fp whose
+    // return address is 6 bytes before the first page's end (an unwinder
+    // reading the 8 bytes there reads into the second page).
+    void* mem = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return static_cast<const Jit*>(nullptr);
     auto* code = static_cast<char*>(mem);
     memcpy(code, begin, size);
-    if (mprotect(mem, 4096, PROT_READ | PROT_EXEC) != 0) return static_cast<const Jit*>(nullptr);
+    char* edge = code + 4096 - 6 - kCodeFpReturn;
+    memcpy(edge, begin, static_cast<size_t>(unwind_fixture_code_bp - begin));
+    if (mprotect(mem, 8192, PROT_READ | PROT_EXEC) != 0) return static_cast<const Jit*>(nullptr);
     j.fp = reinterpret_cast<ShapeFn>(code);
     j.bp = reinterpret_cast<ShapeFn>(code + (unwind_fixture_code_bp - begin));
     j.fake = reinterpret_cast<ShapeFn>(code + (unwind_fixture_code_fake - begin));
+    j.edge = reinterpret_cast<ShapeFn>(edge);
     return static_cast<const Jit*>(&j);
   }();
   return jit;
@@ -296,7 +306,8 @@ extern "C" __attribute__((noipa)) int unwind_fixture_run(Ctx* c, int level) {
       break;
     case Shape::kJit:
     case Shape::kJitBp:
-    case Shape::kJitFake: {
+    case Shape::kJitFake:
+    case Shape::kJitEdge: {
       // Where W^X policy forbids the mapping, a plain frame stands in (and
       // the JIT tests say so).
       const Jit* jit = jit_code();
@@ -305,9 +316,10 @@ extern "C" __attribute__((noipa)) int unwind_fixture_run(Ctx* c, int level) {
       if (jit == nullptr) {
         r = shape_fp(c, level);
       } else {
-        r = (shape == Shape::kJit     ? jit->fp
-             : shape == Shape::kJitBp ? jit->bp
-                                      : jit->fake)(c, level);
+        r = (shape == Shape::kJit       ? jit->fp
+             : shape == Shape::kJitBp   ? jit->bp
+             : shape == Shape::kJitEdge ? jit->edge
+                                        : jit->fake)(c, level);
       }
       break;
     }

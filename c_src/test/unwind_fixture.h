@@ -24,6 +24,7 @@ enum class Shape : uint8_t {
   kJit,      // mapped at run time, no unwind info, frame-pointer frame
   kJitBp,    // mapped at run time, no unwind info, RBP = bad_bp during the call
   kJitFake,  // mapped at run time, no unwind info, RBP -> a record {0, code}
+  kJitEdge,  // kJit placed so its return address is in a page's last 8 bytes
   kNoCfi,    // the kJit code in place, in .text, not covered by any FDE
   kBadFp,    // CFI says CFA = RBP + 16; RBP = bad_bp during the call if not 0
 };

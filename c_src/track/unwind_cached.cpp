@@ -163,10 +163,12 @@ eh::Lookup find_loaded_fde(uintptr_t pc, eh::Fde* out) {
 // unw_step reads the 8 bytes at ra to check it is mapped (its RIP fix-up
 // path otherwise reads the stack of whoever called unw_getcontext), and 16
 // bytes to match a PLT entry (jmp *x(%rip); push $n; jmp ...), whose frame
-// it steps differently; this unwinder ends the stack at both.
+// it steps differently; this unwinder ends the stack at both. Its check
+// covers both pages when the 8 bytes cross a page's end, and so does
+// read_checked: a return address in a page's last 8 bytes is stepped.
 Rule guess_rule(uintptr_t ra) {
   uint64_t code[2] = {0, 0};
-  if ((ra & (kPage - 1)) > kPage - 8 || !read_checked(ra, &code[0], 8)) return kind_rule(ra, kStop);
+  if (!read_checked(ra, &code[0], 8)) return kind_rule(ra, kStop);
   if (read_checked(ra + 8, &code[1], 8) && (code[0] & 0xffff) == 0x25ff &&
       ((code[0] >> 48) & 0xff) == 0x68 && ((code[1] >> 24) & 0xff) == 0xe9)
     return kind_rule(ra, kStop);
