@@ -7,66 +7,184 @@
 namespace mi::track {
 
 bool LiveTable::init(size_t capacity) {
-  size_t cap = kWindow;
-  unsigned bits = 6;
-  while (cap < capacity) {
-    cap <<= 1;
-    ++bits;
-  }
-  const size_t slot_bytes = cap * sizeof(Slot);
-  const size_t group_bytes = ((cap >> kGroupShift) + 1) * sizeof(std::atomic<uint32_t>);
-  void* mem = os_map(slot_bytes + group_bytes);
+  size_t cap = 64;
+  while (cap < capacity) cap <<= 1;
+  // A word per 64 entries, at least two runs (dir_shift_ stays below 64);
+  // a small chunk per word: a chain has at most one at a time.
+  size_t words = cap / 64 < 16 ? 16 : cap / 64;
+  unsigned run_bits = 0;
+  while ((size_t{1} << (run_bits + kRunShift)) < words) ++run_bits;
+  const size_t big = (cap / 16 * 17 + kBig - 1) / kBig;
+  if (big >= kBigBit || words >= kBigBit) return false;
+  const size_t slot_bytes = os_page_up((words * kSmall + big * kBig) * sizeof(Slot));
+  const size_t header_bytes = os_page_up((words + big) * sizeof(Header));
+  const size_t dir_bytes = os_page_up(words * sizeof(std::atomic<uint64_t>));
+  void* mem = os_map(slot_bytes + header_bytes + dir_bytes);
   if (mem == nullptr) return false;
   slots_ = static_cast<Slot*>(mem);
-  groups_ = reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(mem) + slot_bytes);
-  mask_ = cap - 1;
-  shift_ = 64 - bits;
-  bytes_ = slot_bytes + group_bytes;
+  headers_ = reinterpret_cast<Header*>(static_cast<char*>(mem) + slot_bytes);
+  dir_ =
+      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + slot_bytes + header_bytes);
+  capacity_ = cap;
+  small_chunks_ = static_cast<uint32_t>(words);
+  big_chunks_ = static_cast<uint32_t>(big);
+  small_positions_ = words * kSmall;
+  big_positions_ = big * kBig;
+  dir_mask_ = words - 1;
+  dir_shift_ = 64 - run_bits;
+  bytes_ = slot_bytes + header_bytes + dir_bytes;
+  pools_[0].reset(small_chunks_);
+  pools_[1].reset(big_chunks_);
   return true;
 }
 
 void LiveTable::destroy() {
   os_unmap(slots_, bytes_);
   slots_ = nullptr;
-  groups_ = nullptr;
+  headers_ = nullptr;
+  dir_ = nullptr;
   bytes_ = 0;
+}
+
+uint32_t LiveTable::take_from(bool big) {
+  const uint32_t tag = big ? kBigBit : 0;
+  // A free chunk's `next` holds the pool's link. A stale walk that reads
+  // it as a chain link finds an id of the same pool or an invalid one.
+  const uint32_t n = pools_[big ? 1 : 0].take(
+      [this, tag](uint32_t i) -> std::atomic<uint32_t>& { return header(tag | (i + 1)).next; });
+  return n == IdPool::kNone ? kNone : tag | (n + 1);
+}
+
+uint32_t LiveTable::take_chunk(bool big) {
+  if (!big) {
+    const uint32_t c = take_from(false);
+    if (c != kNone) return c;
+  }
+  return take_from(true);
+}
+
+void LiveTable::give_chunk(uint32_t id) {
+  const uint32_t tag = id & kBigBit;
+  pools_[tag != 0 ? 1 : 0].give(
+      (id & ~kBigBit) - 1,
+      [this, tag](uint32_t i) -> std::atomic<uint32_t>& { return header(tag | (i + 1)).next; });
+}
+
+void LiveTable::give_chain(uint32_t c) {
+  // A chain is at most kMaxChain chunks (insert() pushes only after walking
+  // fewer); the guard only keeps a corrupted link from looping.
+  for (unsigned n = 0; c != kNone && valid(c) && n <= kMaxChain; ++n) {
+    const uint32_t next = header(c).next.load(std::memory_order_relaxed);
+    give_chunk(c);
+    c = next;
+  }
+}
+
+bool LiveTable::pin(std::atomic<uint64_t>& d) {
+  uint64_t w = d.load(std::memory_order_acquire);
+  for (;;) {
+    if (count_of(w) != 0) {
+      if (d.compare_exchange_weak(w, w + (uint64_t{1} << 32), std::memory_order_acq_rel,
+                                  std::memory_order_acquire))
+        return true;
+      continue;
+    }
+    // An empty word (count 0 is always word 0): its first chunk goes in
+    // with its first pin, so a pinned chain always has a head.
+    const uint32_t fresh = take_chunk(false);
+    if (fresh == kNone) return false;
+    header(fresh).next.store(kNone, std::memory_order_relaxed);
+    if (d.compare_exchange_strong(w, uint64_t{1} << 32 | fresh, std::memory_order_acq_rel,
+                                  std::memory_order_acquire))
+      return true;
+    give_chunk(fresh);
+  }
+}
+
+void LiveTable::unpin(std::atomic<uint64_t>& d) {
+  uint64_t w = d.load(std::memory_order_relaxed);
+  uint64_t n;
+  do {
+    n = count_of(w) == 1 ? 0 : w - (uint64_t{1} << 32);
+  } while (!d.compare_exchange_weak(w, n, std::memory_order_acq_rel, std::memory_order_relaxed));
+  // Count 0: no live entry and no insert in progress is in the chain (each
+  // holds a pin), so nobody but stale walkers reads it any more.
+  if (n == 0) give_chain(head_of(w));
+}
+
+bool LiveTable::claim_in(uint32_t id, uint64_t address, size_t* position) {
+  for (uint32_t m = tagged(id, 0); m != 0; m &= m - 1) {
+    const unsigned j = static_cast<unsigned>(__builtin_ctz(m));
+    Slot& s = slots_[first_position(id) + j];
+    uint64_t k = s.key.load(std::memory_order_relaxed);
+    if (k != kEmpty && k != kTomb) continue;
+    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      continue;
+    // Tagged before the key is published: a remove() that sees the key
+    // also sees the tag that leads to it.
+    set_tag(id, j, tag_of(address));
+    *position = first_position(id) + j;
+    return true;
+  }
+  return false;
+}
+
+void LiveTable::write_slot(Slot& s, uint64_t address, uint64_t size, uint64_t timestamp_ns,
+                           uint32_t stack_id, uint64_t pid) {
+  // Sequence lock without fences (which TSan cannot model): the field
+  // stores are release, so a reader that sees any of them also sees the
+  // odd sequence number stored before; on x86 these are plain moves.
+  const uint64_t m = s.meta.load(std::memory_order_relaxed);
+  const uint64_t q = m & kSeqMask;
+  s.meta.store(with_seq(m, q + 1), std::memory_order_relaxed);
+  s.pid.store(pid, std::memory_order_release);
+  s.ts.store(timestamp_ns, std::memory_order_release);
+  // Even sequence, with the new stack and size, before the key: the next
+  // owner claims the slot by CAS on the key, and must then read this even
+  // number, or it would start from an odd one and leave the slot's parity
+  // flipped for good.
+  s.meta.store(meta_of(stack_id, size, q + 2), std::memory_order_release);
+  s.key.store(key_of(address, size), std::memory_order_release);
 }
 
 bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
                        uint64_t pid) {
   if ((address & 7) != 0 || addr_key(address) > kAddrMask || size >= kMaxSize) [[unlikely]]
     return false;
-  const size_t h = home(address);
-  for (size_t i = 0; i < kWindow; ++i) {
-    Slot& s = slots_[(h + i) & mask_];
-    uint64_t k = s.key.load(std::memory_order_relaxed);
-    if (k != kEmpty && k != kTomb) continue;
-    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
-                                       std::memory_order_relaxed))
-      continue;
-    // The slot is ours. Count it in its group before publishing, so a
-    // concurrent remove() of this address cannot skip the window.
-    groups_[h >> kGroupShift].fetch_add(1, std::memory_order_relaxed);
-    // Sequence lock without fences (which TSan cannot model): the field
-    // stores are release, so a reader that sees any of them also sees the
-    // odd sequence number stored before; on x86 these are plain moves.
-    const uint64_t m = s.meta.load(std::memory_order_relaxed);
-    const uint64_t q = m & kSeqMask;
-    s.meta.store(with_seq(m, q + 1), std::memory_order_relaxed);
-    s.pid.store(pid, std::memory_order_release);
-    s.ts.store(timestamp_ns, std::memory_order_release);
-    // Even sequence, with the new stack and size, before the key: the next
-    // owner claims the slot by CAS on the key, and must then read this even
-    // number, or it would start from an odd one and leave the slot's
-    // parity flipped for good.
-    s.meta.store(meta_of(stack_id, size, q + 2), std::memory_order_release);
-    s.key.store(key_of(address, size), std::memory_order_release);
-    return true;
+  std::atomic<uint64_t>& d = dir_of(address);
+  if (!pin(d)) return false;
+  for (;;) {
+    // Pinned: the chain only grows at its head while we walk it.
+    const uint32_t first = head_of(d.load(std::memory_order_acquire));
+    uint32_t c = first;
+    unsigned n = 0;
+    for (; c != kNone && valid(c) && n < kMaxChain; ++n) {
+      size_t p;
+      if (claim_in(c, address, &p)) {
+        write_slot(slots_[p], address, size, timestamp_ns, stack_id, pid);
+        return true;
+      }
+      c = header(c).next.load(std::memory_order_acquire);
+    }
+    if (n >= kMaxChain) break;
+    const uint32_t fresh = take_chunk(true);
+    if (fresh == kNone) break;
+    header(fresh).next.store(first, std::memory_order_relaxed);
+    uint64_t w = d.load(std::memory_order_relaxed);
+    bool pushed = false;
+    while (head_of(w) == first && !pushed)
+      pushed = d.compare_exchange_weak(w, (w & ~uint64_t{0xFFFFFFFF}) | fresh,
+                                       std::memory_order_acq_rel, std::memory_order_relaxed);
+    // Another insert pushed a chunk first: give ours back, walk again.
+    if (!pushed) give_chunk(fresh);
   }
+  unpin(d);
   return false;
 }
 
-void LiveTable::release_slot(Slot& s, uint64_t key, size_t home_index, LiveEntry* out) {
+void LiveTable::release_slot(uint32_t id, size_t position, uint64_t key, LiveEntry* out) {
+  Slot& s = slots_[position];
   const uint64_t m = s.meta.load(std::memory_order_relaxed);
   const uint64_t q = m & kSeqMask;
   s.meta.store(with_seq(m, q + 1), std::memory_order_relaxed);
@@ -75,30 +193,37 @@ void LiveTable::release_slot(Slot& s, uint64_t key, size_t home_index, LiveEntry
     out->timestamp_ns = s.ts.load(std::memory_order_relaxed);
     out->pid = s.pid.load(std::memory_order_relaxed);
   }
-  s.meta.store(with_seq(m, q + 2), std::memory_order_release);  // before the key: see insert()
+  s.meta.store(with_seq(m, q + 2), std::memory_order_release);  // before the key: see write_slot()
+  set_tag(id, static_cast<unsigned>(position - first_position(id)), 0);
   s.key.store(kTomb, std::memory_order_release);
-  groups_[home_index >> kGroupShift].fetch_sub(1, std::memory_order_relaxed);
+  unpin(dir_of(address_of(key)));
 }
 
 bool LiveTable::remove(uint64_t address, LiveEntry* out) {
-  const size_t h = home(address);
-  if (groups_[h >> kGroupShift].load(std::memory_order_relaxed) == 0) return false;
+  std::atomic<uint64_t>& d = dir_of(address);
+  const uint64_t w = d.load(std::memory_order_acquire);
+  if (count_of(w) == 0) return false;
   // insert() holds only multiples of 8, and the key drops the low 3 bits:
   // a free of a pointer inside a block must not take the block's entry.
   if ((address & 7) != 0) [[unlikely]]
     return false;
   const uint64_t want = addr_key(address);
-  for (size_t i = 0; i < kWindow; ++i) {
-    Slot& s = slots_[(h + i) & mask_];
-    uint64_t k = s.key.load(std::memory_order_acquire);
-    if (k == kEmpty) return false;
-    // want >= 3: kTomb and kBusy never match it.
-    if ((k & kAddrMask) != want) continue;
-    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
-                                       std::memory_order_relaxed))
-      return false;  // someone else removed it (a double free race)
-    release_slot(s, k, h, out);
-    return true;
+  const uint8_t tag = tag_of(address);
+  uint32_t c = head_of(w);
+  for (unsigned n = 0; c != kNone && valid(c) && n < kMaxChain; ++n) {
+    for (uint32_t m = tagged(c, tag); m != 0; m &= m - 1) {
+      const size_t p = first_position(c) + static_cast<unsigned>(__builtin_ctz(m));
+      Slot& s = slots_[p];
+      uint64_t k = s.key.load(std::memory_order_acquire);
+      // want >= 3: kEmpty, kTomb and kBusy never match it.
+      if ((k & kAddrMask) != want) continue;
+      if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
+                                         std::memory_order_relaxed))
+        return false;  // someone else removed it (a double free race)
+      release_slot(c, p, k, out);
+      return true;
+    }
+    c = header(c).next.load(std::memory_order_acquire);
   }
   return false;
 }
@@ -126,38 +251,37 @@ bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
   return false;
 }
 
+uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
+  uint64_t n = 0;
+  uint64_t b = 0;
+  for_each_tagged(0, positions(), [&](size_t p) {
+    Slot& s = slots_[p];
+    uint64_t k = s.key.load(std::memory_order_acquire);
+    if (k <= kBusy) return;
+    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      return;
+    LiveEntry e;
+    release_slot(chunk_at(p), p, k, &e);
+    ++n;
+    b += e.size;
+    if (each != nullptr) each(e, ctx);
+  });
+  if (bytes != nullptr) *bytes = b;
+  return n;
+}
+
 uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) {
   const uint64_t n = clear(bytes, each, ctx);
+  // Every count is 0 now and no writer runs: the pools start afresh.
+  pools_[0].reset(small_chunks_);
+  pools_[1].reset(big_chunks_);
   os_release(slots_, bytes_);
   return n;
 }
 
 size_t LiveTable::resident_bytes() const {
   return os_resident(slots_, bytes_);
-}
-
-uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
-  uint64_t n = 0;
-  uint64_t b = 0;
-  for (size_t i = 0; i <= mask_; ++i) {
-    if ((i & kGroupMask) == 0 && group_unused(i)) {  // as for_each: leave unwritten pages unread
-      i += kGroupMask;
-      continue;
-    }
-    Slot& s = slots_[i];
-    uint64_t k = s.key.load(std::memory_order_acquire);
-    if (k <= kBusy) continue;
-    if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
-                                       std::memory_order_relaxed))
-      continue;
-    LiveEntry e;
-    release_slot(s, k, home(address_of(k)), &e);
-    ++n;
-    b += e.size;
-    if (each != nullptr) each(e, ctx);
-  }
-  if (bytes != nullptr) *bytes = b;
-  return n;
 }
 
 }  // namespace mi::track

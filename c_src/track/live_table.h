@@ -1,5 +1,23 @@
 // The live table: one 32-byte slot per recorded live block, keyed by
-// address, open addressing with linear probing bounded to kWindow slots.
+// address, in chunks owned by the heap's pages.
+//
+// Layout. The heap's address space is cut into units of 1 KiB. A directory
+// hashes each unit (in runs of 8 neighbouring units, so a dense heap
+// touches few directory lines) to a word that owns a chain of chunks: the
+// word holds the number of live entries in its chain and the chain's head.
+// A chunk is a run of slots, small (4 slots, 128 bytes) or big (16, 512
+// bytes), with its header kept apart in a dense array: a tag byte per slot
+// and the link to the next chunk. A chain starts with a small chunk, so a
+// unit with one live block costs 128 bytes; when its chunks are full a big
+// one is pushed at its head. Chunks come from two pools (a free list, then
+// a bump pointer); a chain goes back to the free lists when its last entry
+// is removed.
+//
+// So what stays resident follows the live blocks, not the heap's spread
+// (a touched heap page no longer takes 8 KiB of table, as the page-local
+// layout did), and a lookup reads the directory word, then the headers of
+// its chain (1.5 bytes a slot, so they stay in cache where the slots do
+// not; tags rule out slots without reading them), then one slot.
 //
 // A slot packs its entry in four words: the key (the address divided by
 // 8, and the size's top bits), the pid, the timestamp, and a word of the
@@ -12,21 +30,28 @@
 // exactly 1024 rewrites of one slot between its two reads of the word.
 //
 // Concurrency: lock-free. Any number of threads insert and remove while any
-// number of readers iterate. A slot is claimed by CAS on its key
-// (EMPTY/TOMB -> BUSY), written under a per-slot sequence lock, then
-// published; readers retry a slot whose sequence changed, so every entry a
-// reader sees has address, size, timestamp and stack from one allocation.
+// number of readers iterate.
+//  - An insert first pins its chain: it raises the word's count by CAS (a
+//    chain of count 0 gets its first chunk in the same CAS). A chain is
+//    freed only by the CAS that takes its count to 0, so while a block is
+//    live, or an insert is in progress, its chain and every link in it
+//    stay as they are, except that chunks are pushed at the head.
+//  - A slot is claimed by CAS on its key (EMPTY/TOMB -> BUSY), tagged,
+//    written under a per-slot sequence lock, then published. A remove
+//    takes the key by CAS (-> BUSY), clears the tag, frees the slot, then
+//    lowers the count. So a published key always has its tag set.
+//  - A free of an address that was never recorded may walk a chain being
+//    freed and reused meanwhile: it reads only pool memory (chunk ids are
+//    checked against the pools, walks are bounded), and no key there can
+//    equal its address (that address is not in the table, and only its
+//    owner can insert it).
+//  - Readers walk the pools, not the chains, and retry a slot whose
+//    sequence changed, so every entry a reader sees has address, size,
+//    timestamp and stack from one allocation.
 //
-// Capacity is fixed at init. An insert whose window is full fails (the
-// caller counts it as dropped): collisions never silently lose entries.
-// Removed slots become tombstones, reused by later inserts; a slot never
-// returns to EMPTY (except through reset_all on a quiescent table), which is
-// what lets a lookup stop at the first EMPTY slot.
-//
-// A small array of per-group counters (one per 64 home slots) lets remove()
-// answer "not here" with one load when no live entry hashes near the
-// address: the common case in sample mode, where most freed blocks were
-// never recorded.
+// Capacity is fixed at init. An insert that finds no free slot in its
+// chain and no free chunk fails (the caller counts it as dropped):
+// collisions never silently lose entries.
 //
 // Never allocates through malloc (memory from os_map). All methods are
 // thread-safe unless noted.
@@ -36,6 +61,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "id_pool.h"
 
 namespace mi::track {
 
@@ -53,18 +80,18 @@ constexpr uint32_t kSampledBit = 0x80000000u;
 
 class LiveTable {
  public:
-  static constexpr size_t kWindow = 64;
-
-  // Reserves at least `capacity` slots (rounded up to a power of two, at
-  // least kWindow). False when the memory cannot be mapped. Not thread-safe.
+  // Reserves room for at least `capacity` entries (rounded up to a power of
+  // two, at least 64): big chunks for capacity * 17/16 slots (a chain's
+  // last chunk is rarely full) and a small chunk for every directory word. False
+  // when the memory cannot be mapped. Not thread-safe.
   bool init(size_t capacity);
   // Unmaps. Not thread-safe; only for tests.
   void destroy();
 
-  // Records a live block. False when the probe window is full, or the
-  // entry cannot be held (an address that is not a multiple of 8 or not
-  // below 2^48, a size not below 2^40). Precondition: `address` is not
-  // already in the table (the allocator just returned it).
+  // Records a live block. False when its chain is full and no chunk is
+  // free, or the entry cannot be held (an address that is not a multiple
+  // of 8 or not below 2^48, a size not below 2^40). Precondition:
+  // `address` is not already in the table (the allocator just returned it).
   bool insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, uint32_t stack_id,
               uint64_t pid = 0);
   // Removes `address` if present, copying its entry to *out. False if absent
@@ -77,7 +104,8 @@ class LiveTable {
   template <class F>
   uint64_t for_each(F&& f) const;
 
-  // Calls f(uint32_t stack_id) for every slot in [lo, hi) that holds a
+  // Calls f(uint32_t stack_id) for every slot position in [lo, hi) (of
+  // positions(): the sweep cuts the walk into ranges) that holds a
   // published entry, with the stack field as last written (bit 31 is
   // kSampledBit). Cheaper than for_each: no per-slot consistency check,
   // which the stack sweep does not need (an entry being rewritten is
@@ -91,16 +119,19 @@ class LiveTable {
   // each (may be nullptr) sees every removed entry. Safe while other
   // threads insert and remove.
   uint64_t clear(uint64_t* bytes, ClearFn each = nullptr, void* ctx = nullptr);
-  // The same, then gives every page back to the kernel (the table then
-  // costs no resident memory until written again). Precondition: no thread
-  // inserts or removes meanwhile (the tracker makes sure of it); readers may
-  // run (a zeroed slot reads as empty, a slot zeroed mid-read fails its
-  // sequence check and is retried).
+  // The same, then gives every page back to the kernel and empties the
+  // pools (the table then costs no resident memory until written again).
+  // Precondition: no thread inserts or removes meanwhile (the tracker makes
+  // sure of it); readers may run (a zeroed slot reads as empty, a slot
+  // zeroed mid-read fails its sequence check and is retried).
   uint64_t clear_and_release(uint64_t* bytes, ClearFn each = nullptr, void* ctx = nullptr);
-  // Resident bytes of the table's mapping (mincore). Thread-safe.
+  // Resident bytes of the table's mappings (mincore). Thread-safe.
   size_t resident_bytes() const;
 
-  size_t capacity() const { return mask_ + 1; }
+  // The number of entries init() promised room for.
+  size_t capacity() const { return capacity_; }
+  // Slot positions in the pools: the range of for_each_stack().
+  size_t positions() const { return small_positions_ + big_positions_; }
   size_t bytes_reserved() const { return bytes_; }
 
  private:
@@ -115,7 +146,6 @@ class LiveTable {
     std::atomic<uint64_t> meta;
   };
   static_assert(sizeof(Slot) == 32, "a live entry costs 32 bytes");
-
   static constexpr uint64_t kEmpty = 0;
   static constexpr uint64_t kTomb = 1;
   static constexpr uint64_t kBusy = 2;
@@ -126,6 +156,31 @@ class LiveTable {
   static constexpr unsigned kSeqBits = 11;
   static constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
   static constexpr uint64_t kMaxSize = uint64_t{1} << 40;
+
+  // Chunks: slots per chunk.
+  static constexpr size_t kSmall = 4;
+  static constexpr size_t kBig = 16;
+  // A chunk id: 0 is none; else the chunk's number + 1, bit 31 set for a
+  // big chunk.
+  static constexpr uint32_t kNone = 0;
+  static constexpr uint32_t kBigBit = 0x80000000u;
+  // A chain is walked for at most this many chunks: a chain is rarely more
+  // than a few chunks long (a 1 KiB unit holds at most 128 blocks), and a
+  // walk of a chain being freed and reused must end.
+  static constexpr unsigned kMaxChain = 64;
+  // Directory: a word per unit of 1 KiB of heap, runs of 8 units hashed.
+  static constexpr unsigned kUnitShift = 10;
+  static constexpr unsigned kRunShift = 3;
+
+  // A chunk's header, kept apart from its slots. Tag byte j is slot j's: 0
+  // while the slot is free, else tag_of(its address). Only a slot's owner
+  // (the thread holding its key at kBusy) writes its byte.
+  struct Header {
+    std::atomic<uint64_t> tags[kBig / 8];  // a small chunk uses tags[0]'s low 4 bytes
+    std::atomic<uint32_t> next;            // the next chunk of the chain, or kNone
+    uint32_t unused;
+  };
+
   // The key of `address` without its size bits: address / 8 + 3, so that
   // no key is kEmpty, kTomb or kBusy (address 0 included).
   static uint64_t addr_key(uint64_t address) { return (address >> 3) + 3; }
@@ -145,81 +200,158 @@ class LiveTable {
     out->size = (key >> kAddrBits) << kSizeLoBits | ((meta >> kSeqBits) & kSizeLoMask);
     out->stack_id = static_cast<uint32_t>(meta >> 32);
   }
-  static constexpr unsigned kGroupShift = 6;
-  static constexpr size_t kGroupMask = (size_t{1} << kGroupShift) - 1;
-  static_assert(kWindow <= (size_t{1} << kGroupShift), "for_each_stack skips by two groups");
+  // The tag of an address: 1-255, from all its bits.
+  static uint8_t tag_of(uint64_t address) {
+    const uint64_t t = ((address >> 3) * 0xD6E8FEB86659FD93ull) >> 56;
+    return t == 0 ? uint8_t{1} : static_cast<uint8_t>(t);
+  }
+  // The directory word of `address`'s unit.
+  std::atomic<uint64_t>& dir_of(uint64_t address) const;
+  static uint32_t count_of(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+  static uint32_t head_of(uint64_t word) { return static_cast<uint32_t>(word); }
 
-  size_t home(uint64_t address) const;
-  // True when no entry can sit in the slots of slot i's group (i is a
-  // group's first slot): its group and the one before count no entries.
-  bool group_unused(size_t i) const;
+  // The first position of chunk `id` (valid), and its size in positions.
+  size_t first_position(uint32_t id) const {
+    return (id & kBigBit) != 0 ? small_positions_ + size_t{(id & ~kBigBit) - 1} * kBig
+                               : size_t{id - 1} * kSmall;
+  }
+  static size_t chunk_positions(uint32_t id) { return (id & kBigBit) != 0 ? kBig : kSmall; }
+  // True when `id` names a chunk of the pools (what a stale walk may read).
+  bool valid(uint32_t id) const {
+    const uint32_t n = id & ~kBigBit;
+    return n != 0 && n <= ((id & kBigBit) != 0 ? big_chunks_ : small_chunks_);
+  }
+  Header& header(uint32_t id) const {
+    return headers_[(id & kBigBit) != 0 ? small_chunks_ + (id & ~kBigBit) - 1 : id - 1];
+  }
+  // A mask with bit j set for each slot j of chunk `id` whose tag is
+  // `tag` (tag 0: each free slot).
+  uint32_t tagged(uint32_t id, uint8_t tag) const;
+  void set_tag(uint32_t id, unsigned j, uint8_t tag) {
+    // The owner's byte store; others read the tags a word at a time.
+    __atomic_store_n(reinterpret_cast<uint8_t*>(header(id).tags) + j, tag, __ATOMIC_RELAXED);
+  }
+
+  // Takes a chunk from the free list, then the bump pointer, of the big
+  // pool (big) or the small one then the big one (!big). kNone when both
+  // are spent. Its tags are zero and its slots free.
+  uint32_t take_chunk(bool big);
+  uint32_t take_from(bool big);
+  // Chunks of a pool the bump pointer has handed out.
+  size_t chunks_used(bool big) const { return pools_[big ? 1 : 0].bumped(); }
+  // The chunk that holds position p (< positions()).
+  uint32_t chunk_at(size_t p) const {
+    return p < small_positions_
+               ? static_cast<uint32_t>(p / kSmall + 1)
+               : kBigBit | static_cast<uint32_t>((p - small_positions_) / kBig + 1);
+  }
+  // Frees a chain whose count went to 0.
+  void give_chain(uint32_t head);
+  // Puts chunk `id` on its pool's free list (its `next` is overwritten).
+  void give_chunk(uint32_t id);
+  // Raises the count of directory word d, giving it a first chunk if it
+  // has none. False when no chunk is left.
+  bool pin(std::atomic<uint64_t>& d);
+  // Lowers it; the CAS that takes it to 0 frees the chain.
+  void unpin(std::atomic<uint64_t>& d);
+  // Claims a free slot of chunk `id` and tags it for `address`: true, with
+  // the slot's position in *position, or false when the chunk is full.
+  bool claim_in(uint32_t id, uint64_t address, size_t* position);
+  void write_slot(Slot& s, uint64_t address, uint64_t size, uint64_t timestamp_ns,
+                  uint32_t stack_id, uint64_t pid);
   bool read_slot(const Slot& s, LiveEntry* out) const;
-  // Frees slot s, which the caller holds (kBusy) and whose key was `key`.
-  void release_slot(Slot& s, uint64_t key, size_t home_index, LiveEntry* out);
+  // Frees the slot at `position` of chunk `id`, which the caller holds
+  // (kBusy) and whose key was `key`, then unpins its chain.
+  void release_slot(uint32_t id, size_t position, uint64_t key, LiveEntry* out);
+  // Calls f(position) for every slot of the pools, below the bump
+  // pointers, whose tag is set.
+  template <class F>
+  void for_each_tagged(size_t lo, size_t hi, F&& f) const;
 
-  Slot* slots_ = nullptr;
-  std::atomic<uint32_t>* groups_ = nullptr;
-  size_t mask_ = 0;
-  unsigned shift_ = 64;
+  Slot* slots_ = nullptr;      // the small pool's positions, then the big pool's
+  Header* headers_ = nullptr;  // the small chunks', then the big ones'
+  std::atomic<uint64_t>* dir_ = nullptr;
+  size_t capacity_ = 0;
+  size_t small_positions_ = 0;
+  size_t big_positions_ = 0;
+  uint32_t small_chunks_ = 0;
+  uint32_t big_chunks_ = 0;
+  size_t dir_mask_ = 0;
+  unsigned dir_shift_ = 64;
   size_t bytes_ = 0;
+  // The small chunks' pool and the big ones' (ids 0-based: chunk id - 1,
+  // without kBigBit).
+  IdPool pools_[2];
 };
 
-inline size_t LiveTable::home(uint64_t address) const {
-  // Each 4 KiB page of memory maps to a run of 256 consecutive slots (one
-  // per 16-byte granule; blocks are 16-byte aligned) at a hashed base:
-  // blocks near each other in memory are near each other in the table, so a
-  // working set of live blocks touches few table pages and cache lines,
-  // while pages far apart (arenas, mmapped blocks) still scatter.
-  const size_t base = static_cast<size_t>(((address >> 12) * 0x9E3779B97F4A7C15ull) >> shift_);
-  return (base + ((address >> 4) & 0xFF)) & mask_;
+inline std::atomic<uint64_t>& LiveTable::dir_of(uint64_t address) const {
+  const uint64_t unit = address >> kUnitShift;
+  const uint64_t run = ((unit >> kRunShift) * 0x9E3779B97F4A7C15ull) >> dir_shift_;
+  return dir_[((run << kRunShift) | (unit & ((1u << kRunShift) - 1))) & dir_mask_];
 }
 
-inline bool LiveTable::group_unused(size_t i) const {
-  // A slot holds an entry whose home is at most kWindow - 1 slots before
-  // it: in its own group or the one before. Both groups empty, no entry can
-  // be in this group's slots. An insert counts its group before it
-  // publishes the key (see insert), so nothing visible is lost.
-  const size_t g = i >> kGroupShift;
-  return groups_[g].load(std::memory_order_relaxed) == 0 &&
-         groups_[(g - 1) & (mask_ >> kGroupShift)].load(std::memory_order_relaxed) == 0;
+inline uint32_t LiveTable::tagged(uint32_t id, uint8_t tag) const {
+  const Header& h = header(id);
+  constexpr uint64_t kLow7 = 0x7F7F7F7F7F7F7F7Full;
+  const uint64_t want = uint64_t{tag} * 0x0101010101010101ull;
+  auto zero_bytes = [&](uint64_t x) {
+    // 0x80 in each byte of x that is zero, exactly (no borrow between
+    // bytes), then those 8 bits gathered into the low byte.
+    const uint64_t y = ~(((x & kLow7) + kLow7) | x | kLow7);
+    return static_cast<uint32_t>(((y >> 7) * 0x0102040810204080ull) >> 56);
+  };
+  if ((id & kBigBit) == 0)
+    return zero_bytes(h.tags[0].load(std::memory_order_acquire) ^ want) & ((1u << kSmall) - 1);
+  uint32_t mask = 0;
+  for (size_t w = 0; w < kBig / 8; ++w)
+    mask |= zero_bytes(h.tags[w].load(std::memory_order_acquire) ^ want) << (w * 8);
+  return mask;
+}
+
+template <class F>
+void LiveTable::for_each_tagged(size_t lo, size_t hi, F&& f) const {
+  // Only chunks below the bump pointers were ever written: a walk never
+  // reads (and so never makes resident) the rest of the pools.
+  auto walk = [&](size_t base, size_t chunks, size_t step, uint32_t big) {
+    const size_t from = lo > base ? lo : base;
+    const size_t end = base + chunks * step;
+    const size_t to = hi < end ? hi : end;
+    for (size_t c = (from - base) / step, p = base + c * step; p < to; ++c, p += step) {
+      const uint32_t id = big | static_cast<uint32_t>(c + 1);
+      for (size_t w = 0; w < step / 8 + (step < 8 ? 1 : 0); ++w) {
+        const uint64_t t = header(id).tags[w].load(std::memory_order_acquire);
+        if (t == 0) continue;
+        for (size_t j = w * 8; j < w * 8 + 8 && j < step; ++j)
+          if (((t >> ((j & 7) * 8)) & 0xFF) != 0 && p + j >= from && p + j < to) f(p + j);
+      }
+    }
+  };
+  walk(0, chunks_used(false), kSmall, 0);
+  walk(small_positions_, chunks_used(true), kBig, kBigBit);
 }
 
 template <class F>
 uint64_t LiveTable::for_each(F&& f) const {
   uint64_t n = 0;
   LiveEntry e;
-  for (size_t i = 0; i <= mask_; ++i) {
-    // Whole groups that cannot hold an entry are skipped unread: a walk
-    // over a sparse (or just released) table must not map the pages it
-    // never wrote back in (the read faults would cost the table's full
-    // size in RSS where the kernel does not map the zero page).
-    if ((i & kGroupMask) == 0 && group_unused(i)) {
-      i += kGroupMask;
-      continue;
-    }
-    if (slots_[i].key.load(std::memory_order_relaxed) <= kBusy) continue;
-    if (read_slot(slots_[i], &e)) {
+  for_each_tagged(0, positions(), [&](size_t p) {
+    if (slots_[p].key.load(std::memory_order_relaxed) <= kBusy) return;
+    if (read_slot(slots_[p], &e)) {
       f(static_cast<const LiveEntry&>(e));
       ++n;
     }
-  }
+  });
   return n;
 }
 
 template <class F>
 void LiveTable::for_each_stack(size_t lo, size_t hi, F&& f) const {
-  for (size_t i = lo; i < hi && i <= mask_; ++i) {
-    // As for_each: a sweep over a sparse table reads only the pages that
-    // hold entries.
-    if ((i & kGroupMask) == 0 && group_unused(i)) {
-      i += kGroupMask;
-      continue;
-    }
+  for_each_tagged(lo, hi, [&](size_t p) {
     // Acquire on the key: the stack field written before it was published
     // is visible (or a later one, if the slot was reused meanwhile).
-    if (slots_[i].key.load(std::memory_order_acquire) <= kBusy) continue;
-    f(static_cast<uint32_t>(slots_[i].meta.load(std::memory_order_relaxed) >> 32));
-  }
+    if (slots_[p].key.load(std::memory_order_acquire) <= kBusy) return;
+    f(static_cast<uint32_t>(slots_[p].meta.load(std::memory_order_relaxed) >> 32));
+  });
 }
 
 }  // namespace mi::track

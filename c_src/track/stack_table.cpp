@@ -93,8 +93,7 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   records_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + header_bytes);
   words_per_rec_ = depth + 1;
   rec_cap_ = static_cast<uint32_t>(rec_cap);
-  free_head_.store(kNoRecord, std::memory_order_relaxed);
-  bumped_.store(0, std::memory_order_relaxed);
+  records_pool_.reset(rec_cap_);
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
@@ -114,7 +113,7 @@ void StackTable::destroy() {
 }
 
 bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) const {
-  const size_t used = bumped_.load(std::memory_order_relaxed);
+  const size_t used = records_pool_.bumped();
   if (scratch_words < used / 64 + 1) return false;
   for (size_t i = 0; i < scratch_words; ++i) scratch[i] = 0;
   auto take = [&](uint32_t r) {
@@ -127,7 +126,7 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
     if ((k == kReady || k == kFreeing) && !take(headers_[slot].rec.load(std::memory_order_relaxed)))
       return false;
   }
-  uint32_t r = static_cast<uint32_t>(free_head_.load(std::memory_order_relaxed));
+  uint32_t r = records_pool_.first_free();
   for (size_t n = 0; r != kNoRecord; ++n) {
     if (n > used || !take(r)) return false;
     r = static_cast<uint32_t>(record(r)[0].load(std::memory_order_relaxed));
@@ -144,38 +143,14 @@ size_t StackTable::resident_record_bytes() const {
 }
 
 uint32_t StackTable::take_record() {
-  // Acquire: the link read next is the one the record's giver stored
-  // before its release CAS. A link read from a record another thread took
-  // meanwhile may be anything, but then the head's count has moved and the
-  // CAS fails.
-  uint64_t head = free_head_.load(std::memory_order_acquire);
-  while (static_cast<uint32_t>(head) != kNoRecord) {
-    const uint32_t r = static_cast<uint32_t>(head);
-    const uint64_t next = record(r)[0].load(std::memory_order_relaxed);
-    const uint64_t want = ((head >> 32) + 1) << 32 | static_cast<uint32_t>(next);
-    if (free_head_.compare_exchange_weak(head, want, std::memory_order_acquire,
-                                         std::memory_order_acquire))
-      return r;
-  }
-  uint32_t b = bumped_.load(std::memory_order_relaxed);
-  while (b < rec_cap_)
-    if (bumped_.compare_exchange_weak(b, b + 1, std::memory_order_relaxed)) return b;
-  return kNoRecord;
+  return records_pool_.take([this](uint32_t r) -> std::atomic<uint64_t>& { return record(r)[0]; });
 }
 
 void StackTable::give_record(uint32_t r) {
-  // Release: a taker's acquire CAS then sees the link, and everything that
-  // happened before the give (the old slot's free, in finish()).
-  uint64_t head = free_head_.load(std::memory_order_relaxed);
-  uint64_t want;
-  do {
-    // The link overwrites the token: a release store like every rewrite of
-    // a record's words, so a reader that loads it sees the free (see
-    // same_stack()).
-    record(r)[0].store(static_cast<uint32_t>(head), std::memory_order_release);
-    want = ((head >> 32) + 1) << 32 | r;
-  } while (!free_head_.compare_exchange_weak(head, want, std::memory_order_release,
-                                             std::memory_order_relaxed));
+  // The link overwrites the token: a release store like every rewrite of a
+  // record's words, so a reader that loads it sees the free (see
+  // same_stack()).
+  records_pool_.give(r, [this](uint32_t i) -> std::atomic<uint64_t>& { return record(i)[0]; });
 }
 
 template <bool kTail>

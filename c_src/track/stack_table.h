@@ -76,6 +76,7 @@
 #include <cstdint>
 
 #include "../common/mi_limits.h"
+#include "id_pool.h"
 #include "os_mem.h"
 
 namespace mi::track {
@@ -193,7 +194,7 @@ class StackTable {
   size_t rows() const { return size_t{rec_cap_} + 1; }
   // Records ever handed out: the pool's high-water mark (its resident part
   // is about this many times record_bytes()).
-  size_t records_used() const { return bumped_.load(std::memory_order_relaxed); }
+  size_t records_used() const { return records_pool_.bumped(); }
   size_t record_bytes() const { return (depth_ + 1) * sizeof(uint64_t); }
   // Resident bytes of the slots and of the record pool (mincore). Never
   // allocates.
@@ -286,7 +287,7 @@ class StackTable {
 
   // The record pool. A record is words_per_rec_ words: the token (a free
   // record's link to the next free one), then the stack's words.
-  static constexpr uint32_t kNoRecord = UINT32_MAX;
+  static constexpr uint32_t kNoRecord = IdPool::kNone;
   std::atomic<uint64_t>* record(uint32_t r) const { return records_ + size_t{r} * words_per_rec_; }
   // The record of slot `h`'s stack; nullptr when its index is out of
   // range (only if the slot was rewritten meanwhile: the caller's state
@@ -323,12 +324,8 @@ class StackTable {
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> reclaimed_{0};
   std::atomic<uint64_t> count_after_sweep_{0};
-  // The free list's head: the first free record's index (kNoRecord: none)
-  // in the low 32 bits, a count of head changes above it, so a thread that
-  // read a head and its link cannot install a link that went stale meanwhile
-  // (ABA). Written when a new stack is stored or a sweep frees one.
-  alignas(64) std::atomic<uint64_t> free_head_{kNoRecord};
-  std::atomic<uint32_t> bumped_{0};  // records handed out from the low end
+  // Free records (written when a new stack is stored or a sweep frees one).
+  IdPool records_pool_;
 };
 
 }  // namespace mi::track

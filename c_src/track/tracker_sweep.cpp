@@ -151,7 +151,7 @@ bool Tracker::sweep_chunk(bool from_hook) {
   const uint64_t cur = c.cursor.fetch_add(1, std::memory_order_acq_rel);
   const uint32_t phase = static_cast<uint32_t>(cur >> 48);
   const size_t k = static_cast<size_t>(cur & kLowMask);
-  const size_t total = chunks_of(phase == kScan ? table_.capacity() : stacks_.capacity());
+  const size_t total = chunks_of(phase == kScan ? table_.positions() : stacks_.capacity());
   if (phase < kScan || k >= total) return false;
   const uint32_t e = c.epoch.load(std::memory_order_relaxed);
   const size_t lo = k * kChunk;
