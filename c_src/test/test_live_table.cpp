@@ -279,7 +279,7 @@ TEST_CASE("live table: writers sharing chains that empty and refill, with a full
   constexpr uint64_t kBase = 0x7f1234560000ull;
   constexpr uint64_t kPerWriter = 64;  // 16-byte blocks: 512 in 8 KiB
   LiveTable t;
-  REQUIRE(t.init(256));
+  REQUIRE(t.init(64));
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> torn{0}, wrong{0}, drops{0}, walks{0};
   std::vector<std::vector<uint8_t>> held(kWriters, std::vector<uint8_t>(kPerWriter, 0));
@@ -337,12 +337,43 @@ TEST_CASE("live table: writers sharing chains that empty and refill, with a full
   size_t again = 0;
   for (uint64_t j = 0; j < 10000 && t.insert(0x100000 + j * 16, 1, 0, 0); ++j) ++again;
   LiveTable fresh;
-  REQUIRE(fresh.init(256));
+  REQUIRE(fresh.init(64));
   size_t first = 0;
   for (uint64_t j = 0; j < 10000 && fresh.insert(0x100000 + j * 16, 1, 0, 0); ++j) ++first;
   CHECK(again == first);
   fresh.destroy();
   t.destroy();
+}
+
+TEST_CASE("live table: chains that keep their chunks after a burst leave room for the capacity",
+          "[track][table]") {
+  // A chain keeps every chunk it grew to while any of its blocks is live:
+  // a burst of small blocks that is mostly freed (one in 32 or 256 kept,
+  // fragmentation) holds its chunks, and blocks allocated afterwards
+  // elsewhere need others. The pools hold twice the capacity for this; a
+  // review found the first drop at 40% of capacity when they held 17/16.
+  constexpr size_t kCap = size_t{1} << 16;
+  for (const uint64_t keep_one_in : {32u, 256u}) {
+    for (const uint64_t stride : {48u, 12288u}) {
+      LiveTable t;
+      REQUIRE(t.init(kCap));
+      constexpr uint64_t kBurst = 0x7e0000000000ull;
+      size_t live = 0;
+      for (uint64_t i = 0; i < kCap * 9 / 10; ++i) REQUIRE(t.insert(kBurst + i * 16, 16, 0, 1));
+      for (uint64_t i = 0; i < kCap * 9 / 10; ++i) {
+        if (i % keep_one_in != 0)
+          REQUIRE(t.remove(kBurst + i * 16, nullptr));
+        else
+          ++live;
+      }
+      size_t later = 0;
+      while (later < 4 * kCap && t.insert(0x7d0000000000ull + later * stride, 40, 0, 1)) ++later;
+      INFO("keep one in " << keep_one_in << ", then blocks " << stride
+                          << " bytes apart: first drop at " << live + later << " live");
+      CHECK(live + later >= kCap);
+      t.destroy();
+    }
+  }
 }
 
 // --- How full the live table gets before it drops ---------------------------
@@ -403,7 +434,7 @@ double load_at_first_drop(const HeapLayout& l, uint64_t seed, size_t capacity) {
 
 }  // namespace
 
-TEST_CASE("live table: with glibc's layouts the first drop comes above 90% load",
+TEST_CASE("live table: with glibc's layouts the first drop comes above 1.8 times the capacity",
           "[track][table]") {
   const HeapLayout layouts[] = {
       {"small blocks (32-byte chunks, 128 a page)", 1, 24, 0},
@@ -418,15 +449,18 @@ TEST_CASE("live table: with glibc's layouts the first drop comes above 90% load"
     for (uint64_t seed = 1; seed <= 2; ++seed) {
       const double load = load_at_first_drop(l, seed, kCapacity);
       INFO(l.name << ", seed " << seed << ": first drop at " << load * 100 << "% load");
-      // doc/tracking.md ("MALLOCINFO_TABLE_SIZE"): nothing is dropped below 90% full.
-      CHECK(load >= 0.90);
-      // Nor far beyond: the pools hold capacity * 9/8 slots in big chunks.
-      CHECK(load <= 1.13);
+      // doc/tracking.md ("MALLOCINFO_TABLE_SIZE"): the pools hold twice the
+      // capacity in big chunks (so that chains that keep their chunks after
+      // a burst do not drop early), and little of it is lost to partly
+      // filled chunks before the first drop.
+      CHECK(load >= 1.80);
+      // Nor beyond what the pools hold: 2 + 1/16 (the small chunks).
+      CHECK(load <= 2.07);
       lowest = std::min(lowest, load);
     }
   }
-  // Pages dense with small blocks fill their last chunks least evenly:
-  // that is where drops begin.
+  // Blocks freed as the heap grows leave chains with holes that other
+  // units cannot use: that is where drops begin.
   INFO("lowest load at a first drop: " << lowest * 100 << "%");
-  CHECK(lowest < 0.95);
+  CHECK(lowest < 1.90);
 }

@@ -14,7 +14,7 @@ bool LiveTable::init(size_t capacity) {
   size_t words = cap / 64 < 16 ? 16 : cap / 64;
   unsigned run_bits = 0;
   while ((size_t{1} << (run_bits + kRunShift)) < words) ++run_bits;
-  const size_t big = (cap / 16 * 17 + kBig - 1) / kBig;
+  const size_t big = cap * 2 / kBig;
   if (big >= kBigBit || words >= kBigBit) return false;
   const size_t slot_bytes = os_page_up((words * kSmall + big * kBig) * sizeof(Slot));
   const size_t header_bytes = os_page_up((words + big) * sizeof(Header));
@@ -48,8 +48,10 @@ void LiveTable::destroy() {
 
 uint32_t LiveTable::take_from(bool big) {
   const uint32_t tag = big ? kBigBit : 0;
-  // A free chunk's `next` holds the pool's link. A stale walk that reads
-  // it as a chain link finds an id of the same pool or an invalid one.
+  // A free chunk's `next` holds the pool's link (a 0-based index, without
+  // kBigBit). A stale walk that reads it as a chain link goes on to some
+  // small chunk or stops at an invalid id: harmless, the walk reads only
+  // pool memory and is bounded.
   const uint32_t n = pools_[big ? 1 : 0].take(
       [this, tag](uint32_t i) -> std::atomic<uint32_t>& { return header(tag | (i + 1)).next; });
   return n == IdPool::kNone ? kNone : tag | (n + 1);

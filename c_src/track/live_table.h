@@ -4,7 +4,8 @@
 // Layout. The heap's address space is cut into units of 1 KiB. A directory
 // hashes each unit (in runs of 8 neighbouring units, so a dense heap
 // touches few directory lines) to a word that owns a chain of chunks: the
-// word holds the number of live entries in its chain and the chain's head.
+// word holds the number of live entries in its chain (and of inserts in
+// progress there) and the chain's head.
 // A chunk is a run of slots, small (4 slots, 128 bytes) or big (16, 512
 // bytes), with its header kept apart in a dense array: a tag byte per slot
 // and the link to the next chunk. A chain starts with a small chunk, so a
@@ -27,7 +28,8 @@
 // (user space ends at 2^47 without 5-level paging) and a size below 2^40
 // (1 TiB); insert() refuses anything else (the caller counts it as
 // dropped). The sequence number has 11 bits: a reader is fooled only by
-// exactly 1024 rewrites of one slot between its two reads of the word.
+// exactly 1024 writes of one slot (512 blocks come and gone: an insert
+// and a remove each advance it by 2) between its two reads of the word.
 //
 // Concurrency: lock-free. Any number of threads insert and remove while any
 // number of readers iterate.
@@ -49,9 +51,15 @@
 //    sequence changed, so every entry a reader sees has address, size,
 //    timestamp and stack from one allocation.
 //
-// Capacity is fixed at init. An insert that finds no free slot in its
-// chain and no free chunk fails (the caller counts it as dropped):
-// collisions never silently lose entries.
+// Capacity is fixed at init. An insert fails (the caller counts it as
+// dropped; collisions never silently lose entries) when its chain has no
+// free slot and either no chunk is free or the chain already has
+// kMaxChain chunks (1,024 slots for one directory word: blocks of 8 or 16
+// bytes crowding units that share a word). A chain keeps every chunk it
+// grew to while any of its entries is live (a chunk cannot leave a chain
+// that lock-free walks may be reading), so after a burst that is mostly
+// freed, its chunks serve only its own units: the pools hold twice the
+// capacity for that.
 //
 // Never allocates through malloc (memory from os_map). All methods are
 // thread-safe unless noted.
@@ -80,10 +88,10 @@ constexpr uint32_t kSampledBit = 0x80000000u;
 
 class LiveTable {
  public:
-  // Reserves room for at least `capacity` entries (rounded up to a power of
-  // two, at least 64): big chunks for capacity * 17/16 slots (a chain's
-  // last chunk is rarely full) and a small chunk for every directory word. False
-  // when the memory cannot be mapped. Not thread-safe.
+  // Reserves room for `capacity` entries (rounded up to a power of two, at
+  // least 64): big chunks for twice as many slots (chains keep chunks; see
+  // above) and a small chunk for every directory word. False when the
+  // memory cannot be mapped. Not thread-safe.
   bool init(size_t capacity);
   // Unmaps. Not thread-safe; only for tests.
   void destroy();
