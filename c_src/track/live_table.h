@@ -218,12 +218,11 @@ class LiveTable {
   static uint32_t count_of(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
   static uint32_t head_of(uint64_t word) { return static_cast<uint32_t>(word); }
 
-  // The first position of chunk `id` (valid), and its size in positions.
+  // The first position of chunk `id` (valid).
   size_t first_position(uint32_t id) const {
     return (id & kBigBit) != 0 ? small_positions_ + size_t{(id & ~kBigBit) - 1} * kBig
                                : size_t{id - 1} * kSmall;
   }
-  static size_t chunk_positions(uint32_t id) { return (id & kBigBit) != 0 ? kBig : kSmall; }
   // True when `id` names a chunk of the pools (what a stale walk may read).
   bool valid(uint32_t id) const {
     const uint32_t n = id & ~kBigBit;
