@@ -52,8 +52,8 @@ uint32_t LiveTable::take_from(bool big) {
   // kBigBit). A stale walk that reads it as a chain link goes on to some
   // small chunk or stops at an invalid id: harmless, the walk reads only
   // pool memory and is bounded.
-  const uint32_t n = pools_[big ? 1 : 0].take(
-      [this, tag](uint32_t i) -> std::atomic<uint32_t>& { return header(tag | (i + 1)).next; });
+  const uint32_t n =
+      pools_[big ? 1 : 0].take([ this, tag ](uint32_t i) -> auto& { return pool_link(tag, i); });
   return n == IdPool::kNone ? kNone : tag | (n + 1);
 }
 
@@ -67,9 +67,8 @@ uint32_t LiveTable::take_chunk(bool big) {
 
 void LiveTable::give_chunk(uint32_t id) {
   const uint32_t tag = id & kBigBit;
-  pools_[tag != 0 ? 1 : 0].give(
-      (id & ~kBigBit) - 1,
-      [this, tag](uint32_t i) -> std::atomic<uint32_t>& { return header(tag | (i + 1)).next; });
+  pools_[tag != 0 ? 1 : 0].give((id & ~kBigBit) - 1,
+                                [ this, tag ](uint32_t i) -> auto& { return pool_link(tag, i); });
 }
 
 void LiveTable::give_chain(uint32_t c) {
@@ -185,7 +184,8 @@ bool LiveTable::insert(uint64_t address, uint64_t size, uint64_t timestamp_ns, u
   return false;
 }
 
-void LiveTable::release_slot(uint32_t id, size_t position, uint64_t key, LiveEntry* out) {
+void LiveTable::release_slot(uint32_t id, size_t position, uint64_t key, std::atomic<uint64_t>& d,
+                             LiveEntry* out) {
   Slot& s = slots_[position];
   const uint64_t m = s.meta.load(std::memory_order_relaxed);
   const uint64_t q = m & kSeqMask;
@@ -198,7 +198,7 @@ void LiveTable::release_slot(uint32_t id, size_t position, uint64_t key, LiveEnt
   s.meta.store(with_seq(m, q + 2), std::memory_order_release);  // before the key: see write_slot()
   set_tag(id, static_cast<unsigned>(position - first_position(id)), 0);
   s.key.store(kTomb, std::memory_order_release);
-  unpin(dir_of(address_of(key)));
+  unpin(d);
 }
 
 bool LiveTable::remove(uint64_t address, LiveEntry* out) {
@@ -222,7 +222,7 @@ bool LiveTable::remove(uint64_t address, LiveEntry* out) {
       if (!s.key.compare_exchange_strong(k, kBusy, std::memory_order_acquire,
                                          std::memory_order_relaxed))
         return false;  // someone else removed it (a double free race)
-      release_slot(c, p, k, out);
+      release_slot(c, p, k, d, out);
       return true;
     }
     c = header(c).next.load(std::memory_order_acquire);
@@ -264,7 +264,7 @@ uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
                                        std::memory_order_relaxed))
       return;
     LiveEntry e;
-    release_slot(chunk_at(p), p, k, &e);
+    release_slot(chunk_at(p), p, k, dir_of(address_of(k)), &e);
     ++n;
     b += e.size;
     if (each != nullptr) each(e, ctx);

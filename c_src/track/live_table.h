@@ -254,6 +254,12 @@ class LiveTable {
   }
   // Frees a chain whose count went to 0.
   void give_chain(uint32_t head);
+  // The link of pool entry i (a chunk number, 0-based) of the pool whose
+  // ids carry `big_bit`: the chunk's `next`, which holds the pool's link
+  // while the chunk is free.
+  std::atomic<uint32_t>& pool_link(uint32_t big_bit, uint32_t i) const {
+    return header(big_bit | (i + 1)).next;
+  }
   // Puts chunk `id` on its pool's free list (its `next` is overwritten).
   void give_chunk(uint32_t id);
   // Raises the count of directory word d, giving it a first chunk if it
@@ -268,8 +274,10 @@ class LiveTable {
                   uint32_t stack_id, uint64_t pid);
   bool read_slot(const Slot& s, LiveEntry* out) const;
   // Frees the slot at `position` of chunk `id`, which the caller holds
-  // (kBusy) and whose key was `key`, then unpins its chain.
-  void release_slot(uint32_t id, size_t position, uint64_t key, LiveEntry* out);
+  // (kBusy) and whose key was `key`, then unpins its chain (d: the
+  // directory word of the key's address).
+  void release_slot(uint32_t id, size_t position, uint64_t key, std::atomic<uint64_t>& d,
+                    LiveEntry* out);
   // Calls f(position) for every slot of the pools, below the bump
   // pointers, whose tag is set.
   template <class F>
@@ -325,7 +333,7 @@ void LiveTable::for_each_tagged(size_t lo, size_t hi, F&& f) const {
     const size_t to = hi < end ? hi : end;
     for (size_t c = (from - base) / step, p = base + c * step; p < to; ++c, p += step) {
       const uint32_t id = big | static_cast<uint32_t>(c + 1);
-      for (size_t w = 0; w < step / 8 + (step < 8 ? 1 : 0); ++w) {
+      for (size_t w = 0; w < (step + 7) / 8; ++w) {
         const uint64_t t = header(id).tags[w].load(std::memory_order_acquire);
         if (t == 0) continue;
         for (size_t j = w * 8; j < w * 8 + 8 && j < step; ++j)
