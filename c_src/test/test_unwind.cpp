@@ -65,6 +65,14 @@ class CacheMem {
   CacheMem(const CacheMem&) = delete;
   CacheMem& operator=(const CacheMem&) = delete;
   UnwindCacheStats stats() const { return mi::track::unwind_cache_stats(cache); }
+  // Pages of the cache's memory that are resident (mincore).
+  size_t resident_pages() const {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> vec((mi::track::unwind_cache_bytes() + page - 1) / page);
+    if (mincore(mem_, mi::track::unwind_cache_bytes(), vec.data()) != 0) std::abort();
+    return static_cast<size_t>(
+        std::count_if(vec.begin(), vec.end(), [](unsigned char v) { return (v & 1) != 0; }));
+  }
 
   UnwindCache* cache;
 
@@ -182,6 +190,68 @@ TEST_CASE("unwind: cache memory is 64-256 KiB and starts empty", "[unwind]") {
   CHECK(st.misses == 0);
   CHECK(st.fallbacks == 0);
   CHECK(st.entries == 0);
+}
+
+// N + 1 distinct functions, each calling the next from its own call site:
+// a stack of N + 1 distinct return addresses above the capture.
+template <int N>
+__attribute__((noipa)) size_t distinct_chain(UnwindCache* cache, uintptr_t* out, size_t max) {
+  size_t n;
+  if constexpr (N == 0) {
+    n = capture_site(kCached, cache, out, max);
+  } else {
+    n = distinct_chain<N - 1>(cache, out, max);
+  }
+  __asm__ volatile("" : "+r"(n));  // keeps the call from being a tail call
+  return n;
+}
+
+// distinct_chain<600>, always from this call site.
+__attribute__((noipa)) size_t capture_distinct(UnwindCache* cache, std::vector<uintptr_t>* out) {
+  return distinct_chain<600>(cache, out->data(), out->size());
+}
+
+TEST_CASE("unwind: the rule table grows with its rules and keeps them at half load", "[unwind]") {
+  CacheMem mem;
+  CHECK(mem.stats().slots == 256);
+  // A shallow stack: a few rules, the first table.
+  std::vector<uintptr_t> out(1024);
+  REQUIRE(capture_site(kCached, mem.cache, out.data(), out.size()) > 2);
+  CHECK(mem.stats().slots == 256);
+  CHECK(mem.stats().entries < 128);
+  // Over 600 return addresses: the table doubles three times (at 128, 256
+  // and 512 rules), forgetting its rules each time; the next captures
+  // derive the forgotten ones again, until one derives none. Every capture
+  // is the same stack (one call site).
+  std::vector<Stack> stacks;
+  std::vector<UnwindCacheStats> after;
+  // The last capture follows a flush (code unmapped): the rules are
+  // forgotten, the table keeps its size.
+  for (int i = 0; i < 7; ++i) {
+    if (i == 6) mi::track::unwind_code_unmapped();
+    const size_t n = capture_distinct(mem.cache, &out);
+    stacks.emplace_back(out.begin(), out.begin() + static_cast<ptrdiff_t>(n));
+    after.push_back(mem.stats());
+  }
+  REQUIRE(stacks[0].size() > 600);
+  for (const Stack& st : stacks) CHECK(st == stacks[0]);
+  // The growth happens in the first two captures (the second derives
+  // again the rules the first forgot, and grows once more at 512), the
+  // third derives what the second forgot; later ones are warm.
+  const UnwindCacheStats& warm = after[5];
+  INFO("entries " << warm.entries << ", slots " << warm.slots);
+  CHECK(after[3].misses == warm.misses);
+  CHECK(after[3].fallbacks == warm.fallbacks);
+  CHECK(warm.entries > 600);
+  // The smallest table that holds them at most half full.
+  CHECK(warm.slots == 2048);
+  CHECK(warm.entries <= warm.slots / 2);
+  // Resident: the counters' page and the 2048 rules' 8 pages, not the
+  // whole 128 KiB mapping (32 pages of rules, all touched when 600 rules
+  // were hashed over the largest table).
+  CHECK(mem.resident_pages() <= 1 + 2048 * 16 / 4096);
+  CHECK(after[6].slots == 2048);
+  CHECK(after[6].misses > warm.misses + 600);
 }
 
 TEST_CASE("unwind: the first frame is the return address into the caller", "[unwind]") {

@@ -90,6 +90,7 @@ struct UnwindCacheStats {
                        // a load outside the window, no window yet)
   uint64_t truncated;  // captures ended at a frame outside the supported shape
   uint64_t entries;    // rules stored (including "stop" and "end" rules)
+  uint64_t slots;      // the table's size in rules: it grows with entries
 };
 UnwindCacheStats unwind_cache_stats(const UnwindCache* cache);
 

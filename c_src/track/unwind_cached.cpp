@@ -61,19 +61,29 @@ namespace mi::track {
 
 namespace {
 
-// 8192 rules of 16 bytes: 128 KiB per thread. A workload's distinct return
-// addresses on malloc paths are typically a few hundred to a few thousand.
-constexpr unsigned kSlotBits = 13;
-constexpr size_t kSlots = size_t{1} << kSlotBits;
+// At most 8192 rules of 16 bytes: a 128 KiB mapping per thread. A
+// workload's distinct return addresses on malloc paths are typically a few
+// hundred to a few thousand per thread, and most threads of a node (the
+// async, dirty and I/O pools) see far fewer. Rules are spread by hash, so
+// every page of a table is touched soon after it is in use: the table
+// starts at 256 rules (one 4 KiB page, beside the counters' page) and
+// doubles when it is half full, forgetting its rules (they are derived
+// again on the next misses), up to 8192, where it evicts instead. A thread
+// keeps 32 KiB of table for 1000 rules rather than the whole 128 KiB (issue
+// 26: 18 threads of a preloaded RabbitMQ kept 1.32 MiB of caches).
+constexpr unsigned kMinSlotBits = 8;
+constexpr unsigned kMaxSlotBits = 13;
+constexpr size_t kMaxSlots = size_t{1} << kMaxSlotBits;
 constexpr size_t kProbe = 8;
 
 uint32_t g_generation = 0;
 
 }  // namespace
 
-// Plain data in zero-filled memory: all-zero is a valid empty cache.
+// Plain data in zero-filled memory; unwind_cache_init sets `bits`. The
+// counters come first: they share the first page with nothing the table
+// grows into.
 struct UnwindCache {
-  Rule slots[kSlots];
   uint64_t hits;
   uint64_t misses;
   uint64_t fallbacks;
@@ -81,7 +91,9 @@ struct UnwindCache {
   uint64_t entries;
   uint32_t generation;
   uint32_t evict;
+  uint32_t bits;  // the table is slots[0, 2^bits)
   StackWindow window;
+  alignas(4096) Rule slots[kMaxSlots];
 };
 
 namespace {
@@ -89,42 +101,55 @@ namespace {
 // ---------------------------------------------------------------------------
 // The per-thread rule cache: open addressing keyed by return address.
 
-inline size_t slot_of(uintptr_t ip) {
-  return static_cast<size_t>((ip * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
+inline size_t slot_of(const UnwindCache* cache, uintptr_t ip) {
+  return static_cast<size_t>((ip * 0x9E3779B97F4A7C15ull) >> (64 - cache->bits));
 }
 
 inline Rule* find_rule(UnwindCache* cache, uintptr_t ip) {
   if (ip == 0) return nullptr;
-  const size_t home = slot_of(ip);
+  const size_t mask = (size_t{1} << cache->bits) - 1;
+  const size_t home = slot_of(cache, ip);
   for (size_t i = 0; i < kProbe; ++i) {
-    Rule* r = &cache->slots[(home + i) & (kSlots - 1)];
+    Rule* r = &cache->slots[(home + i) & mask];
     if (r->ip == ip) return r;
     if (r->ip == 0) return nullptr;
   }
   return nullptr;
 }
 
+// Forgets every rule; the table keeps its size. A rule's `next` hint may
+// then point at an empty slot or another rule: the warm walk checks the
+// rule it lands on.
+void clear_rules(UnwindCache* cache) {
+  memset(cache->slots, 0, sizeof(Rule) << cache->bits);
+  cache->entries = 0;
+}
+
 // Slots are never emptied one by one (only all at once), so overwriting a
 // full probe window keeps every other key reachable.
 void insert_rule(UnwindCache* cache, const Rule& rule) {
   if (rule.ip == 0) return;
-  const size_t home = slot_of(rule.ip);
+  if (cache->entries >= (size_t{1} << cache->bits) / 2 && cache->bits < kMaxSlotBits) {
+    ++cache->bits;
+    clear_rules(cache);
+  }
+  const size_t mask = (size_t{1} << cache->bits) - 1;
+  const size_t home = slot_of(cache, rule.ip);
   for (size_t i = 0; i < kProbe; ++i) {
-    Rule* r = &cache->slots[(home + i) & (kSlots - 1)];
+    Rule* r = &cache->slots[(home + i) & mask];
     if (r->ip == rule.ip || r->ip == 0) {
       if (r->ip == 0) ++cache->entries;
       *r = rule;
       return;
     }
   }
-  cache->slots[(home + (cache->evict++ % kProbe)) & (kSlots - 1)] = rule;
+  cache->slots[(home + (cache->evict++ % kProbe)) & mask] = rule;
 }
 
 void flush_if_stale(UnwindCache* cache) {
   const uint32_t gen = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
   if (gen == cache->generation) return;
-  memset(cache->slots, 0, sizeof cache->slots);
-  cache->entries = 0;
+  clear_rules(cache);
   cache->generation = gen;
 }
 
@@ -352,13 +377,14 @@ size_t unwind_cache_bytes() {
 
 UnwindCache* unwind_cache_init(void* zeroed_memory) {
   auto* cache = static_cast<UnwindCache*>(zeroed_memory);
+  cache->bits = kMinSlotBits;
   cache->generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
   return cache;
 }
 
 UnwindCacheStats unwind_cache_stats(const UnwindCache* cache) {
-  return UnwindCacheStats{cache->hits, cache->misses, cache->fallbacks, cache->truncated,
-                          cache->entries};
+  return UnwindCacheStats{cache->hits,      cache->misses,  cache->fallbacks,
+                          cache->truncated, cache->entries, size_t{1} << cache->bits};
 }
 
 void unwind_code_unmapped() {
@@ -418,7 +444,7 @@ UnwindCache* unwind_cache_init(void* zeroed_memory) {
 }
 
 UnwindCacheStats unwind_cache_stats(const UnwindCache* cache) {
-  return UnwindCacheStats{0, cache->misses, cache->fallbacks, 0, 0};
+  return UnwindCacheStats{0, cache->misses, cache->fallbacks, 0, 0, 0};
 }
 
 void unwind_code_unmapped() {}
