@@ -121,7 +121,10 @@
 %% could not record), `stacks' (distinct call stacks stored now),
 %% `stack_capacity', `stack_bytes', `tables_bytes' (what all the tracker's
 %% tables reserved: live, stack and churn tables, thread states, regions;
-%% 0 from older interposers), `stacks_dropped' (allocations recorded
+%% 0 from older interposers), `tables_resident' (what they keep resident
+%% now, by table: `#{live, stacks, churn, threads}', the last the thread
+%% states with their unwind caches; `undefined' from older interposers),
+%% `stacks_dropped' (allocations recorded
 %% without a stack because the stack table had no room), `stacks_reclaimed'
 %% (stacks freed because no live block used them any more), `stack_sweeps'
 %% (reclamation passes done), `stack_depth', `sample_bytes', `unwinder'

@@ -96,6 +96,19 @@ status_when_preloaded(Config) ->
     ?assert(TB >= 64 * Cap andalso TB < 70 * Cap),
     ?assert(Live > 0),
     ?assert(maps:get(malloc, Calls) > 0),
+    %% What each table keeps resident (mincore), within what it reserved
+    %% (the unwind caches are mapped per thread, apart from tables_bytes).
+    #{tables_resident := #{live := RL, stacks := RS, churn := RC, threads := RT},
+      stack_bytes := SB} = S,
+    ?assert(RL > 0 andalso RL =< TB),
+    ?assert(RS > 0 andalso RS =< SB),
+    ?assert(RC > 0 andalso RT > 0),
+    %% 200,000 more live blocks take at least a 32-byte slot each (the
+    %% chunks the boot gave back hold far fewer).
+    ok = call(Config, mi_leaky_nif, leak, [200000, 64]),
+    #{tables_resident := #{live := RL2}} = call(Config, mallocinfo_trace, status, []),
+    ok = call(Config, mi_leaky_nif, release, []),
+    ?assert(RL2 >= RL + 200000 * 16),
     %% The region block's two views (one read of it): the mmap family's
     %% regions and counters, and what mallocinfo's own work mapped.
     #{mappings := #{regions := Regions, bytes := RBytes, table_capacity := RCap,

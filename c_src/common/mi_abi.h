@@ -122,6 +122,14 @@ typedef struct mi_abi_status {
    * (live, stack and churn tables, thread states, the region table):
    * MAP_NORESERVE mappings, resident only where written. */
   uint64_t tables_bytes;
+  /* Filled by interposers that say what their tables keep resident; older
+   * ones leave the caller's zeros. Resident bytes now (mincore) of the
+   * live table, the stack table (slots and records), the churn rows, and
+   * the thread states with their unwind caches. */
+  uint64_t resident_live;
+  uint64_t resident_stacks;
+  uint64_t resident_churn;
+  uint64_t resident_threads;
 } mi_abi_status;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;

@@ -48,6 +48,9 @@
   X(stack_capacity, "stack_capacity")               \
   X(stack_bytes, "stack_bytes")                     \
   X(tables_bytes, "tables_bytes")                   \
+  X(tables_resident, "tables_resident")             \
+  X(live, "live")                                   \
+  X(threads, "threads")                             \
   X(stacks_dropped, "stacks_dropped")               \
   X(stacks_reclaimed, "stacks_reclaimed")           \
   X(stack_sweeps, "stack_sweeps")                   \

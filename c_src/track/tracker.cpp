@@ -319,7 +319,9 @@ __attribute__((always_inline)) inline size_t Tracker::unwind_here(ThreadState* t
   // its captures derive every rule, slower but just as lock-free.
   if (ts->unwind_cache == nullptr && ts->shared == 0) {
     void* mem = os_map(unwind_cache_bytes());
-    if (mem != nullptr) ts->unwind_cache = unwind_cache_init(mem);
+    // Atomic for status(), which reads it from other threads.
+    if (mem != nullptr)
+      __atomic_store_n(&ts->unwind_cache, unwind_cache_init(mem), __ATOMIC_RELEASE);
   }
   const size_t n =
       unwind_(ts->shared != 0 ? nullptr : ts->unwind_cache, buf, config_.stack_depth + 8);
@@ -735,6 +737,15 @@ void Tracker::status(mi_abi_status* out) const {
   s.live_entries = inserts > removes + cleared ? inserts - removes - cleared : 0;
   s.live_bytes =
       insert_bytes > remove_bytes + cleared_bytes ? insert_bytes - remove_bytes - cleared_bytes : 0;
+  s.resident_live = table_.resident_bytes();
+  s.resident_stacks = stacks_.resident_slot_bytes() + stacks_.resident_record_bytes();
+  s.resident_churn = churn_.resident_bytes();
+  s.resident_threads = os_resident(states_, states_bytes_);
+  for (size_t i = 0; i < seen && i < nstates_; ++i) {
+    // A cache, once mapped, stays with its state until destroy().
+    const UnwindCache* c = __atomic_load_n(&states_[i].unwind_cache, __ATOMIC_ACQUIRE);
+    if (c != nullptr) s.resident_threads += os_resident(c, unwind_cache_bytes());
+  }
   *out = s;
 }
 
