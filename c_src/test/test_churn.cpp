@@ -109,9 +109,38 @@ TEST_CASE("churn: full mode counts every site exactly", "[track][churn]") {
   t.destroy();
 }
 
+TEST_CASE("churn table: the rows of every segment are listed, and only those written",
+          "[track][churn]") {
+  ChurnTable ct;
+  REQUIRE(ct.init(1000, 4));
+  // The first two rows of each segment (one per record class), and row 0
+  // (no stack).
+  std::map<uint32_t, uint64_t> want{{0, 7}};
+  uint32_t id = 1;
+  for (uint32_t g = 0; g < 4; ++g) {
+    for (const uint32_t at : {0u, 1u}) {
+      const uint32_t row = 1 + g * 1000 + at;
+      ct.on_alloc(id, row, kCountOne, row, false);
+      want[id++] = row;
+    }
+  }
+  ct.on_alloc(0, 0, kCountOne, 7, false);
+  std::map<uint32_t, uint64_t> got;
+  CHECK(ct.for_each([&](const mi_abi_churn& r) { got[r.stack_id] = r.allocated_bytes; }) == 9);
+  CHECK(got == want);
+  // Resident after the listing: the pages of the rows written (row 0's
+  // with the first segment's, and one for each other segment), not the
+  // rest of the segments (a listing reads each up to its last claim, not
+  // everything below the highest row).
+  CHECK(ct.resident_bytes() <= 5 * 4096);
+  ct.clear();
+  CHECK(ct.for_each([](const mi_abi_churn&) {}) == 0);
+  ct.destroy();
+}
+
 TEST_CASE("churn: sampled counts keep their fractions", "[track][churn]") {
   ChurnTable ct;
-  REQUIRE(ct.init(64));
+  REQUIRE(ct.init(16, 4));
   // Ten sampled blocks of 1.4 blocks each: 14, where whole weights gave 10.
   for (int i = 0; i < 10; ++i) ct.on_alloc(7, 3, kCountOne * 14 / 10, 1400, true);
   mi_abi_churn row{};
@@ -222,7 +251,7 @@ TEST_CASE("churn: sample mode, a block with bytes allocated after it is not temp
 TEST_CASE("churn table: a reused row folds the old stack's counts into the unknown row",
           "[track][churn]") {
   ChurnTable ct;
-  REQUIRE(ct.init(64));
+  REQUIRE(ct.init(16, 4));
   // Two stacks that had the same record in turn: the same row.
   const uint32_t old_id = (1u << 6) | 5, new_id = (2u << 6) | 9, row = 12;
   ct.on_alloc(old_id, row, 3 * kCountOne, 300, false);
@@ -243,7 +272,7 @@ TEST_CASE("churn table: a reused row folds the old stack's counts into the unkno
   // because no live block used it) would go to the unknown row.
   ct.on_free(old_id, row, kCountOne, 100, 0, false);
   // Rows out of range, and any row for id 0, are the unknown row's.
-  ct.on_alloc(new_id, 64, kCountOne, 5, false);
+  ct.on_alloc(new_id, 65, kCountOne, 5, false);  // rows 0 to 64
   ct.on_alloc(0, row, kCountOne, 5, false);
   rows.clear();
   ct.for_each([&](const mi_abi_churn& r) { rows[r.stack_id] = r; });

@@ -318,7 +318,10 @@ TEST_CASE("stack table: the record pool holds the stacks stored at once, not eve
           "[track][stacks]") {
   StackTable st;
   REQUIRE(st.init(4096, 6));
-  CHECK(st.record_bytes() == 7 * sizeof(uint64_t));
+  // Depth 6: records of 2, 4, 6 and 7 words (a token and the stack).
+  CHECK(st.record_bytes(1) == 2 * sizeof(uint64_t));
+  CHECK(st.record_bytes(3) == 4 * sizeof(uint64_t));
+  CHECK(st.record_bytes(6) == 7 * sizeof(uint64_t));
   std::vector<uint32_t> old_ids;
   for (uintptr_t round = 0; round < 10; ++round) {
     std::vector<uint32_t> ids;
@@ -411,7 +414,7 @@ TEST_CASE("stack table: resident records follow the stacks stored at once", "[tr
   // the RSS by 23.2 MiB then, 2.2 MiB now.)
   StackTable st;
   REQUIRE(st.init(65536, 44));
-  const size_t rec = st.record_bytes();
+  const size_t rec = st.record_bytes(44);
   for (uintptr_t round = 0; round < 10; ++round) {
     for (uintptr_t i = 1; i <= 2000; ++i) {
       uintptr_t f[44];
@@ -427,6 +430,61 @@ TEST_CASE("stack table: resident records follow the stacks stored at once", "[tr
   CHECK(records <= 2000 * rec + 4096);
   // The slots: 24 bytes each, every page of them touched by now (1.5 MiB).
   CHECK(st.resident_slot_bytes() <= 65536 * 24);
+  st.destroy();
+}
+
+TEST_CASE("stack table: a stack takes the smallest record that holds it", "[track][stacks]") {
+  // Depth 44: records of 12, 23, 34 and 45 words. 3,000 shallow stacks (5
+  // words) and 1,000 deep ones (40), interleaved, then swept and stored
+  // again: each class's pool keeps its own stacks, packed.
+  StackTable st;
+  REQUIRE(st.init(65536, 44));
+  CHECK(st.record_bytes(5) == 12 * sizeof(uint64_t));
+  CHECK(st.record_bytes(11) == 12 * sizeof(uint64_t));
+  CHECK(st.record_bytes(12) == 23 * sizeof(uint64_t));
+  CHECK(st.record_bytes(40) == 45 * sizeof(uint64_t));
+  auto fill = [](uintptr_t round, uintptr_t i, unsigned n, uintptr_t* f) {
+    for (unsigned j = 0; j < n; ++j) f[j] = round << 40 | i << 8 | j;
+  };
+  std::vector<std::pair<uint32_t, unsigned>> ids;
+  for (uintptr_t round = 0; round < 3; ++round) {
+    ids.clear();
+    for (uintptr_t i = 1; i <= 4000; ++i) {
+      const unsigned n = i % 4 == 0 ? 40 : 5;
+      uintptr_t f[40];
+      fill(round, i, n, f);
+      ids.emplace_back(st.intern(f, n), n);
+      REQUIRE(ids.back().first != 0);
+    }
+    for (uintptr_t i = 1; i <= 4000; ++i) {
+      uintptr_t f[40];
+      const unsigned n = ids[i - 1].second;
+      fill(round, i, n, f);
+      REQUIRE(frames_of(st, ids[i - 1].first) == std::vector<uint64_t>(f, f + n));
+    }
+    if (round < 2) CHECK(sweep_all(st) == 4000);
+  }
+  CHECK(st.records_used() == 4000);
+  std::vector<uint64_t> scratch(4000 / 64 + 1);
+  CHECK(st.records_consistent(scratch.data(), scratch.size()));
+  // 3,000 records of 96 bytes and 1,000 of 360, not 4,000 of 360 (1.37
+  // MiB): 0.63 MiB, with a page at the end of each pool.
+  const size_t records = st.resident_record_bytes();
+  INFO("records resident " << records << " B");
+  CHECK(records >= 3000 * 96 + 1000 * 360);
+  CHECK(records <= 3000 * 96 + 1000 * 360 + 2 * 4096);
+  // Rows: one per record, dense in each class's segment.
+  std::vector<bool> seen(1 + 4 * st.row_segment());
+  for (const auto& [id, n] : ids) {
+    const uint32_t row = st.row(id);
+    REQUIRE(row > 0);
+    REQUIRE(row < seen.size());
+    CHECK(!seen[row]);
+    seen[row] = true;
+    const size_t segment = (row - 1) / st.row_segment();
+    CHECK(segment == (n == 5 ? 0u : 3u));
+    CHECK((row - 1) % st.row_segment() < (n == 5 ? 3000u : 1000u));
+  }
   st.destroy();
 }
 

@@ -4,14 +4,19 @@
 
 namespace mi::track {
 
-bool ChurnTable::init(size_t rows) {
-  if (rows == 0 || rows > (size_t{1} << 32)) return false;
+bool ChurnTable::init(size_t segment_rows, unsigned segments) {
+  if (segment_rows == 0 || segments == 0 || segments > kMaxSegments ||
+      segment_rows * segments >= (size_t{1} << 32))
+    return false;
+  const size_t rows = 1 + segment_rows * segments;
+  segment_rows_ = segment_rows;
+  segments_ = segments;
   nslots_ = rows;
   bytes_ = os_page_up(rows * sizeof(Slot));
   void* mem = os_map(bytes_);
   if (mem == nullptr) return false;
   slots_ = static_cast<Slot*>(mem);
-  used_.store(1, std::memory_order_relaxed);
+  for (std::atomic<uint32_t>& u : used_) u.store(0, std::memory_order_relaxed);
   return true;
 }
 
@@ -22,11 +27,15 @@ void ChurnTable::destroy() {
 }
 
 void ChurnTable::claim(Slot& s, uint32_t id, uint32_t row) {
-  // Readers look as far as the highest row claimed: raised before the
-  // row counts, so a reader that sees the counts sees the row (release).
-  uint32_t used = used_.load(std::memory_order_relaxed);
-  while (used <= row && !used_.compare_exchange_weak(used, row + 1, std::memory_order_release,
-                                                     std::memory_order_relaxed)) {
+  // Readers look as far as the highest row claimed in its segment: raised
+  // before the row counts, so a reader that sees the counts sees the row
+  // (release). Row 0 is never claimed (on_alloc).
+  const uint32_t g = static_cast<uint32_t>((row - 1) / segment_rows_);
+  const uint32_t at = static_cast<uint32_t>(row - 1 - g * segment_rows_);
+  std::atomic<uint32_t>& u = used_[g];
+  uint32_t used = u.load(std::memory_order_relaxed);
+  while (used <= at && !u.compare_exchange_weak(used, at + 1, std::memory_order_release,
+                                                std::memory_order_relaxed)) {
   }
   Slot& unknown = slots_[0];
   uint32_t old = s.id.load(std::memory_order_relaxed);
@@ -58,7 +67,7 @@ void ChurnTable::clear() {
   // Zero pages, given back: the next write maps a fresh zero page. A site
   // counting meanwhile claims its row again (see the header on racing
   // hooks).
-  used_.store(1, std::memory_order_release);
+  for (std::atomic<uint32_t>& u : used_) u.store(0, std::memory_order_release);
   os_release(slots_, bytes_);
 }
 

@@ -4,9 +4,10 @@
 // allocation on the thread that allocated them).
 //
 // One row per stack-table record (StackTable::row()), in a separate
-// mmapped array: the stack table hands its records out densely from the
-// low end and reuses freed ones, so the resident set is 256 bytes per
-// stack stored at once, not a page per site scattered over the table.
+// mmapped array: row 0, then a segment per record class. The stack table
+// hands each class's records out densely from the low end and reuses
+// freed ones, so the resident set is 256 bytes per stack stored at once,
+// not a page per site scattered over the table.
 // Row 0 is the blocks' without a stack (id 0). A site's counters outlive
 // its live blocks. A row belongs to the id that last claimed it. The
 // stack table gives a record to another stack only after a sweep freed
@@ -66,9 +67,11 @@ inline unsigned lifetime_bucket(uint64_t ns) {
 
 class ChurnTable {
  public:
-  // Rows 0 to rows - 1 (the stack table's rows()). False when the memory
-  // cannot be mapped.
-  bool init(size_t rows);
+  // Row 0, then `segments` segments of `segment_rows` rows (the stack
+  // table's kClasses and row_segment()). False when the memory cannot be
+  // mapped.
+  static constexpr unsigned kMaxSegments = 8;
+  bool init(size_t segment_rows, unsigned segments);
   void destroy();
 
   // A block of stack `id` (0: none), whose row is `row` (the stack table's
@@ -132,20 +135,22 @@ class ChurnTable {
   // into the unknown stacks' row.
   [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id, uint32_t row);
 
-  Slot* slots_ = nullptr;          // row 0 (unknown), then one per stack-table record
-  std::atomic<uint32_t> used_{1};  // rows up to here may have counted (read by for_each)
-  size_t nslots_ = 0;              // rows mapped, row 0 included
+  Slot* slots_ = nullptr;  // row 0 (unknown), then one per stack-table record
+  // Per segment, its rows up to here may have counted (read by for_each).
+  std::atomic<uint32_t> used_[kMaxSegments] = {};
+  size_t segment_rows_ = 0;
+  unsigned segments_ = 0;
+  size_t nslots_ = 0;  // rows mapped, row 0 included
   size_t bytes_ = 0;
 };
 
 template <class F>
 uint64_t ChurnTable::for_each(F&& f) const {
   uint64_t n = 0;
-  // The rows claimed so far: records are dense, nothing past them was
-  // written (reading it would map pages for nothing).
-  size_t used = used_.load(std::memory_order_acquire);
-  if (used > nslots_) used = nslots_;
-  for (size_t i = 0; i < used; ++i) {
+  // Row 0 and each segment's rows claimed so far: records are dense in
+  // each class, nothing past them was written (reading it would map pages
+  // for nothing).
+  auto visit = [&](size_t i) {
     const Slot& s = slots_[i];
     mi_abi_churn row{};
     row.allocated_count = whole(s.allocated_count.load(std::memory_order_relaxed));
@@ -157,13 +162,20 @@ uint64_t ChurnTable::for_each(F&& f) const {
       row.lifetimes[b] = whole(v);
       freed += v;
     }
-    if (row.allocated_count == 0 && freed == 0) continue;
+    if (row.allocated_count == 0 && freed == 0) return;
     row.stack_id = i == 0 ? 0 : s.id.load(std::memory_order_relaxed);
     row.flags = s.flags.load(std::memory_order_relaxed);
     row.freed_count = whole(freed);
     row.temporary_count = whole(s.temporary.load(std::memory_order_relaxed));
     f(static_cast<const mi_abi_churn&>(row));
     ++n;
+  };
+  if (slots_ == nullptr) return 0;
+  visit(0);
+  for (unsigned g = 0; g < segments_; ++g) {
+    size_t used = used_[g].load(std::memory_order_acquire);
+    if (used > segment_rows_) used = segment_rows_;
+    for (size_t i = 0; i < used; ++i) visit(1 + g * segment_rows_ + i);
   }
   return n;
 }

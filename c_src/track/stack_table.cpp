@@ -82,25 +82,34 @@ bool StackTable::init(size_t capacity, unsigned depth) {
     ++bits;
   }
   const size_t header_bytes = header_bytes_of(cap);
-  // A record per slot, and a window more: a record is lost only when a
-  // process forks while a thread holds one between the free list and a
-  // slot (the child never gives it back).
+  // A record per slot in each class, and a window more: a record is lost
+  // only when a process forks while a thread holds one between the free
+  // list and a slot (the child never gives it back). Each pool starts on a
+  // page, so that its resident part is its own records.
   const size_t rec_cap = cap + kWindow;
-  const size_t record_bytes = rec_cap * (depth + 1) * sizeof(uint64_t);
-  void* mem = os_map(header_bytes + record_bytes);
+  size_t pool_at[kClasses];
+  size_t total = header_bytes;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    words_[c] = ((depth + 1) * (c + 1) + kClasses - 1) / kClasses;
+    if (words_[c] < 2) words_[c] = 2;
+    pool_at[c] = total;
+    total += os_page_up(rec_cap * words_[c] * sizeof(uint64_t));
+  }
+  void* mem = os_map(total);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
-  records_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + header_bytes);
-  words_per_rec_ = depth + 1;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    records_[c] = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + pool_at[c]);
+    pools_[c].reset(static_cast<uint32_t>(rec_cap));
+  }
   rec_cap_ = static_cast<uint32_t>(rec_cap);
-  records_pool_.reset(rec_cap_);
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
   const unsigned gen_bits = 31 - bits < 21 ? 31 - bits : 21;
   gen_max_ = (uint32_t{1} << gen_bits) - 1;
   depth_ = depth;
-  bytes_ = header_bytes + record_bytes;
+  bytes_ = total;
   sweep_at_.store(first_sweep(), std::memory_order_relaxed);
   return true;
 }
@@ -108,17 +117,31 @@ bool StackTable::init(size_t capacity, unsigned depth) {
 void StackTable::destroy() {
   os_unmap(headers_, bytes_);
   headers_ = nullptr;
-  records_ = nullptr;
+  for (std::atomic<uint64_t>*& r : records_) r = nullptr;
   bytes_ = 0;
 }
 
+size_t StackTable::records_used() const {
+  size_t n = 0;
+  for (const IdPool& p : pools_) n += p.bumped();
+  return n;
+}
+
 bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) const {
-  const size_t used = records_pool_.bumped();
+  // One bit per record ever handed out, the classes one after another.
+  size_t base[kClasses], used = 0;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    base[c] = used;
+    used += pools_[c].bumped();
+  }
   if (scratch_words < used / 64 + 1) return false;
   for (size_t i = 0; i < scratch_words; ++i) scratch[i] = 0;
   auto take = [&](uint32_t r) {
-    if (r >= used || (scratch[r / 64] >> (r % 64) & 1) != 0) return false;
-    scratch[r / 64] |= uint64_t{1} << (r % 64);
+    const uint32_t c = r >> kClassShift, i = r & kIndexMask;
+    if (c >= kClasses || i >= pools_[c].bumped()) return false;
+    const size_t bit = base[c] + i;
+    if ((scratch[bit / 64] >> (bit % 64) & 1) != 0) return false;
+    scratch[bit / 64] |= uint64_t{1} << (bit % 64);
     return true;
   };
   for (size_t slot = 0; slot <= mask_; ++slot) {
@@ -126,10 +149,13 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
     if ((k == kReady || k == kFreeing) && !take(headers_[slot].rec.load(std::memory_order_relaxed)))
       return false;
   }
-  uint32_t r = records_pool_.first_free();
-  for (size_t n = 0; r != kNoRecord; ++n) {
-    if (n > used || !take(r)) return false;
-    r = static_cast<uint32_t>(record(r)[0].load(std::memory_order_relaxed));
+  for (unsigned c = 0; c < kClasses; ++c) {
+    uint32_t i = pools_[c].first_free();
+    for (size_t n = 0; i != kNoRecord; ++n) {
+      const uint32_t r = c << kClassShift | i;
+      if (n > used || i > kIndexMask || !take(r)) return false;
+      i = static_cast<uint32_t>(record(r)[0].load(std::memory_order_relaxed));
+    }
   }
   return true;
 }
@@ -139,18 +165,24 @@ size_t StackTable::resident_slot_bytes() const {
 }
 
 size_t StackTable::resident_record_bytes() const {
-  return records_ != nullptr ? os_resident(records_, bytes_ - header_bytes()) : 0;
+  return headers_ != nullptr ? os_resident(records_[0], bytes_ - header_bytes()) : 0;
 }
 
-uint32_t StackTable::take_record() {
-  return records_pool_.take([this](uint32_t r) -> std::atomic<uint64_t>& { return record(r)[0]; });
+uint32_t StackTable::take_record(unsigned c) {
+  const uint32_t i = pools_[c].take([this, c](uint32_t j) -> std::atomic<uint64_t>& {
+    return records_[c][size_t{j} * words_[c]];
+  });
+  return i == kNoRecord ? kNoRecord : c << kClassShift | i;
 }
 
 void StackTable::give_record(uint32_t r) {
   // The link overwrites the token: a release store like every rewrite of a
   // record's words, so a reader that loads it sees the free (see
   // same_stack()).
-  records_pool_.give(r, [this](uint32_t i) -> std::atomic<uint64_t>& { return record(i)[0]; });
+  const uint32_t c = r >> kClassShift;
+  pools_[c].give(r & kIndexMask, [this, c](uint32_t j) -> std::atomic<uint64_t>& {
+    return records_[c][size_t{j} * words_[c]];
+  });
 }
 
 template <bool kTail>
@@ -193,7 +225,7 @@ uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr
   const uint32_t g = kind(w) == kEmpty ? 1 : gen(w);
   // The record first: a slot never waits in WRITING for one, and a spent
   // pool loses no slot.
-  const uint32_t r = take_record();
+  const uint32_t r = take_record(class_of(n + tail.n));
   if (r == kNoRecord) return 0;
   if (!h.state.compare_exchange_strong(w, word(kWriting, 0, g), std::memory_order_acquire,
                                        std::memory_order_relaxed)) {
@@ -406,7 +438,7 @@ size_t StackTable::finish(size_t lo, size_t hi, uint32_t e) {
         !keep) {
       if (finish_hook_ != nullptr) [[unlikely]]
         finish_hook_(finish_ctx_);
-      if (r < rec_cap_) give_record(r);
+      if (valid_record(r)) give_record(r);
       ++freed;
     }
   }

@@ -8,18 +8,22 @@
 // and a generation: ids are (generation << slot_bits) | slot, generation
 // >= 1, so id 0 never names a stack.
 //
-// Records. A stack's words live in a record (its tail's token, then room
-// for depth() words) from a pool beside the headers, not in its slot: the
-// slots are spread by hash over the whole table, so frames kept per slot
-// made every table page resident once a quarter of the slots had been used
-// (23 MiB of a preloaded RabbitMQ's 52). The pool hands out records from
-// its low end, and a slot freed by a sweep gives its record back (a
-// lock-free list with a tagged head), so the pool's resident part is the
-// most stacks stored at once, packed. A new stack takes a record before it
-// claims its slot and gives it back if the claim fails. Records move
-// between slots only through a free, which changes the old slot's state
-// word first: a reader that read a reused record's new words sees that
-// change when it checks the state again (see same_stack()).
+// Records. A stack's words live in a record (its tail's token, then its
+// words) from a pool beside the headers, not in its slot: the slots are
+// spread by hash over the whole table, so frames kept per slot made every
+// table page resident once a quarter of the slots had been used (23 MiB of
+// a preloaded RabbitMQ's 52). Records come in kClasses sizes, a pool each:
+// class c holds up to ceil((c + 1) / kClasses * (depth + 1)) words, so a
+// stack takes the smallest that fits it rather than room for the deepest
+// (a preloaded RabbitMQ's stacks average 17 words of 45: issue 26). A
+// pool hands out records from its low end, and a slot freed by a sweep
+// gives its record back (a lock-free list with a tagged head), so a
+// pool's resident part is the most stacks of its class stored at once,
+// packed. A new stack takes a record before it claims its slot and gives
+// it back if the claim fails. Records move between slots only through a
+// free, which changes the old slot's state word first: a reader that read
+// a reused record's new words sees that change when it checks the state
+// again (see same_stack()).
 //
 // Slot life cycle (every transition is one CAS or release store on the
 // state word; readers only trust READY and FREEING):
@@ -89,6 +93,8 @@ class StackTable {
   static constexpr unsigned kMaxDepth = 255;
   // Polls of a slot another thread is writing before probing on.
   static constexpr uint32_t kDefaultSpinLimit = 256;
+  // Record sizes (see "Records" above); churn rows come in as many segments.
+  static constexpr unsigned kClasses = 4;
 
   // Room for at least `capacity` stacks (rounded up to a power of two, at
   // least kWindow, at most kMaxCapacity) of up to `depth` frames (at most
@@ -180,22 +186,24 @@ class StackTable {
   size_t capacity() const { return mask_ + 1; }
   unsigned depth() const { return depth_; }
   size_t bytes_reserved() const { return bytes_; }
-  // The churn row of stack `id` (track/churn.h): its record's index + 1,
-  // dense like the records; 0 for id 0. Not checked against the id's
-  // generation (a row is claimed by id, so a stale one only misfiles
-  // counts into another row, which folds them into the unknown row). One
-  // relaxed load.
+  // The churn row of stack `id` (track/churn.h): 1 + its record's class
+  // times row_segment() + its index, dense like each class's records; 0
+  // for id 0. Not checked against the id's generation (a row is claimed
+  // by id, so a stale one only misfiles counts into another row, which
+  // folds them into the unknown row). One relaxed load.
   uint32_t row(uint32_t id) const {
     if (id == 0) return 0;
     const uint32_t r = headers_[id & mask_].rec.load(std::memory_order_relaxed);
-    return r < rec_cap_ ? r + 1 : 0;
+    const uint32_t c = r >> kClassShift, i = r & kIndexMask;
+    return c < kClasses && i < rec_cap_ ? 1 + c * rec_cap_ + i : 0;
   }
-  // Rows row() answers: 0 to rows() - 1.
-  size_t rows() const { return size_t{rec_cap_} + 1; }
-  // Records ever handed out: the pool's high-water mark (its resident part
-  // is about this many times record_bytes()).
-  size_t records_used() const { return records_pool_.bumped(); }
-  size_t record_bytes() const { return (depth_ + 1) * sizeof(uint64_t); }
+  // Rows row() answers: 0, then kClasses segments of row_segment() rows.
+  size_t row_segment() const { return rec_cap_; }
+  // Records ever handed out, all classes: the pools' high-water marks.
+  size_t records_used() const;
+  // The bytes of the record a stack of `words` words (tail included) is
+  // stored in: its class's size.
+  size_t record_bytes(unsigned words) const { return words_[class_of(words)] * sizeof(uint64_t); }
   // Resident bytes of the slots and of the record pool (mincore). Never
   // allocates.
   size_t resident_slot_bytes() const;
@@ -285,27 +293,43 @@ class StackTable {
   static size_t header_bytes_of(size_t cap) { return os_page_up(cap * sizeof(Header)); }
   size_t header_bytes() const { return header_bytes_of(mask_ + 1); }
 
-  // The record pool. A record is words_per_rec_ words: the token (a free
-  // record's link to the next free one), then the stack's words.
+  // The record pools. A record of class c is words_[c] words: the token (a
+  // free record's link to the next free one), then the stack's words. A
+  // record is named by class << kClassShift | index in its class's pool.
   static constexpr uint32_t kNoRecord = IdPool::kNone;
-  std::atomic<uint64_t>* record(uint32_t r) const { return records_ + size_t{r} * words_per_rec_; }
-  // The record of slot `h`'s stack; nullptr when its index is out of
-  // range (only if the slot was rewritten meanwhile: the caller's state
-  // check then fails anyway).
+  static constexpr unsigned kClassShift = 30;
+  static constexpr uint32_t kIndexMask = (uint32_t{1} << kClassShift) - 1;
+  // The smallest class whose records hold `words` words after the token.
+  unsigned class_of(unsigned words) const {
+    unsigned c = 0;
+    while (c + 1 < kClasses && words_[c] < words + 1) ++c;
+    return c;
+  }
+  // Record r's words; r must be a valid name (class and index in range).
+  std::atomic<uint64_t>* record(uint32_t r) const {
+    return records_[r >> kClassShift] + size_t{r & kIndexMask} * words_[r >> kClassShift];
+  }
+  // The record of slot `h`'s stack; nullptr when its name is out of range
+  // (only if the slot was rewritten meanwhile: the caller's state check
+  // then fails anyway).
   const std::atomic<uint64_t>* record_of(const Header& h) const {
     const uint32_t r = h.rec.load(std::memory_order_acquire);
-    return r < rec_cap_ ? record(r) : nullptr;
+    return valid_record(r) ? record(r) : nullptr;
   }
-  // A record from the free list, else the pool's next never-used one;
-  // kNoRecord when the pool is spent. Lock-free, hook-safe.
-  uint32_t take_record();
-  // Gives record r back to the free list. Lock-free.
+  bool valid_record(uint32_t r) const {
+    return (r >> kClassShift) < kClasses && (r & kIndexMask) < rec_cap_;
+  }
+  // A record of class c from its free list, else the pool's next
+  // never-used one; kNoRecord when that pool is spent. Lock-free,
+  // hook-safe.
+  uint32_t take_record(unsigned c);
+  // Gives record r back to its class's free list. Lock-free.
   void give_record(uint32_t r);
 
   Header* headers_ = nullptr;
-  std::atomic<uint64_t>* records_ = nullptr;
-  size_t words_per_rec_ = 0;
-  uint32_t rec_cap_ = 0;
+  std::atomic<uint64_t>* records_[kClasses] = {};
+  size_t words_[kClasses] = {};
+  uint32_t rec_cap_ = 0;  // records per class
   size_t mask_ = 0;
   unsigned slot_bits_ = 0;
   uint32_t gen_max_ = 0;
@@ -325,7 +349,7 @@ class StackTable {
   std::atomic<uint64_t> reclaimed_{0};
   std::atomic<uint64_t> count_after_sweep_{0};
   // Free records (written when a new stack is stored or a sweep frees one).
-  IdPool records_pool_;
+  IdPool pools_[kClasses];
 };
 
 }  // namespace mi::track

@@ -93,7 +93,9 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
     table_.destroy();
     return false;
   }
-  if (!churn_.init(stacks_.rows())) {
+  // A churn row per record: a segment per record class.
+  static_assert(StackTable::kClasses <= ChurnTable::kMaxSegments);
+  if (!churn_.init(stacks_.row_segment(), StackTable::kClasses)) {
     table_.destroy();
     stacks_.destroy();
     return false;
