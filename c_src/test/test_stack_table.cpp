@@ -318,10 +318,11 @@ TEST_CASE("stack table: the record pool holds the stacks stored at once, not eve
           "[track][stacks]") {
   StackTable st;
   REQUIRE(st.init(4096, 6));
-  // Depth 6: records of 2, 4, 6 and 7 words (a token and the stack).
-  CHECK(st.record_bytes(1) == 2 * sizeof(uint64_t));
-  CHECK(st.record_bytes(3) == 4 * sizeof(uint64_t));
-  CHECK(st.record_bytes(6) == 7 * sizeof(uint64_t));
+  // Depth 6: records of 3, 4, 6 and 8 words (a token, the hash and the
+  // stack).
+  CHECK(st.record_bytes(1) == 3 * sizeof(uint64_t));
+  CHECK(st.record_bytes(3) == 6 * sizeof(uint64_t));
+  CHECK(st.record_bytes(6) == 8 * sizeof(uint64_t));
   std::vector<uint32_t> old_ids;
   for (uintptr_t round = 0; round < 10; ++round) {
     std::vector<uint32_t> ids;
@@ -428,21 +429,22 @@ TEST_CASE("stack table: resident records follow the stacks stored at once", "[tr
   INFO("records resident " << records << " B, slots resident " << st.resident_slot_bytes() << " B");
   CHECK(records >= 2000 * rec);
   CHECK(records <= 2000 * rec + 4096);
-  // The slots: 24 bytes each, every page of them touched by now (1.5 MiB).
-  CHECK(st.resident_slot_bytes() <= 65536 * 24);
+  // The slots: 16 bytes each, every page of them touched by now (1 MiB).
+  CHECK(st.resident_slot_bytes() <= 65536 * 16);
   st.destroy();
 }
 
 TEST_CASE("stack table: a stack takes the smallest record that holds it", "[track][stacks]") {
-  // Depth 44: records of 12, 23, 34 and 45 words. 3,000 shallow stacks (5
+  // Depth 44: records of 12, 23, 35 and 46 words (a token, the hash and
+  // the stack). 3,000 shallow stacks (5
   // words) and 1,000 deep ones (40), interleaved, then swept and stored
   // again: each class's pool keeps its own stacks, packed.
   StackTable st;
   REQUIRE(st.init(65536, 44));
   CHECK(st.record_bytes(5) == 12 * sizeof(uint64_t));
-  CHECK(st.record_bytes(11) == 12 * sizeof(uint64_t));
-  CHECK(st.record_bytes(12) == 23 * sizeof(uint64_t));
-  CHECK(st.record_bytes(40) == 45 * sizeof(uint64_t));
+  CHECK(st.record_bytes(10) == 12 * sizeof(uint64_t));
+  CHECK(st.record_bytes(11) == 23 * sizeof(uint64_t));
+  CHECK(st.record_bytes(40) == 46 * sizeof(uint64_t));
   auto fill = [](uintptr_t round, uintptr_t i, unsigned n, uintptr_t* f) {
     for (unsigned j = 0; j < n; ++j) f[j] = round << 40 | i << 8 | j;
   };
@@ -467,12 +469,12 @@ TEST_CASE("stack table: a stack takes the smallest record that holds it", "[trac
   CHECK(st.records_used() == 4000);
   std::vector<uint64_t> scratch(4000 / 64 + 1);
   CHECK(st.records_consistent(scratch.data(), scratch.size()));
-  // 3,000 records of 96 bytes and 1,000 of 360, not 4,000 of 360 (1.37
+  // 3,000 records of 96 bytes and 1,000 of 368, not 4,000 of 368 (1.40
   // MiB): 0.63 MiB, with a page at the end of each pool.
   const size_t records = st.resident_record_bytes();
   INFO("records resident " << records << " B");
-  CHECK(records >= 3000 * 96 + 1000 * 360);
-  CHECK(records <= 3000 * 96 + 1000 * 360 + 2 * 4096);
+  CHECK(records >= 3000 * 96 + 1000 * 368);
+  CHECK(records <= 3000 * 96 + 1000 * 368 + 2 * 4096);
   // Rows: one per record, dense in each class's segment.
   std::vector<bool> seen(1 + 4 * st.row_segment());
   for (const auto& [id, n] : ids) {

@@ -90,8 +90,8 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   size_t pool_at[kClasses];
   size_t total = header_bytes;
   for (unsigned c = 0; c < kClasses; ++c) {
-    words_[c] = ((depth + 1) * (c + 1) + kClasses - 1) / kClasses;
-    if (words_[c] < 2) words_[c] = 2;
+    words_[c] = ((depth + kHeadWords) * (c + 1) + kClasses - 1) / kClasses;
+    if (words_[c] < kHeadWords + 1) words_[c] = kHeadWords + 1;
     pool_at[c] = total;
     total += os_page_up(rec_cap * words_[c] * sizeof(uint64_t));
   }
@@ -190,10 +190,11 @@ bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintpt
                             unsigned n, const Tail& tail) const {
   const Header& h = headers_[slot];
   const unsigned depth = kTail ? n + tail.n : n;
-  if (depth_of(w) != depth || h.hash.load(std::memory_order_acquire) != hash) return false;
+  if (depth_of(w) != depth || h.hash_hi.load(std::memory_order_acquire) != hash_high(hash))
+    return false;
   const std::atomic<uint64_t>* rec = record_of(h);
-  if (rec == nullptr) return false;
-  const std::atomic<uintptr_t>* f = rec + 1;
+  if (rec == nullptr || rec[1].load(std::memory_order_acquire) != hash) return false;
+  const std::atomic<uintptr_t>* f = rec + kHeadWords;
   if (!same_words(f, frames, n)) return false;
   // A tail with the record's own token is its tail (Tail's contract).
   if (kTail && (tail.token == 0 || rec[0].load(std::memory_order_acquire) != tail.token) &&
@@ -234,10 +235,11 @@ uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr
   }
   // Release stores (plain moves on x86): see same_stack().
   h.rec.store(r, std::memory_order_release);
-  h.hash.store(hash, std::memory_order_release);
+  h.hash_hi.store(hash_high(hash), std::memory_order_release);
   h.stamp.store(epoch(), std::memory_order_relaxed);
   std::atomic<uint64_t>* rec = record(r);
-  std::atomic<uintptr_t>* f = rec + 1;
+  rec[1].store(hash, std::memory_order_release);
+  std::atomic<uintptr_t>* f = rec + kHeadWords;
   for (unsigned j = 0; j < n; ++j) f[j].store(frames[j], std::memory_order_release);
   for (unsigned j = 0; j < tail.n; ++j) f[n + j].store(tail.words[j], std::memory_order_release);
   rec[0].store(tail.token, std::memory_order_release);
@@ -353,7 +355,9 @@ bool StackTable::reuse(uint32_t id, uint64_t hash) {
   // holds it afterwards (acquire loads: see get()).
   if (!stamp_if_current(id, epoch(), true)) return false;
   const Header& h = headers_[id & mask_];
-  const uint64_t got = h.hash.load(std::memory_order_acquire);
+  const std::atomic<uint64_t>* rec = record_of(h);
+  if (rec == nullptr) return false;
+  const uint64_t got = rec[1].load(std::memory_order_acquire);
   uint32_t w;
   return still_holds(h, id >> slot_bits_, &w) && (got != 0 ? got : 1) == hash;
 }
@@ -380,7 +384,7 @@ unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
   const unsigned n = depth_of(w);
   const std::atomic<uint64_t>* rec = record_of(*h);
   if (rec == nullptr) return 0;
-  const std::atomic<uintptr_t>* f = rec + 1;
+  const std::atomic<uintptr_t>* f = rec + kHeadWords;
   for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
   // Frames change only after the slot is freed, which changes the
   // generation: READY and FREEING of the same generation hold the same
@@ -392,7 +396,9 @@ uint64_t StackTable::hash_of(uint32_t id) const {
   uint32_t w;
   const Header* h = holding(id, &w);
   if (h == nullptr) return 0;
-  const uint64_t hash = h->hash.load(std::memory_order_acquire);
+  const std::atomic<uint64_t>* rec = record_of(*h);
+  if (rec == nullptr) return 0;
+  const uint64_t hash = rec[1].load(std::memory_order_acquire);
   if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
   return hash != 0 ? hash : 1;
 }

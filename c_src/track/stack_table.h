@@ -3,17 +3,19 @@
 // stack and aggregation by call site is a group-by on an integer.
 //
 // Layout. Open addressing on the stack's hash, linear probing bounded to
-// kWindow slots. Each slot has a 24-byte header (state word, epoch stamp,
-// hash, record). The state word packs the slot's kind, the stack's depth
-// and a generation: ids are (generation << slot_bits) | slot, generation
+// kWindow slots. Each slot has a 16-byte header (state word, epoch stamp,
+// record, the hash's high 32 bits: enough to pass over another stack in a
+// probe without reading its record; the whole hash is in the record). The state word packs the
+// slot's kind, the stack's depth and a generation: ids are (generation << slot_bits) | slot,
+// generation
 // >= 1, so id 0 never names a stack.
 //
-// Records. A stack's words live in a record (its tail's token, then its
-// words) from a pool beside the headers, not in its slot: the slots are
+// Records. A stack's words live in a record (its tail's token, its hash,
+// then its words) from a pool beside the headers, not in its slot: the slots are
 // spread by hash over the whole table, so frames kept per slot made every
 // table page resident once a quarter of the slots had been used (23 MiB of
 // a preloaded RabbitMQ's 52). Records come in kClasses sizes, a pool each:
-// class c holds up to ceil((c + 1) / kClasses * (depth + 1)) words, so a
+// class c is ceil((c + 1) / kClasses * (depth + 2)) words, so a
 // stack takes the smallest that fits it rather than room for the deepest
 // (a preloaded RabbitMQ's stacks average 17 words of 45: issue 26). A
 // pool hands out records from its low end, and a slot freed by a sweep
@@ -239,12 +241,16 @@ class StackTable {
 
  private:
   struct Header {
-    std::atomic<uint32_t> state;  // kind | depth << 3 | gen << 11
-    std::atomic<uint32_t> stamp;  // the latest epoch that interned or held it
-    std::atomic<uint64_t> hash;
-    std::atomic<uint32_t> rec;  // the record holding its words (WRITING and later)
+    std::atomic<uint32_t> state;    // kind | depth << 3 | gen << 11
+    std::atomic<uint32_t> stamp;    // the latest epoch that interned or held it
+    std::atomic<uint32_t> rec;      // the record holding its words (WRITING and later)
+    std::atomic<uint32_t> hash_hi;  // hash_high(its hash)
   };
-  static_assert(sizeof(Header) == 24, "a stack slot's header costs 24 bytes");
+  // 16 bytes, not 24 with the whole hash: the slots are spread by hash
+  // over the whole table, so every page of them is resident once a few
+  // thousand stacks are stored (1 MiB at the default 65,536, not 1.5).
+  static_assert(sizeof(Header) == 16, "a stack slot's header costs 16 bytes");
+  static uint32_t hash_high(uint64_t hash) { return static_cast<uint32_t>(hash >> 32); }
 
   static constexpr uint32_t kEmpty = 0;
   static constexpr uint32_t kWriting = 1;
@@ -294,15 +300,18 @@ class StackTable {
   size_t header_bytes() const { return header_bytes_of(mask_ + 1); }
 
   // The record pools. A record of class c is words_[c] words: the token (a
-  // free record's link to the next free one), then the stack's words. A
-  // record is named by class << kClassShift | index in its class's pool.
+  // free record's link to the next free one), the stack's hash, then its
+  // kHeadWords words. A record is named by class << kClassShift | index in
+  // its class's pool.
+  static constexpr unsigned kHeadWords = 2;
   static constexpr uint32_t kNoRecord = IdPool::kNone;
   static constexpr unsigned kClassShift = 30;
   static constexpr uint32_t kIndexMask = (uint32_t{1} << kClassShift) - 1;
-  // The smallest class whose records hold `words` words after the token.
+  // The smallest class whose records hold `words` words after the token
+  // and the hash.
   unsigned class_of(unsigned words) const {
     unsigned c = 0;
-    while (c + 1 < kClasses && words_[c] < words + 1) ++c;
+    while (c + 1 < kClasses && words_[c] < words + kHeadWords) ++c;
     return c;
   }
   // Record r's words; r must be a valid name (class and index in range).
