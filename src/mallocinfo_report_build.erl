@@ -349,8 +349,8 @@ native(#{trace_status := #{} = S, olds := Olds,
     %% The figures of one snapshot (the roll-ups', the oldest blocks'), not
     %% the tracker's counters read at another moment; `self' is what
     %% mallocinfo's own work allocated, never recorded (status/0).
-    Base = maps:with([mode, dropped, table_bytes, stack_bytes, tables_bytes, attached,
-                      attached_at, self], S),
+    Base = maps:with([mode, dropped, table_bytes, stack_bytes, tables_bytes, tables_resident,
+                      attached, attached_at, self], S),
     Live = #{live_bytes => maps:get(live_bytes, Rollup, maps:get(live_bytes, S, 0)),
              live_entries => maps:get(live_blocks, Rollup, maps:get(live_entries, S, 0))},
     Processes = maps:get(native_processes, Raw, []),
@@ -362,7 +362,7 @@ native(#{trace_status := #{}, rollup := Error}) when not is_map(Error) ->
 native(#{trace_status := #{} = S, sites := Sites, olds := Olds})
   when is_list(Sites), is_list(Olds) ->
     (maps:with([mode, live_bytes, live_entries, dropped, table_bytes, stack_bytes, tables_bytes,
-                attached, attached_at], S))#{sites => Sites, olds => Olds};
+                tables_resident, attached, attached_at], S))#{sites => Sites, olds => Olds};
 native(#{trace_status := #{}, sites := Error}) when not is_list(Error) ->
     unavailable(Error, <<"mallocinfo_trace:sites/2 failed">>);
 native(#{trace_status := #{}, olds := Error}) ->

@@ -429,8 +429,8 @@ tracker_reserved(_) -> 0.
 %% each knob would change from there (never "switch to sample" in sample).
 tracker_tables_text(B, Reserved, N, R) ->
     Live = maps:get(live_entries, N, 0),
-    Head = fmt("the mallocinfo tracker's own tables keep ~ts resident (~ts of RSS, ~ts reserved)",
-               [bytes(B), share(B, R), bytes(Reserved)]),
+    Head = fmt("the mallocinfo tracker's own tables keep ~ts resident (~ts of RSS, ~ts reserved~ts)",
+               [bytes(B), share(B, R), bytes(Reserved), by_table(N)]),
     case maps:get(mode, N, full) of
         sample ->
             fmt("~ts in sample mode, for ~b sampled blocks: mostly the stack table and the "
@@ -447,6 +447,15 @@ tracker_tables_text(B, Reserved, N, R) ->
                 "mallocinfo_trace:reset() gives the live table's pages back, and a smaller "
                 "MALLOCINFO_TABLE_SIZE caps the table", [Head, PerBlock])
     end.
+
+%% "; live table 2.1 MiB, stacks 3.4 MiB, ..." from an interposer that says
+%% what each table keeps resident (status/0's `tables_resident'), else "".
+by_table(#{tables_resident := #{live := L, stacks := S, churn := C, threads := T}})
+  when is_integer(L), is_integer(S), is_integer(C), is_integer(T) ->
+    fmt("; live table ~ts, stacks ~ts, churn counters ~ts, threads' states and unwind caches ~ts",
+        [bytes(L), bytes(S), bytes(C), bytes(T)]);
+by_table(_) ->
+    "".
 
 %% @doc An Erlang function as the VM prints it: "module:function/arity".
 -spec mfa_text(#{module := atom(), function := atom(), arity := arity()}) -> string().
