@@ -123,7 +123,8 @@
 %% tables reserved: live, stack and churn tables, thread states, regions;
 %% 0 from older interposers), `tables_resident' (what they keep resident
 %% now, by table: `#{live, stacks, churn, threads}', the last the thread
-%% states with their unwind caches; `undefined' from older interposers),
+%% states with their unwind caches; pages of their own, from
+%% `/proc/self/pagemap'; `undefined' from older interposers),
 %% `stacks_dropped' (allocations recorded
 %% without a stack because the stack table had no room), `stacks_reclaimed'
 %% (stacks freed because no live block used them any more), `stack_sweeps'

@@ -122,15 +122,19 @@ typedef struct mi_abi_status {
    * (live, stack and churn tables, thread states, the region table):
    * MAP_NORESERVE mappings, resident only where written. */
   uint64_t tables_bytes;
-  /* Filled by interposers that say what their tables keep resident; older
-   * ones leave the caller's zeros. Resident bytes now (mincore) of the
-   * live table, the stack table (slots and records), the churn rows, and
-   * the thread states with their unwind caches. */
-  uint64_t resident_live;
-  uint64_t resident_stacks;
-  uint64_t resident_churn;
-  uint64_t resident_threads;
 } mi_abi_status;
+
+/* resident(): what each of the tracker's tables keeps resident now, in
+ * bytes: pages of memory of their own (present and mapped by this process
+ * alone, /proc/self/pagemap), so not a page only ever read (the kernel's
+ * shared zero page), nor one shared with a forked child while it lives;
+ * mincore's count where pagemap cannot be read. */
+typedef struct mi_abi_resident {
+  uint64_t live;    /* the live table */
+  uint64_t stacks;  /* the stack table: slots and records */
+  uint64_t churn;   /* the churn rows */
+  uint64_t threads; /* the thread states and their unwind caches */
+} mi_abi_resident;
 
 /* attach(): the tracker's configuration (the environment knobs' meaning;
  * sizes apply at the first attach of the process only: the tables, once
@@ -358,6 +362,13 @@ typedef struct mi_preload_abi {
    * A row has no size of its own: a changed mi_abi_churn needs a new
    * MI_ABI_VERSION. Not for hooks; any thread. */
   uint64_t (*churn)(mi_abi_churn_sink sink, void* ctx);
+
+  /* --- what the tables keep resident (issue 26): check struct_size. ---
+   * Fills *out (at most out_size bytes; zeros when nothing records). Reads
+   * /proc/self/pagemap over every table: a few hundred microseconds at the
+   * default sizes, in proportion to what the tables reserved, so only
+   * status() asks, never the cheap checks. Not for hooks; any thread. */
+  void (*resident)(mi_abi_resident* out, size_t out_size);
 } mi_preload_abi;
 
 typedef const mi_preload_abi* (*mi_preload_abi_fn)(void);

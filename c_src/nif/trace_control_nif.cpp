@@ -81,16 +81,16 @@ ERL_NIF_TERM unsupported_atom(ErlNifEnv* env, const char* what) {
 }
 
 // status()'s `tables_resident': what each table keeps resident; undefined
-// from an interposer that does not say (all four zero: the thread states
-// are resident as soon as one thread records).
-ERL_NIF_TERM tables_resident_term(ErlNifEnv* env, const mi_abi_status& s) {
-  if ((s.resident_live | s.resident_stacks | s.resident_churn | s.resident_threads) == 0)
-    return atoms.undefined;
+// from an interposer that does not say.
+ERL_NIF_TERM tables_resident_term(ErlNifEnv* env, const mi_preload_abi* abi) {
+  if (!has_resident(abi)) return atoms.undefined;
+  mi_abi_resident r{};
+  abi->resident(&r, sizeof r);
   return MapBuilder()
-      .put(atoms.live, make_u64(env, s.resident_live))
-      .put(atoms.stacks, make_u64(env, s.resident_stacks))
-      .put(atoms.churn, make_u64(env, s.resident_churn))
-      .put(atoms.threads, make_u64(env, s.resident_threads))
+      .put(atoms.live, make_u64(env, r.live))
+      .put(atoms.stacks, make_u64(env, r.stacks))
+      .put(atoms.churn, make_u64(env, r.churn))
+      .put(atoms.threads, make_u64(env, r.threads))
       .build(env);
 }
 
@@ -146,7 +146,7 @@ ERL_NIF_TERM trace_status(ErlNifEnv* env, int, const ERL_NIF_TERM[]) {
       .put(atoms.stack_capacity, make_u64(env, s.stack_capacity))
       .put(atoms.stack_bytes, make_u64(env, s.stack_bytes))
       .put(atoms.tables_bytes, make_u64(env, s.tables_bytes))
-      .put(atoms.tables_resident, tables_resident_term(env, s))
+      .put(atoms.tables_resident, tables_resident_term(env, abi))
       .put(atoms.stacks_dropped, make_u64(env, s.stacks_dropped))
       .put(atoms.stacks_reclaimed, make_u64(env, s.stacks_reclaimed))
       .put(atoms.stack_sweeps, make_u64(env, s.stack_sweeps))

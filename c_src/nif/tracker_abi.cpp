@@ -148,6 +148,11 @@ bool has_regions(const mi_preload_abi* abi) {
          abi->regions != nullptr;
 }
 
+bool has_resident(const mi_preload_abi* abi) {
+  return abi->struct_size >= offsetof(mi_preload_abi, resident) + sizeof(abi->resident) &&
+         abi->resident != nullptr;
+}
+
 bool has_churn(const mi_preload_abi* abi) {
   return abi->struct_size >= offsetof(mi_preload_abi, churn) + sizeof(abi->churn) &&
          abi->churn != nullptr;

@@ -104,6 +104,10 @@ bool has_regions(const mi_preload_abi* abi);
 // Whether the interposer keeps churn (mi_preload_abi.churn, issue 26).
 bool has_churn(const mi_preload_abi* abi);
 
+// Whether the interposer says what its tables keep resident
+// (mi_preload_abi.resident).
+bool has_resident(const mi_preload_abi* abi);
+
 // The atom of a recording mode: full, sample, counters, or off (also for
 // a value this NIF does not know).
 ERL_NIF_TERM mode_atom(uint32_t mode);

@@ -131,6 +131,14 @@ uint64_t abi_regions(mi_abi_region* out, uint64_t max) {
   return map_copy(out, max);
 }
 
+void abi_resident(mi_abi_resident* out, size_t out_size) {
+  mi_abi_resident r{};
+  // Detached too: the tables stay mapped, and what they keep is still
+  // the tracker's.
+  if (ensure_init() && g_recording) g_tracker.resident(&r);
+  std::memcpy(out, &r, out_size < sizeof r ? out_size : sizeof r);
+}
+
 constexpr mi_preload_abi kAbi = {
     MI_ABI_VERSION,
     sizeof(mi_preload_abi),
@@ -156,6 +164,8 @@ constexpr mi_preload_abi kAbi = {
     abi_erlang_context,
     // churn
     abi_churn,
+    // what the tables keep resident
+    abi_resident,
 };
 
 }  // namespace

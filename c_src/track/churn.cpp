@@ -71,8 +71,8 @@ void ChurnTable::clear() {
   os_release(slots_, bytes_);
 }
 
-size_t ChurnTable::resident_bytes() const {
-  return slots_ != nullptr ? os_resident(slots_, bytes_) : 0;
+size_t ChurnTable::resident_bytes(const PageCounter& pages) const {
+  return slots_ != nullptr ? pages.count(slots_, bytes_) : 0;
 }
 
 }  // namespace mi::track

@@ -50,6 +50,7 @@
 #include <cstdint>
 
 #include "../common/mi_abi.h"
+#include "os_mem.h"
 
 namespace mi::track {
 
@@ -114,7 +115,7 @@ class ChurnTable {
   // until the next allocation of a site writes them).
   void clear();
   size_t bytes_reserved() const { return bytes_; }
-  size_t resident_bytes() const;
+  size_t resident_bytes(const PageCounter& pages = PageCounter()) const;
 
  private:
   struct alignas(64) Slot {

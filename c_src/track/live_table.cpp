@@ -282,8 +282,8 @@ uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) 
   return n;
 }
 
-size_t LiveTable::resident_bytes() const {
-  return os_resident(slots_, bytes_);
+size_t LiveTable::resident_bytes(const PageCounter& pages) const {
+  return pages.count(slots_, bytes_);
 }
 
 }  // namespace mi::track

@@ -71,6 +71,7 @@
 #include <cstdint>
 
 #include "id_pool.h"
+#include "os_mem.h"
 
 namespace mi::track {
 
@@ -134,7 +135,7 @@ class LiveTable {
   // zeroed mid-read fails its sequence check and is retried).
   uint64_t clear_and_release(uint64_t* bytes, ClearFn each = nullptr, void* ctx = nullptr);
   // Resident bytes of the table's mappings (mincore). Thread-safe.
-  size_t resident_bytes() const;
+  size_t resident_bytes(const PageCounter& pages = PageCounter()) const;
 
   // The number of entries init() promised room for.
   size_t capacity() const { return capacity_; }

@@ -26,6 +26,28 @@ void os_release(void* p, size_t bytes);
 // Never allocates. Thread-safe.
 size_t os_resident(const void* p, size_t bytes);
 
+// Counts the resident bytes of page-aligned ranges. Opened on pagemap
+// (PageCounter::pagemap(): opens /proc/self/pagemap, so not for hooks), it
+// counts pages of memory of their own: present and mapped by this process
+// alone (pagemap bits 63 and 56). A page only ever read maps the kernel's
+// shared zero page, which mincore counts and this does not (a stack sweep
+// reads every slot of the stack table), nor a page shared with a forked
+// child while the child lives. Otherwise (the default, and where pagemap
+// cannot be opened) mincore's count. Never allocates.
+class PageCounter {
+ public:
+  PageCounter() = default;  // mincore
+  static PageCounter pagemap();
+  ~PageCounter();
+  PageCounter(PageCounter&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  PageCounter(const PageCounter&) = delete;
+  PageCounter& operator=(const PageCounter&) = delete;
+  size_t count(const void* p, size_t bytes) const;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace mi::track
 
 #endif

@@ -160,12 +160,12 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
   return true;
 }
 
-size_t StackTable::resident_slot_bytes() const {
-  return headers_ != nullptr ? os_resident(headers_, header_bytes()) : 0;
+size_t StackTable::resident_slot_bytes(const PageCounter& pages) const {
+  return headers_ != nullptr ? pages.count(headers_, header_bytes()) : 0;
 }
 
-size_t StackTable::resident_record_bytes() const {
-  return headers_ != nullptr ? os_resident(records_[0], bytes_ - header_bytes()) : 0;
+size_t StackTable::resident_record_bytes(const PageCounter& pages) const {
+  return headers_ != nullptr ? pages.count(records_[0], bytes_ - header_bytes()) : 0;
 }
 
 uint32_t StackTable::take_record(unsigned c) {

@@ -208,8 +208,8 @@ class StackTable {
   size_t record_bytes(unsigned words) const { return words_[class_of(words)] * sizeof(uint64_t); }
   // Resident bytes of the slots and of the record pool (mincore). Never
   // allocates.
-  size_t resident_slot_bytes() const;
-  size_t resident_record_bytes() const;
+  size_t resident_slot_bytes(const PageCounter& pages = PageCounter()) const;
+  size_t resident_record_bytes(const PageCounter& pages = PageCounter()) const;
   unsigned slot_bits() const { return slot_bits_; }
   // Distinct generations an id cycles through before repeating.
   uint32_t gen_period() const { return gen_max_; }

@@ -739,16 +739,23 @@ void Tracker::status(mi_abi_status* out) const {
   s.live_entries = inserts > removes + cleared ? inserts - removes - cleared : 0;
   s.live_bytes =
       insert_bytes > remove_bytes + cleared_bytes ? insert_bytes - remove_bytes - cleared_bytes : 0;
-  s.resident_live = table_.resident_bytes();
-  s.resident_stacks = stacks_.resident_slot_bytes() + stacks_.resident_record_bytes();
-  s.resident_churn = churn_.resident_bytes();
-  s.resident_threads = os_resident(states_, states_bytes_);
+  *out = s;
+}
+
+void Tracker::resident(mi_abi_resident* out) const {
+  mi_abi_resident r{};
+  const PageCounter pages = PageCounter::pagemap();
+  r.live = table_.resident_bytes(pages);
+  r.stacks = stacks_.resident_slot_bytes(pages) + stacks_.resident_record_bytes(pages);
+  r.churn = churn_.resident_bytes(pages);
+  r.threads = pages.count(states_, states_bytes_);
+  const size_t seen = states_seen_.load(std::memory_order_acquire);
   for (size_t i = 0; i < seen && i < nstates_; ++i) {
     // A cache, once mapped, stays with its state until destroy().
     const UnwindCache* c = __atomic_load_n(&states_[i].unwind_cache, __ATOMIC_ACQUIRE);
-    if (c != nullptr) s.resident_threads += os_resident(c, unwind_cache_bytes());
+    if (c != nullptr) r.threads += pages.count(c, unwind_cache_bytes());
   }
-  *out = s;
+  *out = r;
 }
 
 // --- mapping hooks (issue 14) ---

@@ -347,6 +347,9 @@ class Tracker {
 
   // --- queries ---
   void status(mi_abi_status* out) const;
+  // What each table keeps resident (os_mem.h's PageCounter on pagemap).
+  // Opens a file: never from a hook.
+  void resident(mi_abi_resident* out) const;
   // Calls f(const mi_abi_churn&) for every call site's churn since start
   // or reset() (churn.h); returns how many.
   template <class F>
