@@ -109,10 +109,14 @@ TEST_CASE("churn: full mode counts every site exactly", "[track][churn]") {
   t.destroy();
 }
 
+// Four segments of 16 rows: rows 0 to 64.
+const size_t kSixteens[] = {16, 16, 16, 16};
+
 TEST_CASE("churn table: the rows of every segment are listed, and only those written",
           "[track][churn]") {
   ChurnTable ct;
-  REQUIRE(ct.init(1000, 4));
+  const size_t thousands[] = {1000, 1000, 1000, 1000};
+  REQUIRE(ct.init(thousands, 4));
   // The first two rows of each segment (one per record class), and row 0
   // (no stack).
   std::map<uint32_t, uint64_t> want{{0, 7}};
@@ -140,7 +144,7 @@ TEST_CASE("churn table: the rows of every segment are listed, and only those wri
 
 TEST_CASE("churn: sampled counts keep their fractions", "[track][churn]") {
   ChurnTable ct;
-  REQUIRE(ct.init(16, 4));
+  REQUIRE(ct.init(kSixteens, 4));
   // Ten sampled blocks of 1.4 blocks each: 14, where whole weights gave 10.
   for (int i = 0; i < 10; ++i) ct.on_alloc(7, 3, kCountOne * 14 / 10, 1400, true);
   mi_abi_churn row{};
@@ -251,7 +255,7 @@ TEST_CASE("churn: sample mode, a block with bytes allocated after it is not temp
 TEST_CASE("churn table: a reused row folds the old stack's counts into the unknown row",
           "[track][churn]") {
   ChurnTable ct;
-  REQUIRE(ct.init(16, 4));
+  REQUIRE(ct.init(kSixteens, 4));
   // Two stacks that had the same record in turn: the same row.
   const uint32_t old_id = (1u << 6) | 5, new_id = (2u << 6) | 9, row = 12;
   ct.on_alloc(old_id, row, 3 * kCountOne, 300, false);

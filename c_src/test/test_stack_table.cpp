@@ -465,6 +465,36 @@ TEST_CASE("stack table: what a sweep only reads is not counted as resident",
   st.destroy();
 }
 
+TEST_CASE("stack table: a stack takes a larger record when its own size is spent",
+          "[track][stacks]") {
+  // 64 slots: 128 records of the largest size, 32 of each other. 120
+  // one-word stacks fill the smallest size's 32, then the next sizes'.
+  StackTable st;
+  REQUIRE(st.init(64, 6));
+  CHECK(st.segment_rows(0) == 32);
+  CHECK(st.segment_rows(3) == 128);
+  std::vector<uint32_t> ids;
+  for (uintptr_t i = 1; i <= 60; ++i) {
+    const uintptr_t f[] = {i};
+    ids.push_back(st.intern(f, 1));
+    REQUIRE(ids.back() != 0);
+  }
+  for (uintptr_t i = 1; i <= 60; ++i) CHECK(frames_of(st, ids[i - 1]) == std::vector<uint64_t>{i});
+  CHECK(st.records_used() == 60);
+  uint64_t scratch[4];
+  CHECK(st.records_consistent(scratch, 4));
+  // Rows stay one per stack; the first 32 in the smallest size's segment.
+  std::vector<uint32_t> rows;
+  for (const uint32_t id : ids) rows.push_back(st.row(id));
+  std::sort(rows.begin(), rows.end());
+  CHECK(std::adjacent_find(rows.begin(), rows.end()) == rows.end());
+  CHECK(rows[0] == 1);
+  CHECK(rows[31] == 32);
+  CHECK(rows[32] == 33);  // the next size's first row
+  CHECK(rows[59] == 33 + 27);
+  st.destroy();
+}
+
 TEST_CASE("stack table: a stack takes the smallest record that holds it", "[track][stacks]") {
   // Depth 44: records of 12, 23, 35 and 46 words (a token, the hash and
   // the stack). 3,000 shallow stacks (5
@@ -507,16 +537,18 @@ TEST_CASE("stack table: a stack takes the smallest record that holds it", "[trac
   CHECK(records >= 3000 * 96 + 1000 * 368);
   CHECK(records <= 3000 * 96 + 1000 * 368 + 2 * 4096);
   // Rows: one per record, dense in each class's segment.
-  std::vector<bool> seen(1 + 4 * st.row_segment());
+  size_t base[5] = {1};
+  for (unsigned c = 0; c < 4; ++c) base[c + 1] = base[c] + st.segment_rows(c);
+  std::vector<bool> seen(base[4]);
   for (const auto& [id, n] : ids) {
     const uint32_t row = st.row(id);
     REQUIRE(row > 0);
     REQUIRE(row < seen.size());
     CHECK(!seen[row]);
     seen[row] = true;
-    const size_t segment = (row - 1) / st.row_segment();
-    CHECK(segment == (n == 5 ? 0u : 3u));
-    CHECK((row - 1) % st.row_segment() < (n == 5 ? 3000u : 1000u));
+    const unsigned c = n == 5 ? 0 : 3;
+    CHECK(row >= base[c]);
+    CHECK(row - base[c] < (n == 5 ? 3000u : 1000u));
   }
   st.destroy();
 }

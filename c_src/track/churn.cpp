@@ -4,15 +4,19 @@
 
 namespace mi::track {
 
-bool ChurnTable::init(size_t segment_rows, unsigned segments) {
-  if (segment_rows == 0 || segments == 0 || segments > kMaxSegments ||
-      segment_rows * segments >= (size_t{1} << 32))
-    return false;
-  const size_t rows = 1 + segment_rows * segments;
-  segment_rows_ = segment_rows;
+bool ChurnTable::init(const size_t* rows, unsigned segments) {
+  if (segments == 0 || segments > kMaxSegments) return false;
+  size_t n = 1;
+  for (unsigned g = 0; g < segments; ++g) {
+    if (rows[g] == 0) return false;
+    base_[g] = n;
+    n += rows[g];
+  }
+  if (n > (size_t{1} << 32)) return false;
+  base_[segments] = n;
   segments_ = segments;
-  nslots_ = rows;
-  bytes_ = os_page_up(rows * sizeof(Slot));
+  nslots_ = n;
+  bytes_ = os_page_up(n * sizeof(Slot));
   void* mem = os_map(bytes_);
   if (mem == nullptr) return false;
   slots_ = static_cast<Slot*>(mem);
@@ -30,8 +34,9 @@ void ChurnTable::claim(Slot& s, uint32_t id, uint32_t row) {
   // Readers look as far as the highest row claimed in its segment: raised
   // before the row counts, so a reader that sees the counts sees the row
   // (release). Row 0 is never claimed (on_alloc).
-  const uint32_t g = static_cast<uint32_t>((row - 1) / segment_rows_);
-  const uint32_t at = static_cast<uint32_t>(row - 1 - g * segment_rows_);
+  unsigned g = 0;
+  while (g + 1 < segments_ && row >= base_[g + 1]) ++g;
+  const uint32_t at = static_cast<uint32_t>(row - base_[g]);
   std::atomic<uint32_t>& u = used_[g];
   uint32_t used = u.load(std::memory_order_relaxed);
   while (used <= at && !u.compare_exchange_weak(used, at + 1, std::memory_order_release,

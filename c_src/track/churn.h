@@ -68,11 +68,11 @@ inline unsigned lifetime_bucket(uint64_t ns) {
 
 class ChurnTable {
  public:
-  // Row 0, then `segments` segments of `segment_rows` rows (the stack
-  // table's kClasses and row_segment()). False when the memory cannot be
-  // mapped.
+  // Row 0, then `segments` segments, segment g of rows[g] rows (the
+  // stack table's kClasses and segment_rows()). False when the memory
+  // cannot be mapped.
   static constexpr unsigned kMaxSegments = 8;
-  bool init(size_t segment_rows, unsigned segments);
+  bool init(const size_t* rows, unsigned segments);
   void destroy();
 
   // A block of stack `id` (0: none), whose row is `row` (the stack table's
@@ -139,7 +139,7 @@ class ChurnTable {
   Slot* slots_ = nullptr;  // row 0 (unknown), then one per stack-table record
   // Per segment, its rows up to here may have counted (read by for_each).
   std::atomic<uint32_t> used_[kMaxSegments] = {};
-  size_t segment_rows_ = 0;
+  size_t base_[kMaxSegments + 1] = {};  // segment g: rows [base_[g], base_[g + 1])
   unsigned segments_ = 0;
   size_t nslots_ = 0;  // rows mapped, row 0 included
   size_t bytes_ = 0;
@@ -175,8 +175,8 @@ uint64_t ChurnTable::for_each(F&& f) const {
   visit(0);
   for (unsigned g = 0; g < segments_; ++g) {
     size_t used = used_[g].load(std::memory_order_acquire);
-    if (used > segment_rows_) used = segment_rows_;
-    for (size_t i = 0; i < used; ++i) visit(1 + g * segment_rows_ + i);
+    if (used > base_[g + 1] - base_[g]) used = base_[g + 1] - base_[g];
+    for (size_t i = 0; i < used; ++i) visit(base_[g] + i);
   }
   return n;
 }

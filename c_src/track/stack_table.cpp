@@ -89,20 +89,23 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   const size_t rec_cap = cap + kWindow;
   size_t pool_at[kClasses];
   size_t total = header_bytes;
+  uint32_t rows = 0;
   for (unsigned c = 0; c < kClasses; ++c) {
     words_[c] = ((depth + kHeadWords) * (c + 1) + kClasses - 1) / kClasses;
     if (words_[c] < kHeadWords + 1) words_[c] = kHeadWords + 1;
+    caps_[c] = static_cast<uint32_t>(c + 1 == kClasses ? rec_cap : (rec_cap + 3) / 4);
+    row_base_[c] = rows;
+    rows += caps_[c];
     pool_at[c] = total;
-    total += os_page_up(rec_cap * words_[c] * sizeof(uint64_t));
+    total += os_page_up(size_t{caps_[c]} * words_[c] * sizeof(uint64_t));
   }
   void* mem = os_map(total);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
   for (unsigned c = 0; c < kClasses; ++c) {
     records_[c] = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + pool_at[c]);
-    pools_[c].reset(static_cast<uint32_t>(rec_cap));
+    pools_[c].reset(caps_[c]);
   }
-  rec_cap_ = static_cast<uint32_t>(rec_cap);
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
@@ -169,10 +172,13 @@ size_t StackTable::resident_record_bytes(const PageCounter& pages) const {
 }
 
 uint32_t StackTable::take_record(unsigned c) {
-  const uint32_t i = pools_[c].take([this, c](uint32_t j) -> std::atomic<uint64_t>& {
-    return records_[c][size_t{j} * words_[c]];
-  });
-  return i == kNoRecord ? kNoRecord : c << kClassShift | i;
+  for (; c < kClasses; ++c) {
+    const uint32_t i = pools_[c].take([this, c](uint32_t j) -> std::atomic<uint64_t>& {
+      return records_[c][size_t{j} * words_[c]];
+    });
+    if (i != kNoRecord) return c << kClassShift | i;
+  }
+  return kNoRecord;
 }
 
 void StackTable::give_record(uint32_t r) {

@@ -95,7 +95,9 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
   }
   // A churn row per record: a segment per record class.
   static_assert(StackTable::kClasses <= ChurnTable::kMaxSegments);
-  if (!churn_.init(stacks_.row_segment(), StackTable::kClasses)) {
+  size_t rows[StackTable::kClasses];
+  for (unsigned c = 0; c < StackTable::kClasses; ++c) rows[c] = stacks_.segment_rows(c);
+  if (!churn_.init(rows, StackTable::kClasses)) {
     table_.destroy();
     stacks_.destroy();
     return false;
