@@ -106,6 +106,7 @@ bool StackTable::init(size_t capacity, unsigned depth) {
     records_[c] = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + pool_at[c]);
     pools_[c].reset(caps_[c]);
   }
+  records_total_ = rows;
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
@@ -140,8 +141,10 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
   if (scratch_words < used / 64 + 1) return false;
   for (size_t i = 0; i < scratch_words; ++i) scratch[i] = 0;
   auto take = [&](uint32_t r) {
-    const uint32_t c = r >> kClassShift, i = r & kIndexMask;
-    if (c >= kClasses || i >= pools_[c].bumped()) return false;
+    if (r >= records_total_) return false;
+    const unsigned c = record_class(r);
+    const uint32_t i = r - row_base_[c];
+    if (i >= pools_[c].bumped()) return false;
     const size_t bit = base[c] + i;
     if ((scratch[bit / 64] >> (bit % 64) & 1) != 0) return false;
     scratch[bit / 64] |= uint64_t{1} << (bit % 64);
@@ -155,8 +158,8 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
   for (unsigned c = 0; c < kClasses; ++c) {
     uint32_t i = pools_[c].first_free();
     for (size_t n = 0; i != kNoRecord; ++n) {
-      const uint32_t r = c << kClassShift | i;
-      if (n > used || i > kIndexMask || !take(r)) return false;
+      const uint32_t r = row_base_[c] + i;
+      if (n > used || i >= caps_[c] || !take(r)) return false;
       i = static_cast<uint32_t>(record(r)[0].load(std::memory_order_relaxed));
     }
   }
@@ -176,7 +179,7 @@ uint32_t StackTable::take_record(unsigned c) {
     const uint32_t i = pools_[c].take([this, c](uint32_t j) -> std::atomic<uint64_t>& {
       return records_[c][size_t{j} * words_[c]];
     });
-    if (i != kNoRecord) return c << kClassShift | i;
+    if (i != kNoRecord) return row_base_[c] + i;
   }
   return kNoRecord;
 }
@@ -185,8 +188,8 @@ void StackTable::give_record(uint32_t r) {
   // The link overwrites the token: a release store like every rewrite of a
   // record's words, so a reader that loads it sees the free (see
   // same_stack()).
-  const uint32_t c = r >> kClassShift;
-  pools_[c].give(r & kIndexMask, [this, c](uint32_t j) -> std::atomic<uint64_t>& {
+  const unsigned c = record_class(r);
+  pools_[c].give(r - row_base_[c], [this, c](uint32_t j) -> std::atomic<uint64_t>& {
     return records_[c][size_t{j} * words_[c]];
   });
 }
@@ -356,16 +359,17 @@ bool StackTable::hold(uint32_t id, uint32_t e) {
 }
 
 bool StackTable::reuse(uint32_t id, uint64_t hash) {
-  // hold(), then hash_of() without a second lookup: the stamp checked the
-  // generation; the hash read after it is this stack's if the slot still
-  // holds it afterwards (acquire loads: see get()).
+  // hold(), then the slot's half of the hash (not the record's whole
+  // one: this runs on every recorded allocation whose stack a thread
+  // remembers, and the record is another cache line): the stamp checked
+  // the generation; the half read after it is this stack's if the slot
+  // still holds it afterwards (acquire loads: see get()).
   if (!stamp_if_current(id, epoch(), true)) return false;
   const Header& h = headers_[id & mask_];
-  const std::atomic<uint64_t>* rec = record_of(h);
-  if (rec == nullptr) return false;
-  const uint64_t got = rec[1].load(std::memory_order_acquire);
+  const uint32_t got = h.hash_hi.load(std::memory_order_acquire);
   uint32_t w;
-  return still_holds(h, id >> slot_bits_, &w) && (got != 0 ? got : 1) == hash;
+  // hash_of() answers 1 for a hash of 0: both have a high half of 0.
+  return still_holds(h, id >> slot_bits_, &w) && got == hash_high(hash);
 }
 
 const StackTable::Header* StackTable::holding(uint32_t id, uint32_t* w) const {

@@ -139,7 +139,8 @@ class StackTable {
   // intern() of those words would have left it. False when the stack was
   // reclaimed: intern the words again. The hash check is what makes an id
   // kept for long safe: a slot whose generation wrapped round to the kept
-  // one holds another stack, of another hash (but for a 2^-64 chance).
+  // one (gen_period() sweeps later) holds another stack, of another hash
+  // (the slot's high half of it: but for a 2^-32 chance).
   bool reuse(uint32_t id, uint64_t hash);
   // True when `id` names a READY stack (one load; no stamp, no revival).
   bool ready(uint32_t id) const {
@@ -188,15 +189,15 @@ class StackTable {
   size_t capacity() const { return mask_ + 1; }
   unsigned depth() const { return depth_; }
   size_t bytes_reserved() const { return bytes_; }
-  // The churn row of stack `id` (track/churn.h): 1 + the rows of the
-  // smaller classes + its record's index, dense like each class's
-  // records; 0 for id 0. Not checked against the id's generation (a row
-  // is claimed by id, so a stale one only misfiles counts into another
-  // row, which folds them into the unknown row). One relaxed load.
+  // The churn row of stack `id` (track/churn.h): its record's number + 1,
+  // dense like each class's records; 0 for id 0. Not checked against the
+  // id's generation (a row is claimed by id, so a stale one only misfiles
+  // counts into another row, which folds them into the unknown row). One
+  // relaxed load and a compare: it runs on every recorded malloc and free.
   uint32_t row(uint32_t id) const {
     if (id == 0) return 0;
     const uint32_t r = headers_[id & mask_].rec.load(std::memory_order_relaxed);
-    return valid_record(r) ? 1 + row_base_[r >> kClassShift] + (r & kIndexMask) : 0;
+    return r < records_total_ ? r + 1 : 0;
   }
   // Rows row() answers: 0, then a segment per class of segment_rows(c)
   // rows (its pool's size).
@@ -301,12 +302,11 @@ class StackTable {
 
   // The record pools. A record of class c is words_[c] words: the token (a
   // free record's link to the next free one), the stack's hash, then its
-  // kHeadWords words. A record is named by class << kClassShift | index in
-  // its class's pool.
+  // words (from kHeadWords on). A record is named by its number: the
+  // smaller classes' records, then its index in its class's pool (so the
+  // churn row is the number + 1, without asking the class).
   static constexpr unsigned kHeadWords = 2;
   static constexpr uint32_t kNoRecord = IdPool::kNone;
-  static constexpr unsigned kClassShift = 30;
-  static constexpr uint32_t kIndexMask = (uint32_t{1} << kClassShift) - 1;
   // The smallest class whose records hold `words` words after the token
   // and the hash.
   unsigned class_of(unsigned words) const {
@@ -314,9 +314,16 @@ class StackTable {
     while (c + 1 < kClasses && words_[c] < words + kHeadWords) ++c;
     return c;
   }
-  // Record r's words; r must be a valid name (class and index in range).
+  // The class of record number r (< records_total_).
+  unsigned record_class(uint32_t r) const {
+    unsigned c = 0;
+    while (c + 1 < kClasses && r >= row_base_[c + 1]) ++c;
+    return c;
+  }
+  // Record r's words; r must be a valid number.
   std::atomic<uint64_t>* record(uint32_t r) const {
-    return records_[r >> kClassShift] + size_t{r & kIndexMask} * words_[r >> kClassShift];
+    const unsigned c = record_class(r);
+    return records_[c] + size_t{r - row_base_[c]} * words_[c];
   }
   // The record of slot `h`'s stack; nullptr when its name is out of range
   // (only if the slot was rewritten meanwhile: the caller's state check
@@ -325,9 +332,7 @@ class StackTable {
     const uint32_t r = h.rec.load(std::memory_order_acquire);
     return valid_record(r) ? record(r) : nullptr;
   }
-  bool valid_record(uint32_t r) const {
-    return (r >> kClassShift) < kClasses && (r & kIndexMask) < caps_[r >> kClassShift];
-  }
+  bool valid_record(uint32_t r) const { return r < records_total_; }
   // A record of class c from its free list, else the pool's next
   // never-used one, else one of the next larger class (a record holds any
   // shorter stack); kNoRecord when the largest pool is spent too.
@@ -345,7 +350,8 @@ class StackTable {
   // (a preloaded RabbitMQ's boot: 12,000), without reserving four times
   // the records and churn rows.
   uint32_t caps_[kClasses] = {};
-  uint32_t row_base_[kClasses] = {};  // rows of the smaller classes
+  uint32_t row_base_[kClasses] = {};  // records of the smaller classes
+  uint32_t records_total_ = 0;        // records of all classes
   size_t mask_ = 0;
   unsigned slot_bits_ = 0;
   uint32_t gen_max_ = 0;

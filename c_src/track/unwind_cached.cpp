@@ -81,9 +81,11 @@ uint32_t g_generation = 0;
 }  // namespace
 
 // Plain data in zero-filled memory; unwind_cache_init sets `bits`. The
-// counters come first: they share the first page with nothing the table
-// grows into.
+// rules come first: the warm walk adds a rule's `next` hint to the cache's
+// own address (a slots array at an offset costs an add a frame), and the
+// counters' page after them is the one page beyond the table in use.
 struct UnwindCache {
+  Rule slots[kMaxSlots];
   uint64_t hits;
   uint64_t misses;
   uint64_t fallbacks;
@@ -93,7 +95,6 @@ struct UnwindCache {
   uint32_t evict;
   uint32_t bits;  // the table is slots[0, 2^bits)
   StackWindow window;
-  alignas(4096) Rule slots[kMaxSlots];
 };
 
 namespace {
