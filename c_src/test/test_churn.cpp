@@ -142,6 +142,23 @@ TEST_CASE("churn table: the rows of every segment are listed, and only those wri
   ct.destroy();
 }
 
+TEST_CASE("churn table: segments of different sizes each keep their own rows", "[track][churn]") {
+  // Segments of 3, 10, 1 and 20 rows: rows 1-3, 4-13, 14 and 15-34. A
+  // row claimed at each segment's end and start is listed with its own
+  // counts; a row past the last is the unknown row's.
+  ChurnTable ct;
+  const size_t sizes[] = {3, 10, 1, 20};
+  REQUIRE(ct.init(sizes, 4));
+  const uint32_t rows[] = {1, 3, 4, 13, 14, 15, 34};
+  for (uint32_t k = 0; k < 7; ++k) ct.on_alloc(100 + k, rows[k], kCountOne, rows[k], false);
+  ct.on_alloc(200, 35, kCountOne, 1000, false);
+  std::map<uint32_t, uint64_t> got;
+  CHECK(ct.for_each([&](const mi_abi_churn& r) { got[r.stack_id] = r.allocated_bytes; }) == 8);
+  for (uint32_t k = 0; k < 7; ++k) CHECK(got[100 + k] == rows[k]);
+  CHECK(got[0] == 1000);
+  ct.destroy();
+}
+
 TEST_CASE("churn: sampled counts keep their fractions", "[track][churn]") {
   ChurnTable ct;
   REQUIRE(ct.init(kSixteens, 4));

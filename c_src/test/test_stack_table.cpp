@@ -451,47 +451,61 @@ TEST_CASE("stack table: what a sweep only reads is not counted as resident",
   st.condemn(0, st.capacity(), e);
   st.end_sweep(st.finish(0, st.capacity(), e));
   const PageCounter pages = PageCounter::pagemap();
+  REQUIRE(pages.reads_pagemap());  // a Linux /proc, as the tracker's hosts have
   const size_t own = st.resident_slot_bytes(pages);
   INFO("pagemap " << own << " B, mincore " << st.resident_slot_bytes() << " B");
   CHECK(own > 0);
   CHECK(own <= 100 * 4096);
   CHECK(st.resident_slot_bytes() >= own);
-  // A page written after is counted.
+  // Pages written after are counted: 300 more stacks take the 100 records
+  // the sweep freed and 200 new ones of 96 bytes, at least four pages
+  // past the first 100's.
   const size_t records = st.resident_record_bytes(pages);
-  const uintptr_t g[] = {5, 6, 7};
-  REQUIRE(st.intern(g, 3) != 0);
-  CHECK(st.resident_record_bytes(pages) >= records);
-  CHECK(st.resident_record_bytes(pages) > 0);
+  for (uintptr_t i = 101; i <= 400; ++i) {
+    const uintptr_t f[] = {i, i * 7, i * 13};
+    REQUIRE(st.intern(f, 3) != 0);
+  }
+  CHECK(st.resident_record_bytes(pages) >= records + 4 * 4096);
   st.destroy();
 }
 
 TEST_CASE("stack table: a stack takes a larger record when its own size is spent",
           "[track][stacks]") {
-  // 64 slots: 128 records of the largest size, 32 of each other. 120
-  // one-word stacks fill the smallest size's 32, then the next sizes'.
+  // 2048 slots at depth 6 (records of 3, 4, 6 and 8 words): 2,112
+  // records of the largest size, 528 of each other. 1,000 three-word
+  // stacks (5 words with the token and the hash: the third size) fill its
+  // 528, then take 472 of the largest; swept and stored again, each
+  // record goes back to its own size's pool and is taken from there.
   StackTable st;
-  REQUIRE(st.init(64, 6));
-  CHECK(st.segment_rows(0) == 32);
-  CHECK(st.segment_rows(3) == 128);
-  std::vector<uint32_t> ids;
-  for (uintptr_t i = 1; i <= 60; ++i) {
-    const uintptr_t f[] = {i};
-    ids.push_back(st.intern(f, 1));
-    REQUIRE(ids.back() != 0);
+  REQUIRE(st.init(2048, 6));
+  CHECK(st.segment_rows(0) == 528);
+  CHECK(st.segment_rows(2) == 528);
+  CHECK(st.segment_rows(3) == 2112);
+  uint64_t scratch[64];
+  for (uintptr_t round = 0; round < 2; ++round) {
+    std::vector<uint32_t> ids;
+    for (uintptr_t i = 1; i <= 1000; ++i) {
+      const uintptr_t f[] = {round << 32 | i, i, round};
+      ids.push_back(st.intern(f, 3));
+      REQUIRE(ids.back() != 0);
+    }
+    for (uintptr_t i = 1; i <= 1000; ++i)
+      CHECK(frames_of(st, ids[i - 1]) == std::vector<uint64_t>{round << 32 | i, i, round});
+    CHECK(st.records_used() == 1000);
+    CHECK(st.records_consistent(scratch, 64));
+    // Rows: one per stack, the first 528 the third segment's (after row 0
+    // and two segments of 528), the rest at the start of the largest's.
+    std::vector<uint32_t> rows;
+    for (const uint32_t id : ids) rows.push_back(st.row(id));
+    std::sort(rows.begin(), rows.end());
+    CHECK(std::adjacent_find(rows.begin(), rows.end()) == rows.end());
+    CHECK(rows[0] == 1 + 2 * 528);
+    CHECK(rows[527] == 3 * 528);
+    CHECK(rows[528] == 1 + 3 * 528);  // the largest size's first row
+    CHECK(rows[999] == 3 * 528 + 472);
+    if (round == 0) CHECK(sweep_all(st) == 1000);
+    CHECK(st.records_consistent(scratch, 64));
   }
-  for (uintptr_t i = 1; i <= 60; ++i) CHECK(frames_of(st, ids[i - 1]) == std::vector<uint64_t>{i});
-  CHECK(st.records_used() == 60);
-  uint64_t scratch[4];
-  CHECK(st.records_consistent(scratch, 4));
-  // Rows stay one per stack; the first 32 in the smallest size's segment.
-  std::vector<uint32_t> rows;
-  for (const uint32_t id : ids) rows.push_back(st.row(id));
-  std::sort(rows.begin(), rows.end());
-  CHECK(std::adjacent_find(rows.begin(), rows.end()) == rows.end());
-  CHECK(rows[0] == 1);
-  CHECK(rows[31] == 32);
-  CHECK(rows[32] == 33);  // the next size's first row
-  CHECK(rows[59] == 33 + 27);
   st.destroy();
 }
 

@@ -15,7 +15,12 @@ namespace mi::track {
 void* os_map(size_t bytes) {
   const long p = ::syscall(SYS_mmap, nullptr, bytes, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  return p == -1 ? nullptr : reinterpret_cast<void*>(p);  // the wrapper sets errno
+  if (p == -1) return nullptr;  // the wrapper sets errno
+  // The tables are sparse by design (a slot here, a chunk there): with
+  // transparent huge pages on `always', one write would make 2 MiB of a
+  // table resident. Best effort: a kernel without THP refuses it.
+  ::syscall(SYS_madvise, p, bytes, MADV_NOHUGEPAGE);
+  return reinterpret_cast<void*>(p);
 }
 
 void os_unmap(void* p, size_t bytes) {
@@ -68,8 +73,11 @@ size_t PageCounter::count(const void* p, size_t bytes) const {
     const size_t n = left < 512 ? left : 512;
     const long got = ::syscall(SYS_pread64, fd_, entries, n * sizeof(uint64_t),
                                static_cast<off_t>(at * sizeof(uint64_t)));
-    if (got <= 0) break;
-    const size_t k = static_cast<size_t>(got) / sizeof(uint64_t);
+    const size_t k = got > 0 ? static_cast<size_t>(got) / sizeof(uint64_t) : 0;
+    if (k == 0) {
+      // pagemap stopped answering: mincore's count for the rest.
+      return resident + os_resident(reinterpret_cast<const void*>(at * page), left * page);
+    }
     constexpr uint64_t kPresent = uint64_t{1} << 63, kExclusive = uint64_t{1} << 56;
     for (size_t i = 0; i < k; ++i)
       resident += (entries[i] & (kPresent | kExclusive)) == (kPresent | kExclusive) ? page : 0;

@@ -13,8 +13,9 @@ constexpr size_t os_page_up(size_t bytes) {
   return (bytes + 4095) & ~size_t{4095};
 }
 
-// Zero-filled, page-aligned, lazily backed (MAP_NORESERVE): untouched pages
-// cost no resident memory. nullptr on failure. Thread-safe.
+// Zero-filled, page-aligned, lazily backed (MAP_NORESERVE) and never in
+// transparent huge pages (MADV_NOHUGEPAGE): untouched pages cost no
+// resident memory. nullptr on failure. Thread-safe.
 void* os_map(size_t bytes);
 void os_unmap(void* p, size_t bytes);
 // Gives the pages of [p, p + bytes) back to the kernel (MADV_DONTNEED):
@@ -43,6 +44,7 @@ class PageCounter {
   PageCounter(const PageCounter&) = delete;
   PageCounter& operator=(const PageCounter&) = delete;
   size_t count(const void* p, size_t bytes) const;
+  bool reads_pagemap() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;

@@ -205,7 +205,8 @@ class StackTable {
   // Records ever handed out, all classes: the pools' high-water marks.
   size_t records_used() const;
   // The bytes of the record a stack of `words` words (tail included) is
-  // stored in: its class's size.
+  // stored in: the smallest size that holds it (a larger one when that
+  // size's pool is spent).
   size_t record_bytes(unsigned words) const { return words_[class_of(words)] * sizeof(uint64_t); }
   // Resident bytes of the slots and of the record pool (mincore). Never
   // allocates.
