@@ -5,27 +5,29 @@
 // Layout. Open addressing on the stack's hash, linear probing bounded to
 // kWindow slots. Each slot has a 16-byte header (state word, epoch stamp,
 // record, the hash's high 32 bits: enough to pass over another stack in a
-// probe without reading its record; the whole hash is in the record). The state word packs the
-// slot's kind, the stack's depth and a generation: ids are (generation << slot_bits) | slot,
-// generation
-// >= 1, so id 0 never names a stack.
+// probe without reading its record; the whole hash is in the record). The
+// state word packs the slot's kind, the stack's depth and a generation:
+// ids are (generation << slot_bits) | slot, generation >= 1, so id 0 never
+// names a stack.
 //
 // Records. A stack's words live in a record (its tail's token, its hash,
-// then its words) from a pool beside the headers, not in its slot: the slots are
-// spread by hash over the whole table, so frames kept per slot made every
-// table page resident once a quarter of the slots had been used (23 MiB of
-// a preloaded RabbitMQ's 52). Records come in kClasses sizes, a pool each:
-// class c is ceil((c + 1) / kClasses * (depth + 2)) words, so a
+// then its words) from a pool beside the headers, not in its slot: the
+// slots are spread by hash over the whole table, so frames kept per slot
+// made every table page resident once a quarter of the slots had been used
+// (23 MiB of a preloaded RabbitMQ's 52). Records come in kClasses sizes, a
+// pool each: class c is ceil((c + 1) / kClasses * (depth + 2)) words, so a
 // stack takes the smallest that fits it rather than room for the deepest
-// (a preloaded RabbitMQ's stacks average 17 words of 45: issue 26). A
-// pool hands out records from its low end, and a slot freed by a sweep
-// gives its record back (a lock-free list with a tagged head), so a
-// pool's resident part is the most stacks of its class stored at once,
-// packed. A new stack takes a record before it claims its slot and gives
-// it back if the claim fails. Records move between slots only through a
-// free, which changes the old slot's state word first: a reader that read
-// a reused record's new words sees that change when it checks the state
-// again (see same_stack()).
+// (a preloaded RabbitMQ's stacks average 17 words of 46: issue 26). The
+// largest size has a record for every slot; the others a quarter as many
+// each, and a stack whose size is spent takes a larger one. A pool hands
+// out records from its low end, and a slot freed by a sweep gives its
+// record back (a lock-free list with a tagged head), so a pool's resident
+// part is the most stacks of its class stored at once, packed. A new
+// stack takes a record before it claims its slot and gives it back if the
+// claim fails. Records move between slots only through a free, which
+// changes the old slot's state word first: a reader that read a reused
+// record's new words sees that change when it checks the state again (see
+// same_stack()).
 //
 // Slot life cycle (every transition is one CAS or release store on the
 // state word; readers only trust READY and FREEING):
@@ -208,8 +210,8 @@ class StackTable {
   // stored in: the smallest size that holds it (a larger one when that
   // size's pool is spent).
   size_t record_bytes(unsigned words) const { return words_[class_of(words)] * sizeof(uint64_t); }
-  // Resident bytes of the slots and of the record pool (mincore). Never
-  // allocates.
+  // Resident bytes of the slots and of the record pools (mincore, or
+  // what `pages` counts: os_mem.h). Never allocates.
   size_t resident_slot_bytes(const PageCounter& pages = PageCounter()) const;
   size_t resident_record_bytes(const PageCounter& pages = PageCounter()) const;
   unsigned slot_bits() const { return slot_bits_; }
