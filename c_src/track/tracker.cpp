@@ -323,7 +323,7 @@ __attribute__((always_inline)) inline size_t Tracker::unwind_here(ThreadState* t
   // its captures derive every rule, slower but just as lock-free.
   if (ts->unwind_cache == nullptr && ts->shared == 0) {
     void* mem = os_map(unwind_cache_bytes());
-    // Atomic for status(), which reads it from other threads.
+    // Atomic for resident(), which reads it from other threads.
     if (mem != nullptr)
       __atomic_store_n(&ts->unwind_cache, unwind_cache_init(mem), __ATOMIC_RELEASE);
   }
