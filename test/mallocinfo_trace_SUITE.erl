@@ -96,8 +96,9 @@ status_when_preloaded(Config) ->
     ?assert(TB >= 64 * Cap andalso TB < 70 * Cap),
     ?assert(Live > 0),
     ?assert(maps:get(malloc, Calls) > 0),
-    %% What each table keeps resident (mincore), within what it reserved
-    %% (the unwind caches are mapped per thread, apart from tables_bytes).
+    %% What each table keeps resident (its own pages, pagemap), within what
+    %% it reserved (the unwind caches are mapped per thread, apart from
+    %% tables_bytes).
     #{tables_resident := #{live := RL, stacks := RS, churn := RC, threads := RT},
       stack_bytes := SB} = S,
     ?assert(RL > 0 andalso RL =< TB),
