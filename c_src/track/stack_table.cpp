@@ -160,7 +160,7 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
     for (size_t n = 0; i != kNoRecord; ++n) {
       const uint32_t r = row_base_[c] + i;
       if (n > used || i >= caps_[c] || !take(r)) return false;
-      i = static_cast<uint32_t>(record(r)[0].load(std::memory_order_relaxed));
+      i = static_cast<uint32_t>(record_in(c, i)[0].load(std::memory_order_relaxed));
     }
   }
   return true;
@@ -176,9 +176,8 @@ size_t StackTable::resident_record_bytes(const PageCounter& pages) const {
 
 uint32_t StackTable::take_record(unsigned c) {
   for (; c < kClasses; ++c) {
-    const uint32_t i = pools_[c].take([this, c](uint32_t j) -> std::atomic<uint64_t>& {
-      return records_[c][size_t{j} * words_[c]];
-    });
+    const uint32_t i =
+        pools_[c].take([ this, c ](uint32_t j) -> auto& { return record_in(c, j)[0]; });
     if (i != kNoRecord) return row_base_[c] + i;
   }
   return kNoRecord;
@@ -189,9 +188,8 @@ void StackTable::give_record(uint32_t r) {
   // record's words, so a reader that loads it sees the free (see
   // same_stack()).
   const unsigned c = record_class(r);
-  pools_[c].give(r - row_base_[c], [this, c](uint32_t j) -> std::atomic<uint64_t>& {
-    return records_[c][size_t{j} * words_[c]];
-  });
+  pools_[c].give(
+      r - row_base_[c], [ this, c ](uint32_t j) -> auto& { return record_in(c, j)[0]; });
 }
 
 template <bool kTail>

@@ -323,10 +323,15 @@ class StackTable {
     while (c + 1 < kClasses && r >= row_base_[c + 1]) ++c;
     return c;
   }
+  // Record i of class c's pool (i < caps_[c]); its word 0 is the free
+  // list's link while it is free.
+  std::atomic<uint64_t>* record_in(unsigned c, uint32_t i) const {
+    return records_[c] + size_t{i} * words_[c];
+  }
   // Record r's words; r must be a valid number.
   std::atomic<uint64_t>* record(uint32_t r) const {
     const unsigned c = record_class(r);
-    return records_[c] + size_t{r - row_base_[c]} * words_[c];
+    return record_in(c, r - row_base_[c]);
   }
   // The record of slot `h`'s stack; nullptr when its name is out of range
   // (only if the slot was rewritten meanwhile: the caller's state check
