@@ -308,21 +308,31 @@ TEST_CASE("churn table: a reused row folds the old stack's counts into the unkno
   ct.destroy();
 }
 
+namespace {
+// `threads` threads that each allocate and free `pairs` 48-byte blocks
+// from the hot site (0xA000), counting in *started (if given) once they
+// are 1,000 pairs in.
+std::vector<std::thread> hot_pairs(Tracker& t, int threads, int pairs, std::atomic<int>* started) {
+  std::vector<std::thread> out;
+  for (int w = 0; w < threads; ++w)
+    out.emplace_back([&t, w, pairs, started] {
+      t_fake_stack = {0xA000};
+      for (int i = 0; i < pairs; ++i) {
+        void* p = addr(0x1000000 * (w + 1) + 16 * (i % 64));
+        t.on_alloc(MI_FN_MALLOC, p, 48);
+        t.on_free(MI_FN_FREE, p);
+        if (i == 1000 && started != nullptr) started->fetch_add(1);
+      }
+    });
+  return out;
+}
+}  // namespace
+
 TEST_CASE("churn: counts stay exact with many threads on one site", "[track][churn]") {
   Tracker t;
   init_small(t, 1 << 14);
   constexpr int kThreads = 4, kPairs = 20000;
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kThreads; ++w)
-    threads.emplace_back([&, w] {
-      t_fake_stack = {0xA000};
-      for (int i = 0; i < kPairs; ++i) {
-        void* p = addr(0x1000000 * (w + 1) + 16 * (i % 64));
-        t.on_alloc(MI_FN_MALLOC, p, 48);
-        t.on_free(MI_FN_FREE, p);
-      }
-    });
-  for (auto& th : threads) th.join();
+  for (auto& th : hot_pairs(t, kThreads, kPairs, nullptr)) th.join();
   // One call site, possibly two ids (threads meeting on a new stack):
   // summed over every row with the site's frames.
   uint64_t allocated = 0, bytes = 0, freed = 0, temporary = 0;
@@ -469,5 +479,104 @@ TEST_CASE("churn: sites spread over the stack table cost a slot each, not a page
   const size_t resident = t.churn_resident_bytes();
   INFO("churn resident " << resident);
   CHECK(resident <= (2001 * 256 + 4095) / 4096 * 4096 + 256 * 1024);
+  t.destroy();
+}
+
+namespace {
+// A sweeping tracker with 900 call sites' stacks stored (records 0-899,
+// their blocks allocated and freed), then the hot site's (0xA000, record
+// 900) with `hot` blocks of 48 bytes live at 0x9000000, 0x9000100, ...:
+// the first keeps its stack stored through every sweep (a reclaimed
+// stack's churn rows can no longer be named). The next sweep frees the
+// 900 and its compaction moves the hot stack's record to the bottom.
+void init_hot_site(Tracker& t, int hot) {
+  Config c;
+  c.table_capacity = 1 << 14;
+  c.stack_capacity = 4096;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());  // membarrier and MADV_WIPEONFORK are available
+  for (uintptr_t site = 1; site <= 900; ++site) {
+    t_fake_stack = {0x1000 * site, 0x777000};
+    t.on_alloc(MI_FN_MALLOC, addr(0x100000 + 64 * site), 16);
+  }
+  t_fake_stack = {0xA000};
+  for (int i = 0; i < hot; ++i) t.on_alloc(MI_FN_MALLOC, addr(0x9000000 + 0x100 * i), 48);
+  for (uintptr_t site = 1; site <= 900; ++site) t.on_free(MI_FN_FREE, addr(0x100000 + 64 * site));
+}
+}  // namespace
+
+TEST_CASE("churn: a busy site's counts stay exact while compaction moves its record",
+          "[track][churn][reclaim]") {
+  // 900 sites with a live block each, then a hot site: its stack's record
+  // is the pool's 901st. The 900 blocks are freed, and two threads
+  // allocate and free from the hot site while reclaim() sweeps: the first
+  // compaction moves the hot stack's record (and its churn row) down to
+  // the bottom of the pool under them, the next settles what was counted
+  // on the old row meanwhile. The site's counts, over every row with its
+  // frames, are exact.
+  Tracker t;
+  init_hot_site(t, 1);
+  constexpr int kThreads = 2, kPairs = 200000;
+  std::atomic<int> started{0};
+  std::vector<std::thread> threads = hot_pairs(t, kThreads, kPairs, &started);
+  while (started.load() < kThreads) std::this_thread::yield();
+  for (int i = 0; i < 3; ++i) t.reclaim();
+  for (auto& th : threads) th.join();
+  t.reclaim();  // settles the last moves
+  CHECK(t.stacks_moved() >= 1);
+  uint64_t allocated = 0, bytes = 0, freed = 0, all = 0;
+  t.for_each_churn([&](const mi_abi_churn& r) {
+    all += r.allocated_count;
+    uint64_t frames[4];
+    if (r.stack_id == 0 || t.stack(r.stack_id, frames, 4) == 0 || frames[0] != 0xA000) return;
+    allocated += r.allocated_count;
+    bytes += r.allocated_bytes;
+    freed += r.freed_count;
+  });
+  CHECK(allocated == kThreads * kPairs + 1);
+  CHECK(bytes == 48 * (uint64_t{kThreads} * kPairs + 1));
+  CHECK(freed == kThreads * kPairs);
+  CHECK(all == kThreads * kPairs + 901);
+  t.destroy();
+}
+
+TEST_CASE("churn: a free counting on a stack's old row while it moves keeps its count",
+          "[track][churn][reclaim][concurrency]") {
+  // A thread frees a block of a hot site and is held after it read the
+  // site's churn row (its stack pinned), while a sweep frees 900 other
+  // stacks and its compaction moves the hot stack's record (and row) from
+  // 900 down to 0. The pin keeps the old row through that compaction; the
+  // free then counts there, and the next compaction carries the count to
+  // the new row. (Without the pin the old row would be given up at once,
+  // and the free counted with the unknown stacks.)
+  Tracker t;
+  init_hot_site(t, 2);  // 0x9000100 is freed by the held thread
+  struct Held : Parking {
+    static void hook(TestPoint p, void* ctx) {
+      if (p == TestPoint::kCounting) Parking::hook(ctx);
+    }
+  } held;
+  t.set_test_hook(&Held::hook, &held);
+  std::thread freer([&] { t.on_free(MI_FN_FREE, addr(0x9000100)); });
+  held.wait_parked();
+  const uint64_t moved = t.stacks_moved();
+  CHECK(t.reclaim() == 900);
+  CHECK(t.stacks_moved() == moved + 1);
+  held.release();
+  freer.join();
+  t.set_test_hook(nullptr, nullptr);
+  t.reclaim();  // settles the old row into the new one
+  uint64_t hot_allocated = 0, hot_freed = 0, freed = 0;
+  t.for_each_churn([&](const mi_abi_churn& r) {
+    freed += r.freed_count;
+    uint64_t frames[4];
+    if (r.stack_id != 0 && t.stack(r.stack_id, frames, 4) != 0 && frames[0] == 0xA000) {
+      hot_allocated += r.allocated_count;
+      hot_freed += r.freed_count;
+    }
+  });
+  CHECK(hot_allocated == 2);
+  CHECK(hot_freed == 1);
+  CHECK(freed == 901);  // the 900 other sites' (freed stacks: the unknown row's, or their ids')
   t.destroy();
 }

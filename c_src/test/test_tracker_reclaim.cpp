@@ -334,6 +334,38 @@ TEST_CASE("tracker: hooks carry a sweep chunk by chunk; reclaim helps it finish,
   t.destroy();
 }
 
+TEST_CASE("tracker: hooks carry a sweep's compaction to its end", "[track][tracker][reclaim]") {
+  // 256 call sites (a 1,024-stack table wants a sweep there), the last 20
+  // with a block live: their records are 235-254, above the compaction's
+  // target (20 stacks, an eighth more and 64, in words of 64: 128). The
+  // hooks that go on recording carry the sweep and its compaction chunk by
+  // chunk, and the 20 move down, ids and frames unchanged.
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 13;
+  c.stack_capacity = 1024;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());
+  for (uint64_t i = 0; i < 235; ++i) alloc_free(t, i);
+  for (uint64_t i = 235; i < 255; ++i) {
+    t_fake_stack = site_stack(i);
+    t.on_alloc(MI_FN_MALLOC, addr(0x200000 + 64 * i), 8);
+  }
+  CHECK(status_of(t).stack_sweeps == 0);
+  alloc_free(t, 255);  // the 256th stack: the sweep starts
+  for (int i = 0; i < 1000 && status_of(t).stack_sweeps == 0; ++i) alloc_free(t, 0);
+  CHECK(status_of(t).stack_sweeps == 1);
+  CHECK(t.stacks_moved() == 20);
+  const auto live = live_of(t);
+  REQUIRE(live.size() == 20);
+  for (uint64_t i = 235; i < 255; ++i) {
+    const std::vector<uintptr_t> want = site_stack(i);
+    CHECK(stack_of(t, live.at(0x200000 + 64 * i).stack_id) ==
+          std::vector<uint64_t>(want.begin(), want.end()));
+  }
+  t.destroy();
+}
+
 TEST_CASE("tracker: concurrent recording, freeing and sweeping keep every id's own frames",
           "[track][tracker][reclaim][concurrency]") {
   Tracker t;

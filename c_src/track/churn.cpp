@@ -16,16 +16,22 @@ bool ChurnTable::init(const size_t* rows, unsigned segments) {
   base_[segments] = n;
   segments_ = segments;
   nslots_ = n;
-  bytes_ = os_page_up(n * sizeof(Slot));
+  // Row 0 ends the first page, so row 1 starts the second: a segment that
+  // starts at a multiple of 16 rows starts on a page, and so does every
+  // run of records the stack table gives back (its compaction chunks are
+  // 512 records), whose rows' pages then go back whole.
+  bytes_ = os_page_up(4096 - sizeof(Slot) + n * sizeof(Slot));
   void* mem = os_map(bytes_);
   if (mem == nullptr) return false;
-  slots_ = static_cast<Slot*>(mem);
+  mem_ = mem;
+  slots_ = reinterpret_cast<Slot*>(static_cast<char*>(mem) + 4096 - sizeof(Slot));
   for (std::atomic<uint32_t>& u : used_) u.store(0, std::memory_order_relaxed);
   return true;
 }
 
 void ChurnTable::destroy() {
-  if (slots_ != nullptr) os_unmap(slots_, bytes_);
+  if (mem_ != nullptr) os_unmap(mem_, bytes_);
+  mem_ = nullptr;
   slots_ = nullptr;
   bytes_ = 0;
 }
@@ -42,29 +48,74 @@ void ChurnTable::claim(Slot& s, uint32_t id, uint32_t row) {
   while (used <= at && !u.compare_exchange_weak(used, at + 1, std::memory_order_release,
                                                 std::memory_order_relaxed)) {
   }
-  Slot& unknown = slots_[0];
   uint32_t old = s.id.load(std::memory_order_relaxed);
   while (old != id) {
     if (s.id.compare_exchange_weak(old, id, std::memory_order_relaxed)) {
-      if (old == 0) return;  // never used (or cleared): nothing to fold
       // The old id's stack was freed: nobody can name it any more. What it
-      // counted stays in the totals, as the unknown stacks'.
-      unknown.allocated_count.fetch_add(s.allocated_count.exchange(0, std::memory_order_relaxed),
-                                        std::memory_order_relaxed);
-      unknown.allocated_bytes.fetch_add(s.allocated_bytes.exchange(0, std::memory_order_relaxed),
-                                        std::memory_order_relaxed);
-      unknown.freed_bytes.fetch_add(s.freed_bytes.exchange(0, std::memory_order_relaxed),
-                                    std::memory_order_relaxed);
-      unknown.temporary.fetch_add(s.temporary.exchange(0, std::memory_order_relaxed),
-                                  std::memory_order_relaxed);
-      for (unsigned b = 0; b < kLifetimeBuckets; ++b)
-        unknown.lifetimes[b].fetch_add(s.lifetimes[b].exchange(0, std::memory_order_relaxed),
-                                       std::memory_order_relaxed);
-      if (s.flags.exchange(0, std::memory_order_relaxed) != 0)
-        unknown.flags.store(MI_CHURN_SAMPLED, std::memory_order_relaxed);
+      // counted stays in the totals, as the unknown stacks'. A row of no
+      // id (never used, cleared, settled or given back) has nothing to
+      // fold but a count that landed after that (a hook that checked the
+      // id just before): that goes there too, not to the new id.
+      fold(s, slots_[0]);
       return;
     }
   }
+}
+
+void ChurnTable::fold(Slot& from, Slot& to) {
+  // A counter that reads 0 is left alone: most of a row's lifetime
+  // buckets are, and an exchange and an add on each would double what a
+  // sweep's compaction costs. A count landing on it right after the load
+  // stays there, as one landing after an exchange would.
+  auto move = [](std::atomic<uint64_t>& a, std::atomic<uint64_t>& b) {
+    if (a.load(std::memory_order_relaxed) != 0)
+      b.fetch_add(a.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+  };
+  move(from.allocated_count, to.allocated_count);
+  move(from.allocated_bytes, to.allocated_bytes);
+  move(from.freed_bytes, to.freed_bytes);
+  move(from.temporary, to.temporary);
+  for (unsigned b = 0; b < kLifetimeBuckets; ++b) move(from.lifetimes[b], to.lifetimes[b]);
+  if (from.flags.load(std::memory_order_relaxed) != 0 &&
+      from.flags.exchange(0, std::memory_order_relaxed) != 0)
+    to.flags.store(MI_CHURN_SAMPLED, std::memory_order_relaxed);
+}
+
+void ChurnTable::move_row(uint32_t id, uint32_t from, uint32_t to) {
+  if (!valid_row(to)) return;
+  Slot& d = slots_[to];
+  if (d.id.load(std::memory_order_relaxed) != id) claim(d, id, to);
+  if (valid_row(from) && slots_[from].id.load(std::memory_order_relaxed) == id)
+    fold(slots_[from], d);
+}
+
+void ChurnTable::settle_row(uint32_t id, uint32_t from, uint32_t to) {
+  if (!valid_row(from)) return;
+  Slot& s = slots_[from];
+  if (s.id.load(std::memory_order_relaxed) != id) return;  // claimed by another id since
+  Slot& d =
+      valid_row(to) && slots_[to].id.load(std::memory_order_relaxed) == id ? slots_[to] : slots_[0];
+  fold(s, d);
+  uint32_t expect = id;
+  s.id.compare_exchange_strong(expect, 0, std::memory_order_relaxed);
+}
+
+void ChurnTable::release_rows(uint32_t first, uint32_t n) {
+  if (slots_ == nullptr || first == 0 || first >= nslots_) return;
+  if (n > nslots_ - first) n = static_cast<uint32_t>(nslots_ - first);
+  // Whatever id a row has (a count may have landed on a row of none: see
+  // claim()), its counts go to the unknown row. Only loads where nothing
+  // was written (a store there would map a page just to give it back).
+  for (uint32_t r = first; r < first + n; ++r) {
+    Slot& s = slots_[r];
+    fold(s, slots_[0]);
+    if (s.id.load(std::memory_order_relaxed) != 0) s.id.store(0, std::memory_order_relaxed);
+  }
+  const auto a = reinterpret_cast<uintptr_t>(&slots_[first]);
+  const auto b = reinterpret_cast<uintptr_t>(&slots_[first] + n);
+  const uintptr_t pa = (a + 4095) & ~uintptr_t{4095};
+  const uintptr_t pb = b & ~uintptr_t{4095};
+  if (pb > pa) os_release(reinterpret_cast<void*>(pa), pb - pa);
 }
 
 void ChurnTable::clear() {
@@ -73,11 +124,11 @@ void ChurnTable::clear() {
   // counting meanwhile claims its row again (see the header on racing
   // hooks).
   for (std::atomic<uint32_t>& u : used_) u.store(0, std::memory_order_release);
-  os_release(slots_, bytes_);
+  os_release(mem_, bytes_);
 }
 
 size_t ChurnTable::resident_bytes(const PageCounter& pages) const {
-  return slots_ != nullptr ? pages.count(slots_, bytes_) : 0;
+  return mem_ != nullptr ? pages.count(mem_, bytes_) : 0;
 }
 
 }  // namespace mi::track

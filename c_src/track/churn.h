@@ -5,9 +5,12 @@
 //
 // One row per stack-table record (StackTable::row()), in a separate
 // mmapped array: row 0, then a segment per record class. The stack table
-// hands each class's records out densely from the low end and reuses
-// freed ones, so the resident set is 256 bytes per stack stored at once,
-// not a page per site scattered over the table.
+// hands each class's records out lowest first, moves the stacks stored
+// high down after each sweep (the rows move with them: move_row(),
+// settle_row()) and gives the pages of the free records above back
+// (release_rows()), so the resident set is about 256 bytes per stack
+// stored, not per stack stored at the busiest moment, nor a page per site
+// scattered over the table.
 // Row 0 is the blocks' without a stack (id 0). A site's counters outlive
 // its live blocks. A row belongs to the id that last claimed it. The
 // stack table gives a record to another stack only after a sweep freed
@@ -111,6 +114,25 @@ class ChurnTable {
   template <class F>
   uint64_t for_each(F&& f) const;
 
+  // The stack table's compaction (StackTable::RowOwner), by the sweeper:
+  // stack `id` moves from row `from` to row `to`; `to` becomes its row
+  // (what another id counted there goes to the unknown row, as a claim
+  // does) and takes over what `from` counted.
+  void move_row(uint32_t id, uint32_t from, uint32_t to);
+  // A sweep after move_row(): what hooks counted on `from` since goes to
+  // row `to` if it is still `id`'s, else to the unknown row; `from` is
+  // then nobody's.
+  void settle_row(uint32_t id, uint32_t from, uint32_t to);
+  // Rows [first, first + n) are free records' whose memory the stack
+  // table gives back: what they counted goes to the unknown row and their
+  // pages back to the kernel. A count landing there meanwhile (a hook
+  // holding a reclaimed stack's row: see tracker.h) may be lost.
+  void release_rows(uint32_t first, uint32_t n);
+  // The stack id row `row` counts for now (0: none, or out of range).
+  uint32_t row_id(uint32_t row) const {
+    return valid_row(row) ? slots_[row].id.load(std::memory_order_relaxed) : 0;
+  }
+
   // Zeroes every counter and gives the pages back (they cost nothing
   // until the next allocation of a site writes them).
   void clear();
@@ -135,7 +157,11 @@ class ChurnTable {
   // Makes s (row `row`) the row of `id`, folding what an older id counted
   // into the unknown stacks' row.
   [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id, uint32_t row);
+  // Adds what `from` counted to `to` and zeroes `from` (its id stays).
+  static void fold(Slot& from, Slot& to);
+  bool valid_row(uint32_t row) const { return row != 0 && row < nslots_; }
 
+  void* mem_ = nullptr;    // the mapping: slots_ starts 256 bytes before its second page
   Slot* slots_ = nullptr;  // row 0 (unknown), then one per stack-table record
   // Per segment, its rows up to here may have counted (read by for_each).
   std::atomic<uint32_t> used_[kMaxSegments] = {};

@@ -1,6 +1,7 @@
 // A pool of ids 0 .. limit - 1 for a table's fixed array of records: a
 // lock-free free list (a Treiber stack) in front of a bump pointer. The
-// stack table's records and the live table's chunks come from one each.
+// live table's chunks come from two (the stack table's records from
+// bitmaps instead, which a sweep can shrink: record_map.h).
 //
 // The free list's links live in the records themselves: take() and give()
 // are passed link(id), the caller's atomic word (32 bits or more) that

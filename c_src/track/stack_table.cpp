@@ -87,26 +87,43 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   // list and a slot (the child never gives it back). Each pool starts on a
   // page, so that its resident part is its own records.
   const size_t rec_cap = cap + kWindow;
-  size_t pool_at[kClasses];
+  size_t pool_at[kClasses], map_at[kClasses];
   size_t total = header_bytes;
   uint32_t rows = 0;
   for (unsigned c = 0; c < kClasses; ++c) {
     words_[c] = ((depth + kHeadWords) * (c + 1) + kClasses - 1) / kClasses;
     if (words_[c] < kHeadWords + 1) words_[c] = kHeadWords + 1;
-    caps_[c] = static_cast<uint32_t>(c + 1 == kClasses ? rec_cap : (rec_cap + 3) / 4);
+    // Multiples of 16 records: each class's churn rows then start on a
+    // page (churn.cpp), and compaction gives their pages back whole.
+    caps_[c] =
+        static_cast<uint32_t>(c + 1 == kClasses ? rec_cap : ((rec_cap + 3) / 4 + 15) / 16 * 16);
     row_base_[c] = rows;
     rows += caps_[c];
     pool_at[c] = total;
     total += os_page_up(size_t{caps_[c]} * words_[c] * sizeof(uint64_t));
   }
+  // The pools' maps, then their retired bits, after the pools (a few KiB).
+  maps_at_ = total;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    map_at[c] = total;
+    total += 2 * RecordMap::words_for(caps_[c]) * sizeof(uint64_t);
+  }
+  total = os_page_up(total);
   void* mem = os_map(total);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
   for (unsigned c = 0; c < kClasses; ++c) {
     records_[c] = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + pool_at[c]);
-    pools_[c].reset(caps_[c]);
+    auto* map = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + map_at[c]);
+    maps_[c].init(map, caps_[c]);
+    retired_[c] = map + RecordMap::words_for(caps_[c]);
   }
   records_total_ = rows;
+  chunk_base_[0] = 0;
+  for (unsigned c = 0; c < kClasses; ++c)
+    chunk_base_[c + 1] =
+        chunk_base_[c] +
+        static_cast<uint32_t>((RecordMap::words_for(caps_[c]) + kCompactWords - 1) / kCompactWords);
   mask_ = cap - 1;
   slot_bits_ = bits;
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
@@ -122,29 +139,34 @@ void StackTable::destroy() {
   os_unmap(headers_, bytes_);
   headers_ = nullptr;
   for (std::atomic<uint64_t>*& r : records_) r = nullptr;
+  for (std::atomic<uint64_t>*& r : retired_) r = nullptr;
   bytes_ = 0;
 }
 
 size_t StackTable::records_used() const {
   size_t n = 0;
-  for (const IdPool& p : pools_) n += p.bumped();
+  for (const RecordMap& m : maps_) n += m.high();
+  return n;
+}
+
+size_t StackTable::records_taken() const {
+  size_t n = 0;
+  for (const RecordMap& m : maps_) n += m.count();
   return n;
 }
 
 bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) const {
-  // One bit per record ever handed out, the classes one after another.
+  // One bit per record ever handed out, the classes one after another:
+  // set once a slot or the retired bits account for it.
   size_t base[kClasses], used = 0;
   for (unsigned c = 0; c < kClasses; ++c) {
     base[c] = used;
-    used += pools_[c].bumped();
+    used += maps_[c].high();
   }
   if (scratch_words < used / 64 + 1) return false;
   for (size_t i = 0; i < scratch_words; ++i) scratch[i] = 0;
-  auto take = [&](uint32_t r) {
-    if (r >= records_total_) return false;
-    const unsigned c = record_class(r);
-    const uint32_t i = r - row_base_[c];
-    if (i >= pools_[c].bumped()) return false;
+  auto account = [&](unsigned c, uint32_t i) {
+    if (i >= maps_[c].high() || !maps_[c].taken(i)) return false;
     const size_t bit = base[c] + i;
     if ((scratch[bit / 64] >> (bit % 64) & 1) != 0) return false;
     scratch[bit / 64] |= uint64_t{1} << (bit % 64);
@@ -152,17 +174,20 @@ bool StackTable::records_consistent(uint64_t* scratch, size_t scratch_words) con
   };
   for (size_t slot = 0; slot <= mask_; ++slot) {
     const uint32_t k = kind(headers_[slot].state.load(std::memory_order_relaxed));
-    if ((k == kReady || k == kFreeing) && !take(headers_[slot].rec.load(std::memory_order_relaxed)))
-      return false;
+    if (k != kReady && k != kFreeing) continue;
+    const uint32_t r = headers_[slot].rec.load(std::memory_order_relaxed);
+    if (!valid_record(r)) return false;
+    const unsigned c = record_class(r);
+    if (retired(c, r - row_base_[c]) || !account(c, r - row_base_[c])) return false;
   }
-  for (unsigned c = 0; c < kClasses; ++c) {
-    uint32_t i = pools_[c].first_free();
-    for (size_t n = 0; i != kNoRecord; ++n) {
-      const uint32_t r = row_base_[c] + i;
-      if (n > used || i >= caps_[c] || !take(r)) return false;
-      i = static_cast<uint32_t>(record_in(c, i)[0].load(std::memory_order_relaxed));
+  // Every other taken record is retired, and every retired one taken.
+  for (unsigned c = 0; c < kClasses; ++c)
+    for (uint32_t i = 0; i < maps_[c].size(); ++i) {
+      const bool counted =
+          i < maps_[c].high() && (scratch[(base[c] + i) / 64] >> ((base[c] + i) % 64) & 1) != 0;
+      if (retired(c, i) && !account(c, i)) return false;
+      if (maps_[c].taken(i) && !counted && !retired(c, i)) return false;
     }
-  }
   return true;
 }
 
@@ -171,25 +196,26 @@ size_t StackTable::resident_slot_bytes(const PageCounter& pages) const {
 }
 
 size_t StackTable::resident_record_bytes(const PageCounter& pages) const {
-  return headers_ != nullptr ? pages.count(records_[0], bytes_ - header_bytes()) : 0;
+  return headers_ != nullptr ? pages.count(records_[0], maps_at_ - header_bytes()) : 0;
+}
+
+size_t StackTable::resident_map_bytes(const PageCounter& pages) const {
+  return headers_ != nullptr
+             ? pages.count(reinterpret_cast<const char*>(headers_) + maps_at_, bytes_ - maps_at_)
+             : 0;
 }
 
 uint32_t StackTable::take_record(unsigned c) {
   for (; c < kClasses; ++c) {
-    const uint32_t i =
-        pools_[c].take([ this, c ](uint32_t j) -> auto& { return record_in(c, j)[0]; });
+    const uint32_t i = maps_[c].take();
     if (i != kNoRecord) return row_base_[c] + i;
   }
   return kNoRecord;
 }
 
 void StackTable::give_record(uint32_t r) {
-  // The link overwrites the token: a release store like every rewrite of a
-  // record's words, so a reader that loads it sees the free (see
-  // same_stack()).
   const unsigned c = record_class(r);
-  pools_[c].give(
-      r - row_base_[c], [ this, c ](uint32_t j) -> auto& { return record_in(c, j)[0]; });
+  maps_[c].give(r - row_base_[c]);
 }
 
 template <bool kTail>
@@ -199,24 +225,36 @@ bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintpt
   const unsigned depth = kTail ? n + tail.n : n;
   if (depth_of(w) != depth || h.hash_hi.load(std::memory_order_acquire) != hash_high(hash))
     return false;
-  const std::atomic<uint64_t>* rec = record_of(h);
-  if (rec == nullptr || rec[1].load(std::memory_order_acquire) != hash) return false;
-  const std::atomic<uintptr_t>* f = rec + kHeadWords;
-  if (!same_words(f, frames, n)) return false;
-  // A tail with the record's own token is its tail (Tail's contract).
-  if (kTail && (tail.token == 0 || rec[0].load(std::memory_order_acquire) != tail.token) &&
-      !same_words(f + n, tail.words, tail.n))
-    return false;
-  // The slot may have been freed and rewritten while we compared, or its
-  // record given to another slot: only a state word unchanged since `w`
-  // proves the record and its words were this stack's. A sequence lock
-  // without fences (which TSan cannot model): a rewriter's record, word
-  // and token stores are release and come after its WRITING CAS, or (a
-  // record reused by another slot) after its take_record()'s acquire of
-  // the release that gave the record back, which finish() did after
-  // freeing this slot; so an acquire load that saw one of them makes this
-  // load see the free or later.
-  return h.state.load(std::memory_order_relaxed) == w;
+  // The record's words against ours.
+  auto equal = [&](const std::atomic<uint64_t>* rec) {
+    if (rec == nullptr || rec[1].load(std::memory_order_acquire) != hash) return false;
+    const std::atomic<uintptr_t>* f = rec + kHeadWords;
+    if (!same_words(f, frames, n)) return false;
+    // A tail with the record's own token is its tail (Tail's contract).
+    return !kTail || (tail.token != 0 && rec[0].load(std::memory_order_acquire) == tail.token) ||
+           same_words(f + n, tail.words, tail.n);
+  };
+  for (int attempt = 0;; ++attempt) {
+    uint32_t r;
+    const bool same = equal(record_of(h, &r));
+    // The slot may have been freed and rewritten while we compared, or its
+    // record given to another slot: only a state word unchanged since `w`
+    // and the same record prove the words were this stack's. A sequence
+    // lock without fences (which TSan cannot model): a rewriter's record,
+    // word and token stores are release and come after its WRITING CAS, or
+    // (a record reused by another slot) after its take_record()'s acquire
+    // of the release that gave the record back, which came after finish()
+    // freed this slot or compact_move() pointed it at another record; so
+    // an acquire load that saw one of them makes these loads see the free
+    // (a new generation) or the move (a record moves only down, so it
+    // never comes back to `r` within a generation) or later.
+    if (h.state.load(std::memory_order_relaxed) != w) return false;
+    if (h.rec.load(std::memory_order_relaxed) == r) return same;
+    // The stack moved while we compared: compare its copy (once; a second
+    // move needs another sweep). Without this, an intern racing a move
+    // would store the stack a second time.
+    if (attempt == 1) return false;
+  }
 }
 
 void StackTable::stamp(Header& h, uint32_t e) {
@@ -274,7 +312,7 @@ uint32_t StackTable::intern(const uintptr_t* frames, unsigned n, const Tail& tai
 template <bool kTail>
 uint32_t StackTable::intern_hashed(const uintptr_t* frames, unsigned n, const Tail& tail,
                                    uint64_t hash) {
-  const size_t start = static_cast<size_t>(hash * 0x9E3779B97F4A7C15ull >> 17) & mask_;
+  const size_t start = probe_start(hash);
   const uint32_t e = epoch();
   const uint32_t spin_limit = spin_limit_.load(std::memory_order_relaxed);
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
@@ -390,25 +428,37 @@ unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
   const Header* h = holding(id, &w);
   if (h == nullptr) return 0;
   const unsigned n = depth_of(w);
-  const std::atomic<uint64_t>* rec = record_of(*h);
-  if (rec == nullptr) return 0;
-  const std::atomic<uintptr_t>* f = rec + kHeadWords;
-  for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
   // Frames change only after the slot is freed, which changes the
-  // generation: READY and FREEING of the same generation hold the same
-  // frames. Acquire frame loads keep this check after them.
-  return still_holds(*h, id >> slot_bits_, &w) ? n : 0;
+  // generation, or after its record moved: READY and FREEING of the same
+  // generation and record hold the same frames. Acquire frame loads keep
+  // the check after them. A stack that moved meanwhile is read again from
+  // its copy (once: a second move needs another sweep).
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    uint32_t r;
+    const std::atomic<uint64_t>* rec = record_of(*h, &r);
+    if (rec == nullptr) return 0;
+    const std::atomic<uintptr_t>* f = rec + kHeadWords;
+    for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
+    if (still_holds(*h, id >> slot_bits_, r)) return n;
+    if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
+  }
+  return 0;
 }
 
 uint64_t StackTable::hash_of(uint32_t id) const {
   uint32_t w;
   const Header* h = holding(id, &w);
   if (h == nullptr) return 0;
-  const std::atomic<uint64_t>* rec = record_of(*h);
-  if (rec == nullptr) return 0;
-  const uint64_t hash = rec[1].load(std::memory_order_acquire);
-  if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
-  return hash != 0 ? hash : 1;
+  // As get(): a stack that moved meanwhile is read again.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    uint32_t r;
+    const std::atomic<uint64_t>* rec = record_of(*h, &r);
+    if (rec == nullptr) return 0;
+    const uint64_t hash = rec[1].load(std::memory_order_acquire);
+    if (still_holds(*h, id >> slot_bits_, r)) return hash != 0 ? hash : 1;
+    if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
+  }
+  return 0;
 }
 
 uint32_t StackTable::begin_sweep() {
@@ -477,6 +527,191 @@ void StackTable::end_sweep(uint64_t freed) {
   if (step > cap / 8) step = cap / 8;
   const uint64_t first = first_sweep();
   sweep_at_.store(c + step > first ? c + step : first, std::memory_order_relaxed);
+}
+
+void StackTable::compact_targets(uint32_t* target) const {
+  for (unsigned c = 0; c < kClasses; ++c) {
+    const uint32_t n = maps_[c].count();
+    const uint64_t t = (uint64_t{n} + n / 8 + 64 + 63) / 64 * 64;
+    target[c] = t < caps_[c] ? static_cast<uint32_t>(t) : caps_[c];
+  }
+}
+
+bool StackTable::compact_wanted(const uint32_t* target) const {
+  if (headers_ == nullptr) return false;
+  if (retired_count() != 0) return true;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    const auto words = static_cast<uint32_t>(RecordMap::words_for(maps_[c].high()));
+    for (uint32_t wi = target[c] / 64; wi < words; ++wi) {
+      uint64_t bits = maps_[c].word(wi);
+      if (wi == target[c] / 64) bits &= ~uint64_t{0} << (target[c] % 64);
+      if (bits != 0) return true;
+    }
+    // Free records above the target not given back yet.
+    if (maps_[c].high() > target[c] + 64) return true;
+  }
+  return false;
+}
+
+unsigned StackTable::chunk_words(uint32_t k, uint32_t* lo, uint32_t* hi) const {
+  unsigned c = 0;
+  while (c + 1 < kClasses && k >= chunk_base_[c + 1]) ++c;
+  *lo = (k - chunk_base_[c]) * kCompactWords;
+  const auto top = static_cast<uint32_t>(RecordMap::words_for(maps_[c].high()));
+  *hi = *lo + kCompactWords < top ? *lo + kCompactWords : top;
+  if (*hi < *lo) *hi = *lo;
+  return c;
+}
+
+void StackTable::want_sweep_soon() {
+  const uint64_t soon = count_.load(std::memory_order_relaxed) + (mask_ + 1) / 64;
+  if (soon < sweep_at_.load(std::memory_order_relaxed))
+    sweep_at_.store(soon, std::memory_order_relaxed);
+}
+
+void StackTable::settle(unsigned c, uint32_t i, RowOwner* owner) {
+  const uint32_t r = row_base_[c] + i;
+  const auto id = static_cast<uint32_t>(record_in(c, i)[0].load(std::memory_order_relaxed));
+  // The stack's row now, unless it was freed since it moved.
+  uint32_t to = 0;
+  uint32_t w;
+  if (const Header* h = holding(id, &w); h != nullptr) {
+    const uint32_t now = h->rec.load(std::memory_order_acquire);
+    if (valid_record(now) && now != r) to = now + 1;
+  }
+  if (owner != nullptr) owner->settle(id, r + 1, to);
+  retired_[c][i / 64].fetch_and(~(uint64_t{1} << (i % 64)), std::memory_order_relaxed);
+  retired_n_.fetch_sub(1, std::memory_order_relaxed);
+  maps_[c].give(i);
+}
+
+uint32_t StackTable::compact_move(uint32_t k, const uint32_t* target, RowOwner* owner) {
+  if (headers_ == nullptr || k >= compact_chunks()) return 0;
+  uint32_t lo, hi;
+  const unsigned c = chunk_words(k, &lo, &hi);
+  const uint32_t t = target[c];
+  if (lo < t / 64) lo = t / 64;
+  uint32_t moved = 0;
+  // The records taken above the target, from the map: a record's slot is
+  // found from its hash (within the probe window of its start), so the
+  // work follows the stacks to move, not the table's size.
+  for (uint32_t wi = lo; wi < hi; ++wi) {
+    uint64_t bits = maps_[c].word(wi) & ~retired_[c][wi].load(std::memory_order_relaxed);
+    if (wi == t / 64) bits &= ~uint64_t{0} << (t % 64);
+    for (; bits != 0; bits &= bits - 1) {
+      const uint32_t i = wi * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+      const int more = move_record(c, i, t, owner);
+      if (more < 0) return moved;  // no free record below the target
+      moved += static_cast<uint32_t>(more);
+    }
+  }
+  return moved;
+}
+
+int StackTable::move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* owner) {
+  const uint32_t r = row_base_[c] + i;
+  std::atomic<uint64_t>* from = record_in(c, i);
+  // The record's slot: READY, pointing at it. Only READY slots move:
+  // nothing but a sweep (this thread's) changes a READY slot's state or
+  // record, so both stay as read here. A record being written (its slot
+  // WRITING, its hash not yet stored) is not found, and stays.
+  const size_t start = probe_start(from[1].load(std::memory_order_relaxed));
+  Header* h = nullptr;
+  uint32_t w = 0;
+  for (size_t k = 0; k < kWindow; ++k) {
+    Header& x = headers_[(start + k) & mask_];
+    w = x.state.load(std::memory_order_acquire);
+    if (kind(w) == kReady && x.rec.load(std::memory_order_relaxed) == r) {
+      h = &x;
+      break;
+    }
+  }
+  if (h == nullptr) return 0;
+  const uint32_t j = maps_[c].take();
+  if (j == kNoRecord || j >= target) {
+    // No free record below the target (new stacks took them meanwhile).
+    if (j != kNoRecord) maps_[c].give(j);
+    return -1;
+  }
+  // The copy, then the slot: a reader that finds the new record in the
+  // slot (acquire) finds its words (release).
+  std::atomic<uint64_t>* to = record_in(c, j);
+  const unsigned words = kHeadWords + depth_of(w);
+  for (unsigned k = 0; k < words; ++k)
+    to[k].store(from[k].load(std::memory_order_relaxed), std::memory_order_release);
+  const uint32_t id = make_id(static_cast<size_t>(h - headers_), gen(w));
+  const uint32_t nr = row_base_[c] + j;
+  if (owner != nullptr) owner->moved(id, r + 1, nr + 1);
+  h->rec.store(nr, std::memory_order_release);
+  // Retired with the id in its word 0, for settle(). A reader still
+  // comparing the old record fails its record check.
+  from[0].store(id, std::memory_order_release);
+  retired_[c][i / 64].fetch_or(uint64_t{1} << (i % 64), std::memory_order_relaxed);
+  retired_n_.fetch_add(1, std::memory_order_relaxed);
+  return 1;
+}
+
+size_t StackTable::compact_release(uint32_t k, const uint32_t* target, RowOwner* owner) {
+  if (headers_ == nullptr || k >= compact_chunks()) return 0;
+  uint32_t lo, hi;
+  const unsigned c = chunk_words(k, &lo, &hi);
+  const uint32_t first = (target[c] + 63) / 64;
+  if (lo < first) lo = first;
+  RecordMap& m = maps_[c];
+  size_t released = 0;
+  uint32_t run = lo;  // the first word of the run of free words so far
+  // Gives back the pages wholly inside records [run * 64, end * 64),
+  // claimed free (no take can hand them out meanwhile), then the records.
+  auto flush = [&](uint32_t end) {
+    if (end == run) return;
+    const uint32_t a = run * 64;
+    const uint32_t b = end * 64 < caps_[c] ? end * 64 : caps_[c];
+    const auto pa = (reinterpret_cast<uintptr_t>(record_in(c, a)) + 4095) & ~uintptr_t{4095};
+    const auto pb = reinterpret_cast<uintptr_t>(record_in(c, b)) & ~uintptr_t{4095};
+    if (pb > pa) {
+      os_release(reinterpret_cast<void*>(pa), pb - pa);
+      released += pb - pa;
+    }
+    if (owner != nullptr) owner->released(row_base_[c] + a + 1, b - a);
+    for (uint32_t wi = run; wi < end; ++wi) m.unclaim(wi, ~uint64_t{0});
+  };
+  for (uint32_t wi = lo; wi < hi; ++wi) {
+    const uint64_t claimed = m.claim_free(wi);
+    if (claimed == ~uint64_t{0}) continue;
+    // A record here is in use (or retired): give back the run before it.
+    m.unclaim(wi, claimed);
+    flush(wi);
+    run = wi + 1;
+  }
+  flush(hi > run ? hi : run);
+  return released;
+}
+
+void StackTable::compact_end(const uint32_t* target) {
+  if (headers_ == nullptr) return;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    RecordMap& m = maps_[c];
+    // One read: the words claimed reach as far as this, no further.
+    const uint32_t high = m.high();
+    const auto top = static_cast<uint32_t>(RecordMap::words_for(high));
+    const uint32_t first = (target[c] + 63) / 64;
+    // The run of free words at the top of the pool, claimed while the mark
+    // comes down (a take then can only raise it again, or the CAS fails).
+    uint32_t from = top;
+    while (from > first && m.word(from - 1) == 0) {
+      const uint64_t claimed = m.claim_free(from - 1);
+      if (claimed != ~uint64_t{0}) {  // taken meanwhile
+        m.unclaim(from - 1, claimed);
+        break;
+      }
+      --from;
+    }
+    if (from < top) {
+      m.lower_high(high, from * 64);
+      for (uint32_t wi = from; wi < top; ++wi) m.unclaim(wi, ~uint64_t{0});
+    }
+    m.reset_hint();
+  }
 }
 
 }  // namespace mi::track

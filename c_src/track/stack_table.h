@@ -20,14 +20,38 @@
 // (a preloaded RabbitMQ's stacks average 17 words of 46: issue 26). The
 // largest size has a record for every slot; the others a quarter as many
 // each, and a stack whose size is spent takes a larger one. A pool hands
-// out records from its low end, and a slot freed by a sweep gives its
-// record back (a lock-free list with a tagged head), so a pool's resident
-// part is the most stacks of its class stored at once, packed. A new
-// stack takes a record before it claims its slot and gives it back if the
-// claim fails. Records move between slots only through a free, which
-// changes the old slot's state word first: a reader that read a reused
-// record's new words sees that change when it checks the state again (see
-// same_stack()).
+// out its lowest free record (a bitmap: record_map.h). A new stack takes a
+// record before it claims its slot and gives it back if the claim fails.
+//
+// Compaction. A node's start-up stores many more stacks at once than it
+// keeps (a preloaded RabbitMQ: 12,000 at once, 3,400-6,300 kept), and the
+// ones it keeps are scattered over the records its peak used, so a pool's
+// pages would stay resident at the peak. After each sweep the sweeper
+// compacts, in three steps:
+//  - compact_move(): the stacks stored above a class's target (its
+//    records in use, and an eighth more) move down into its free records
+//    below. A move copies the record, then points the slot at the copy;
+//    the slot's state word does not change (nor its id). Readers therefore
+//    check the slot's record as well as its state after reading a record
+//    (same_stack(), get()): a record moves only down, and only a free
+//    changes the generation, so an unchanged (state, record) pair proves
+//    the words read were the stack's. The record moved from is retired:
+//    a hook that read the slot's record number (its churn row: row())
+//    just before the move may still count there.
+//  - compact_settle(), after a process-wide barrier: a retired record
+//    whose stack no hook holds now (the caller knows: the tracker's pins)
+//    is settled, its row's late counts carried to the new row
+//    (RowOwner::settle()), and given back. The others wait for the next
+//    compaction.
+//  - compact_release(): the pages of the free records above the targets
+//    go back to the kernel, churn rows included (RowOwner::released()).
+// Record life cycle (the map's bit set from take to give):
+//
+//   free --take--> a slot's (WRITING, READY, FREEING)
+//   a slot's --finish (the slot freed)--> free
+//   a slot's --compact_move--> retired --compact_settle--> free
+//   free --compact_release--> claimed --> free
+//
 //
 // Slot life cycle (every transition is one CAS or release store on the
 // state word; readers only trust READY and FREEING):
@@ -84,8 +108,8 @@
 #include <cstdint>
 
 #include "../common/mi_limits.h"
-#include "id_pool.h"
 #include "os_mem.h"
+#include "record_map.h"
 
 namespace mi::track {
 
@@ -183,6 +207,68 @@ class StackTable {
   // next sweep will be wanted.
   void end_sweep(uint64_t freed);
 
+  // What the owner of a row per record (the churn table: row()) is told
+  // as compact() moves and frees records. Called by the sweeper only.
+  class RowOwner {
+   public:
+    // Stack `id` moves from row `from` to row `to`: make `to` its row and
+    // carry what `from` counted over. Called before row(id) answers `to`;
+    // hooks may still count on `from` for a while (settle()).
+    virtual void moved(uint32_t id, uint32_t from, uint32_t to) = 0;
+    // A sweep later: what was counted on `from` for `id` since its move
+    // goes to row `to` (0: the stack was freed meanwhile), and `from` is
+    // free for the next record.
+    virtual void settle(uint32_t id, uint32_t from, uint32_t to) = 0;
+    // Rows [first, first + n) belong to free records whose memory goes
+    // back to the kernel: release theirs. No hook writes them meanwhile
+    // (their records are claimed; a stale count is lost, see churn.h).
+    virtual void released(uint32_t first, uint32_t n) = 0;
+
+   protected:
+    ~RowOwner() = default;
+  };
+  // Compaction's steps (see "Compaction" above), by the sweeper after
+  // end_sweep(), one step at a time (every chunk of a step before the
+  // next step); a step's chunks may run on several threads at once, and
+  // hooks may intern, hold and read meanwhile. Never allocate; releasing
+  // makes a few syscalls (madvise). owner may be nullptr.
+  //
+  // A chunk is kCompactWords words of a pool's map (512 records), the
+  // pools one after another, so a hook that carries one pauses at most
+  // about 0.1 ms (512 moves, their pages faulted in: BENCHMARKS.md). 512
+  // records of any size are whole pages (512 * 8 bytes * words), and so
+  // are their churn rows (churn.cpp), so a chunk gives its pages back
+  // whole.
+  static constexpr uint32_t kCompactWords = 8;
+  uint32_t compact_chunks() const { return chunk_base_[kClasses]; }
+  // Each class's target now: its records taken and an eighth more, in
+  // whole words of its map (room for the stacks the next sweeps store
+  // without taking records above it). A compaction's steps share one.
+  void compact_targets(uint32_t* target) const;
+  // True when there is anything to do: a record taken above a target, or
+  // one retired.
+  bool compact_wanted(const uint32_t* target) const;
+  // Moves the stacks of chunk `k` stored above their target down; returns
+  // how many moved (their old records are retired).
+  uint32_t compact_move(uint32_t k, const uint32_t* target, RowOwner* owner);
+  // Gives back the retired records of chunk `k` whose stack `held(id)`
+  // says no hook may be counting on (the caller made every hook's view of
+  // the moves and pins visible first); returns how many. held: bool(uint32_t).
+  template <class Held>
+  uint32_t compact_settle(uint32_t k, RowOwner* owner, Held&& held);
+  // Gives the pages of chunk `k`'s free records above their target back;
+  // returns the record bytes given back.
+  size_t compact_release(uint32_t k, const uint32_t* target, RowOwner* owner);
+  // Ends a compaction: a pool whose records are all free from some point
+  // above its target up has its high-water mark lowered there, so the next
+  // compaction looks no further.
+  void compact_end(const uint32_t* target);
+  // Records retired and not settled yet.
+  uint32_t retired_count() const { return retired_n_.load(std::memory_order_relaxed); }
+  // Asks for a sweep after the smallest step (a 64th of the table): for
+  // records left retired, which only a compaction gives back.
+  void want_sweep_soon();
+
   // --- counters and shape ---
 
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
@@ -198,22 +284,29 @@ class StackTable {
   // relaxed load and a compare: it runs on every recorded malloc and free.
   uint32_t row(uint32_t id) const {
     if (id == 0) return 0;
-    const uint32_t r = headers_[id & mask_].rec.load(std::memory_order_relaxed);
+    // Acquire (a plain load on x86): a row a compaction moved the stack to
+    // is seen claimed for it (ChurnTable::move_row() before the move).
+    const uint32_t r = headers_[id & mask_].rec.load(std::memory_order_acquire);
     return r < records_total_ ? r + 1 : 0;
   }
   // Rows row() answers: 0, then a segment per class of segment_rows(c)
   // rows (its pool's size).
   size_t segment_rows(unsigned c) const { return caps_[c]; }
-  // Records ever handed out, all classes: the pools' high-water marks.
+  // The pools' high-water marks, all classes: records handed out since
+  // init() or since compaction last gave back the top of a pool.
   size_t records_used() const;
+  // Records taken now, all classes: stored stacks, retired ones, and those
+  // being written (a snapshot; exact on a quiescent table).
+  size_t records_taken() const;
   // The bytes of the record a stack of `words` words (tail included) is
   // stored in: the smallest size that holds it (a larger one when that
   // size's pool is spent).
   size_t record_bytes(unsigned words) const { return words_[class_of(words)] * sizeof(uint64_t); }
-  // Resident bytes of the slots and of the record pools (mincore, or
-  // what `pages` counts: os_mem.h). Never allocates.
+  // Resident bytes of the slots, of the record pools, and of the pools'
+  // maps (mincore, or what `pages` counts: os_mem.h). Never allocates.
   size_t resident_slot_bytes(const PageCounter& pages = PageCounter()) const;
   size_t resident_record_bytes(const PageCounter& pages = PageCounter()) const;
+  size_t resident_map_bytes(const PageCounter& pages = PageCounter()) const;
   unsigned slot_bits() const { return slot_bits_; }
   // Distinct generations an id cycles through before repeating.
   uint32_t gen_period() const { return gen_max_; }
@@ -231,10 +324,10 @@ class StackTable {
     park_ctx_ = ctx;
     park_hook_ = hook;
   }
-  // True when every record is in at most one place: a READY or FREEING
-  // slot, or the free list (walked from its head). Only on a quiescent
-  // table; never allocates (a bitmap of `scratch_words` words from the
-  // caller, at least records_used() / 64 + 1).
+  // True when every taken record is in exactly one place: a READY or
+  // FREEING slot, or retired (and no slot's record is free). Only on a
+  // quiescent table; never allocates (a bitmap of `scratch_words` words
+  // from the caller, at least records_used() / 64 + 1).
   bool records_consistent(uint64_t* scratch, size_t scratch_words) const;
   // Called by finish() between freeing a slot and giving its record back,
   // so a test can hold a sweeper there. Same rules as set_park_hook().
@@ -280,11 +373,17 @@ class StackTable {
                   const Tail& tail) const;
   // The header of `id`'s slot while it holds that id's stack (READY or
   // FREEING of its generation), its state word in *w; else nullptr. A reader
-  // copies what it needs, then asks still_holds(): frames and hash change
-  // only after the slot is freed, which changes the generation. Lock-free;
-  // no allocation.
+  // reads the record (record_of()), copies what it needs, then asks
+  // still_holds() with the record's number: a stack's words change only
+  // after its slot is freed, which changes the generation, or its record
+  // moved (compact()), which changes the slot's record. Lock-free; no
+  // allocation.
   const Header* holding(uint32_t id, uint32_t* w) const;
   static bool still_holds(const Header& h, uint32_t id_gen, uint32_t* w);
+  static bool still_holds(const Header& h, uint32_t id_gen, uint32_t rec) {
+    uint32_t w;
+    return still_holds(h, id_gen, &w) && h.rec.load(std::memory_order_relaxed) == rec;
+  }
   static void stamp(Header& h, uint32_t e);
   bool stamp_if_current(uint32_t id, uint32_t e, bool revive);
   uint32_t store(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
@@ -309,7 +408,7 @@ class StackTable {
   // smaller classes' records, then its index in its class's pool (so the
   // churn row is the number + 1, without asking the class).
   static constexpr unsigned kHeadWords = 2;
-  static constexpr uint32_t kNoRecord = IdPool::kNone;
+  static constexpr uint32_t kNoRecord = RecordMap::kNone;
   // The smallest class whose records hold `words` words after the token
   // and the hash.
   unsigned class_of(unsigned words) const {
@@ -333,21 +432,37 @@ class StackTable {
     const unsigned c = record_class(r);
     return record_in(c, r - row_base_[c]);
   }
-  // The record of slot `h`'s stack; nullptr when its name is out of range
-  // (only if the slot was rewritten meanwhile: the caller's state check
-  // then fails anyway).
-  const std::atomic<uint64_t>* record_of(const Header& h) const {
-    const uint32_t r = h.rec.load(std::memory_order_acquire);
-    return valid_record(r) ? record(r) : nullptr;
+  // The record of slot `h`'s stack, its number in *r; nullptr when that is
+  // out of range (only if the slot was rewritten meanwhile: the caller's
+  // state check then fails anyway).
+  const std::atomic<uint64_t>* record_of(const Header& h, uint32_t* r) const {
+    *r = h.rec.load(std::memory_order_acquire);
+    return valid_record(*r) ? record(*r) : nullptr;
   }
   bool valid_record(uint32_t r) const { return r < records_total_; }
-  // A record of class c from its free list, else the pool's next
-  // never-used one, else one of the next larger class (a record holds any
-  // shorter stack); kNoRecord when the largest pool is spent too.
-  // Lock-free, hook-safe.
+  // The lowest free record of class c, else one of the next larger class
+  // (a record holds any shorter stack); kNoRecord when the largest pool is
+  // spent too. Lock-free, hook-safe.
   uint32_t take_record(unsigned c);
-  // Gives record r back to its class's free list. Lock-free.
+  // Gives record r back to its class's pool. Lock-free.
   void give_record(uint32_t r);
+  // Chunk k's pool, and its words [*lo, *hi) of that pool's map (hi
+  // capped at the words the pool's high-water mark spans).
+  unsigned chunk_words(uint32_t k, uint32_t* lo, uint32_t* hi) const;
+  // Settles retired record i of class c (its stack's id in its word 0).
+  void settle(unsigned c, uint32_t i, RowOwner* owner);
+  // Moves the stack in record i of class c (if a READY slot holds it)
+  // into the lowest free record below `target`: 1 when it moved, 0 when
+  // no READY slot holds it, -1 when no record below the target is free.
+  int move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* owner);
+  // Where a stack of this hash starts its probe.
+  size_t probe_start(uint64_t hash) const {
+    return static_cast<size_t>(hash * 0x9E3779B97F4A7C15ull >> 17) & mask_;
+  }
+  // Retired records, a bit each per class (the sweeper's alone).
+  bool retired(unsigned c, uint32_t i) const {
+    return (retired_[c][i / 64].load(std::memory_order_relaxed) >> (i % 64) & 1) != 0;
+  }
 
   Header* headers_ = nullptr;
   std::atomic<uint64_t>* records_[kClasses] = {};
@@ -365,6 +480,7 @@ class StackTable {
   uint32_t gen_max_ = 0;
   unsigned depth_ = 0;
   size_t bytes_ = 0;
+  size_t maps_at_ = 0;  // where the maps start in the mapping (the pools end)
   std::atomic<uint32_t> spin_limit_{kDefaultSpinLimit};
   ParkHook park_hook_ = nullptr;
   void* park_ctx_ = nullptr;
@@ -378,9 +494,30 @@ class StackTable {
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> reclaimed_{0};
   std::atomic<uint64_t> count_after_sweep_{0};
-  // Free records (written when a new stack is stored or a sweep frees one).
-  IdPool pools_[kClasses];
+  // Which records are taken, per class (written when a new stack is stored
+  // or a sweep frees or moves one), and which of those are retired.
+  RecordMap maps_[kClasses];
+  std::atomic<uint64_t>* retired_[kClasses] = {};
+  std::atomic<uint32_t> retired_n_{0};
+  uint32_t chunk_base_[kClasses + 1] = {};  // compaction chunks of the smaller classes
 };
+
+template <class Held>
+uint32_t StackTable::compact_settle(uint32_t k, RowOwner* owner, Held&& held) {
+  if (retired_count() == 0) return 0;
+  uint32_t lo, hi;
+  const unsigned c = chunk_words(k, &lo, &hi);
+  uint32_t n = 0;
+  for (uint32_t wi = lo; wi < hi; ++wi)
+    for (uint64_t bits = retired_[c][wi].load(std::memory_order_relaxed); bits != 0;
+         bits &= bits - 1) {
+      const uint32_t i = wi * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+      if (held(static_cast<uint32_t>(record_in(c, i)[0].load(std::memory_order_relaxed)))) continue;
+      settle(c, i, owner);
+      ++n;
+    }
+  return n;
+}
 
 }  // namespace mi::track
 

@@ -450,12 +450,26 @@ __attribute__((always_inline)) inline void Tracker::churn_free(ThreadState* ts,
     ts->last_alloc = 0;
   }
   const uint32_t id = e.stack_id & ~kSampledBit;
+  // Pinned while it counts, as record() pins an allocation's: the sweep's
+  // compaction may move the stack's churn row meanwhile, and keeps the old
+  // row of a pinned stack for the next one (compact_stacks()). A shared
+  // state has no pin of its own: a free counted there just as its row
+  // moves may go to the unknown row.
+  std::atomic<uint32_t>* pin = ts->shared == 0 ? &ts->pending : nullptr;
+  if (pin != nullptr) {
+    pin->store(id, std::memory_order_relaxed);
+    compiler_barrier();
+  }
+  const uint32_t row = stacks_.row(id);
+  if (test_hook_ != nullptr) [[unlikely]]
+    test_hook_(TestPoint::kCounting, test_ctx_);
   if (sampled) {
     const Weight w = weight_of(e.size, config_.sample_bytes);
-    churn_.on_free(id, stacks_.row(id), w.fixed_calls, w.bytes, lifetime, temporary);
+    churn_.on_free(id, row, w.fixed_calls, w.bytes, lifetime, temporary);
   } else {
-    churn_.on_free(id, stacks_.row(id), kCountOne, e.size, lifetime, temporary);
+    churn_.on_free(id, row, kCountOne, e.size, lifetime, temporary);
   }
+  if (pin != nullptr) pin->store(0, std::memory_order_release);
 }
 
 bool Tracker::table_remove(ThreadState* ts, uint64_t address, LiveEntry* out) {
@@ -748,7 +762,8 @@ void Tracker::resident(mi_abi_resident* out) const {
   mi_abi_resident r{};
   const PageCounter pages = PageCounter::pagemap();
   r.live = table_.resident_bytes(pages);
-  r.stacks = stacks_.resident_slot_bytes(pages) + stacks_.resident_record_bytes(pages);
+  r.stacks = stacks_.resident_slot_bytes(pages) + stacks_.resident_record_bytes(pages) +
+             stacks_.resident_map_bytes(pages);
   r.churn = churn_.resident_bytes(pages);
   r.threads = pages.count(states_, states_bytes_);
   const size_t seen = states_seen_.load(std::memory_order_acquire);

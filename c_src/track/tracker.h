@@ -27,13 +27,25 @@
 //   barrier  M2; mark every thread's pending id again;
 //   finish   FREEING stacks not stamped E become FREE, generation + 1;
 //            the others READY again (chunks).
+//   move     (when the record pools have anything to compact) the stacks
+//            stored above a pool's target move down, with their churn
+//            rows (chunks of 512 records: StackTable::compact_move());
+//   barrier  M3; collect every thread's pending id (the pins);
+//   settle   the records moved from go back unless a hook pins their
+//            stack; the pages of the free records above the targets go
+//            back to the kernel, churn rows with them unless pinned
+//            (chunks of 512 records); then the pools' high-water marks
+//            come down, and the stack table learns what the sweep freed
+//            (end_sweep(): until then it asks for the sweep, so hooks
+//            carry every chunk).
 // Marking a stack stamps it with E. A sweep starts when the table asks for
 // one (StackTable::wants_sweep: at 4096 stacks or a quarter full, then
 // once half as many as survived the last sweep are added, between a 64th
 // and an eighth of the table, or a dropped stack) and advances one chunk
 // at the end of each recorded allocation while the table still asks, so
-// no hook pauses for more than a chunk (1024 slots, a few us) or a
-// membarrier call;
+// no hook pauses for more than a chunk (1024 slots, a few us; a
+// compaction chunk that moves or gives back 512 records, up to about
+// 0.15 ms) or a membarrier call;
 // reset() and reclaim() run a whole sweep from the caller's thread.
 //
 // The race with the hot path. Between interning a stack and inserting the
@@ -53,6 +65,11 @@
 // second marking or by finish. If the stack was freed anyway (the hook was
 // descheduled across a whole sweep) the check fails and the hook interns
 // again. realloc's take/restore pin the taken entry's id the same way.
+// M3 does it for churn rows: a hook counts on a stack's row (its record's
+// number) while it pins the stack (record(), and churn_free() for a
+// free), so a hook that read a moved stack's old row has its pin seen
+// after M3, and the old row is kept for the next compaction to settle; a
+// hook that pins after M3 reads the new row.
 // Without membarrier (or MADV_WIPEONFORK for the sweep's control page) no
 // hook starts a sweep; reset() and reclaim() still sweep, with the slower
 // global barrier.
@@ -225,6 +242,7 @@ struct alignas(64) ThreadState {
 enum class TestPoint {
   kInterned,  // stack interned, its id not yet published as pending
   kPinned,    // id pending and checked, entry not yet inserted
+  kCounting,  // a free's stack pinned and its churn row read, its counts not yet added
 };
 
 class Tracker {
@@ -389,6 +407,9 @@ class Tracker {
   uint64_t reclaim();
   // Stale ids the sweeps met in the live table (a protocol failure; 0).
   uint64_t stale_stacks() const { return stale_.load(std::memory_order_relaxed); }
+  // Stacks the sweeps' compaction moved down their record pools
+  // (StackTable::compact()).
+  uint64_t stacks_moved() const { return stacks_moved_.load(std::memory_order_relaxed); }
   // False when no hook may start a sweep here (see above).
   bool hooks_sweep() const { return hooks_sweep_; }
 
@@ -483,12 +504,24 @@ class Tracker {
   // MADV_WIPEONFORK memory: a child forked mid-sweep starts with no sweep
   // in progress (stacks left FREEING are resolved by its next sweep, and
   // stay readable meanwhile).
+  static constexpr size_t kSettlePins = 256;
   struct SweepControl {
     std::atomic<uint64_t> cursor;  // phase << 48 | next chunk to claim
     std::atomic<uint64_t> done;    // phase << 48 | chunks completed
     std::atomic<uint32_t> epoch;   // the running sweep's epoch
     std::atomic<uint64_t> freed;   // stacks the running sweep freed so far
+    // The compaction's: the pools' targets, the stacks moved so far, and
+    // the ids hooks pinned at M3 (sorted; pins_known false when the
+    // barrier failed or more than kSettlePins were pinned: then nothing
+    // pinned may be settled or given back, so nothing is).
+    std::atomic<uint32_t> target[StackTable::kClasses];
+    std::atomic<uint64_t> moved;
+    std::atomic<bool> pins_known;
+    std::atomic<uint32_t> npins;
+    std::atomic<uint32_t> pins[kSettlePins];
+    uint32_t scratch[kSettlePins];  // collect_pins()'s, by the thread that advances
   };
+  static_assert(sizeof(SweepControl) <= 4096, "the sweep's control block is one page");
   bool sweep_init();
   void sweep_destroy();
   bool sweep_active() const {
@@ -503,6 +536,13 @@ class Tracker {
   void sweep_advance(uint32_t phase, uint32_t e, bool from_hook);
   void mark_pending(uint32_t e);
   bool process_barrier(bool may_be_slow);
+  // Ends a sweep (its compaction included): the stack table told what it
+  // freed (end_sweep(): when the next is wanted), counted, idle again.
+  void sweep_end();
+  // Chunks of a sweep phase.
+  size_t phase_chunks(uint32_t phase) const;
+  // M3 and the ids hooks pin then, into the control block (see there).
+  void collect_pins(bool from_hook);
 
   Config config_;
   UnwindFn unwind_ = nullptr;
@@ -554,6 +594,7 @@ class Tracker {
   // at a time, so the n-th started is the n-th to complete (sweeps_).
   std::atomic<uint64_t> sweeps_started_{0};
   std::atomic<uint64_t> stale_{0};
+  std::atomic<uint64_t> stacks_moved_{0};
   TestHook test_hook_ = nullptr;
   void* test_ctx_ = nullptr;
   // The Erlang context: written once, before erlang_on_ is released.

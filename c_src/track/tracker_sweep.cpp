@@ -7,6 +7,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "os_mem.h"
 #include "tracker.h"
 
@@ -14,7 +16,15 @@ namespace mi::track {
 
 namespace {
 
-enum : uint32_t { kIdle = 0, kStarting = 1, kScan = 2, kCondemn = 3, kFinish = 4 };
+enum : uint32_t {
+  kIdle = 0,
+  kStarting = 1,
+  kScan = 2,
+  kCondemn = 3,
+  kFinish = 4,
+  kMove = 5,    // compaction: stacks stored high move down
+  kSettle = 6,  // compaction: retired records back, free pages released
+};
 constexpr uint64_t kLowMask = (uint64_t{1} << 48) - 1;
 // Slots per chunk: 1024 live-table slots are 32 KiB, a few us to scan.
 constexpr size_t kChunk = 1024;
@@ -52,6 +62,47 @@ int barrier_kind() {
   g_barrier.store(k, std::memory_order_relaxed);
   return k;
 }
+
+// The churn table's rows follow the stack records compaction moves. A
+// row whose stack a hook pins (the sorted pins the sweep collected after
+// M3) is neither settled nor given back: the hook may still count there.
+class ChurnRows final : public StackTable::RowOwner {
+ public:
+  // pins: the sorted pins (npins of them); known false when they are not
+  // known (see pinned()).
+  ChurnRows(ChurnTable& churn, const std::atomic<uint32_t>* pins, uint32_t npins, bool known)
+      : churn_(churn), pins_(pins), npins_(npins), known_(known) {}
+  void moved(uint32_t id, uint32_t from, uint32_t to) override { churn_.move_row(id, from, to); }
+  void settle(uint32_t id, uint32_t from, uint32_t to) override { churn_.settle_row(id, from, to); }
+  void released(uint32_t first, uint32_t n) override {
+    if (!known_) return;  // keep them: see pinned()
+    for (uint32_t r = first; r < first + n; ++r)
+      if (const uint32_t id = churn_.row_id(r); id != 0 && pinned(id)) return;
+    churn_.release_rows(first, n);
+  }
+  // True when a hook may be counting for stack `id` (or the pins are not
+  // known: the barrier failed or there were too many).
+  bool pinned(uint32_t id) const {
+    if (!known_) return true;
+    size_t lo = 0, hi = npins_;
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      const uint32_t v = pins_[mid].load(std::memory_order_relaxed);
+      if (v == id) return true;
+      if (v < id)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    return false;
+  }
+
+ private:
+  ChurnTable& churn_;
+  const std::atomic<uint32_t>* pins_;
+  uint32_t npins_;
+  bool known_;
+};
 
 }  // namespace
 
@@ -151,7 +202,7 @@ bool Tracker::sweep_chunk(bool from_hook) {
   const uint64_t cur = c.cursor.fetch_add(1, std::memory_order_acq_rel);
   const uint32_t phase = static_cast<uint32_t>(cur >> 48);
   const size_t k = static_cast<size_t>(cur & kLowMask);
-  const size_t total = chunks_of(phase == kScan ? table_.positions() : stacks_.capacity());
+  const size_t total = phase_chunks(phase);
   if (phase < kScan || k >= total) return false;
   const uint32_t e = c.epoch.load(std::memory_order_relaxed);
   const size_t lo = k * kChunk;
@@ -163,8 +214,21 @@ bool Tracker::sweep_chunk(bool from_hook) {
     });
   } else if (phase == kCondemn) {
     stacks_.condemn(lo, hi, e);
-  } else {
+  } else if (phase == kFinish) {
     c.freed.fetch_add(stacks_.finish(lo, hi, e), std::memory_order_relaxed);
+  } else {
+    uint32_t target[StackTable::kClasses];
+    for (unsigned i = 0; i < StackTable::kClasses; ++i)
+      target[i] = c.target[i].load(std::memory_order_relaxed);
+    ChurnRows rows(churn_, c.pins, c.npins.load(std::memory_order_relaxed),
+                   phase == kSettle && c.pins_known.load(std::memory_order_relaxed));
+    const auto chunk = static_cast<uint32_t>(k);
+    if (phase == kMove) {
+      c.moved.fetch_add(stacks_.compact_move(chunk, target, &rows), std::memory_order_relaxed);
+    } else {
+      stacks_.compact_settle(chunk, &rows, [&](uint32_t id) { return rows.pinned(id); });
+      stacks_.compact_release(chunk, target, &rows);
+    }
   }
   const uint64_t d = c.done.fetch_add(1, std::memory_order_acq_rel) + 1;
   if ((d & kLowMask) == total) sweep_advance(phase, e, from_hook);
@@ -188,11 +252,77 @@ void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
     c.epoch.store(finish_epoch, std::memory_order_relaxed);
     c.done.store(phase_word(kFinish), std::memory_order_relaxed);
     c.cursor.store(phase_word(kFinish), std::memory_order_release);
+  } else if (phase == kFinish) {
+    // The compaction, still inside the sweep: no other sweep frees or
+    // condemns while records move, and the table asks for the sweep
+    // (end_sweep() not yet called) until it ends, so hooks carry its
+    // chunks.
+    uint32_t target[StackTable::kClasses];
+    stacks_.compact_targets(target);
+    if (!stacks_.compact_wanted(target)) {
+      sweep_end();
+      return;
+    }
+    for (unsigned i = 0; i < StackTable::kClasses; ++i)
+      c.target[i].store(target[i], std::memory_order_relaxed);
+    c.moved.store(0, std::memory_order_relaxed);
+    c.done.store(phase_word(kMove), std::memory_order_relaxed);
+    c.cursor.store(phase_word(kMove), std::memory_order_release);
+  } else if (phase == kMove) {
+    // M3: a hook counts on a stack's churn row while it pins the stack's
+    // id (record() and churn_free()). One that read a moved stack's old
+    // row, or the row of a stack the sweep freed, has its pin visible
+    // now; one that pins later reads the new row (or finds the old one
+    // given up). Pinned stacks keep their old rows until the next
+    // compaction.
+    collect_pins(from_hook);
+    c.done.store(phase_word(kSettle), std::memory_order_relaxed);
+    c.cursor.store(phase_word(kSettle), std::memory_order_release);
   } else {
-    stacks_.end_sweep(c.freed.load(std::memory_order_relaxed));
-    sweeps_.fetch_add(1, std::memory_order_release);
-    c.cursor.store(phase_word(kIdle), std::memory_order_release);
+    uint32_t target[StackTable::kClasses];
+    for (unsigned i = 0; i < StackTable::kClasses; ++i)
+      target[i] = c.target[i].load(std::memory_order_relaxed);
+    stacks_.compact_end(target);
+    stacks_moved_.fetch_add(c.moved.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    sweep_end();
   }
+}
+
+void Tracker::sweep_end() {
+  stacks_.end_sweep(sweep_->freed.load(std::memory_order_relaxed));
+  // Records left retired go back only at the next compaction.
+  if (stacks_.retired_count() != 0) stacks_.want_sweep_soon();
+  sweeps_.fetch_add(1, std::memory_order_release);
+  sweep_->cursor.store(phase_word(kIdle), std::memory_order_release);
+}
+
+size_t Tracker::phase_chunks(uint32_t phase) const {
+  if (phase == kScan) return chunks_of(table_.positions());
+  if (phase == kMove || phase == kSettle) return stacks_.compact_chunks();
+  return chunks_of(stacks_.capacity());
+}
+
+void Tracker::collect_pins(bool from_hook) {
+  SweepControl& c = *sweep_;
+  c.pins_known.store(false, std::memory_order_relaxed);
+  if (!process_barrier(!from_hook)) return;
+  uint32_t* pins = c.scratch;  // sorted here, then published
+  size_t n = 0;
+  bool overflow = false;
+  auto add = [&](uint32_t id) {
+    if (id == 0 || id == kPendingClaimed) return;
+    if (n == kSettlePins)
+      overflow = true;
+    else
+      pins[n++] = id;
+  };
+  each_held_state([&](ThreadState& st) { add(st.pending.load(std::memory_order_acquire)); });
+  for (const std::atomic<uint32_t>& p : shared_pending_) add(p.load(std::memory_order_acquire));
+  if (overflow) return;
+  std::sort(pins, pins + n);
+  for (size_t i = 0; i < n; ++i) c.pins[i].store(pins[i], std::memory_order_relaxed);
+  c.npins.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  c.pins_known.store(true, std::memory_order_relaxed);
 }
 
 void Tracker::sweep_hook_step() {
