@@ -41,7 +41,9 @@ std::unordered_map<uint32_t, uint32_t> canonical_ids(const std::vector<uint32_t>
 
 std::vector<ChurnSite> group_churn(const std::vector<mi_abi_churn>& rows, FetchStack fetch,
                                    HashStack hash, void* ctx) {
-  // Rows have distinct ids (one per churn slot), but for stack 0.
+  // Rows have distinct ids (one per churn slot), but for stack 0 and a
+  // stack whose old row a compaction keeps for a pinned hook (two rows,
+  // one id: both get its canonical id, and are summed as one site).
   std::vector<uint32_t> ids;
   ids.reserve(rows.size());
   for (const mi_abi_churn& r : rows)

@@ -2,7 +2,7 @@
 // taken), handed out lowest first. It replaces a free list for the stack
 // table's records (issue 26) because the lowest-first order is what lets a
 // pool shrink: new stacks fill the holes low in the pool, the sweep moves
-// the stacks stored high down into the rest (StackTable::compact()), and
+// the stacks stored high down into the rest (StackTable::compact_move()), and
 // what is above is all free, so its pages can go back to the kernel. A
 // free list hands records out in the order they were freed, scattered
 // over the whole pool, and keeps its links in the free records' own

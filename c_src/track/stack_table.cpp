@@ -83,9 +83,10 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   }
   const size_t header_bytes = header_bytes_of(cap);
   // A record per slot in each class, and a window more: a record is lost
-  // only when a process forks while a thread holds one between the free
-  // list and a slot (the child never gives it back). Each pool starts on a
-  // page, so that its resident part is its own records.
+  // only when a process forks while a thread holds one between its pool
+  // and a slot, or a compaction holds some claimed or mid-move (the child
+  // never gives those back). Each pool starts on a page, so that its
+  // resident part is its own records.
   const size_t rec_cap = cap + kWindow;
   size_t pool_at[kClasses], map_at[kClasses];
   size_t total = header_bytes;
@@ -509,6 +510,13 @@ size_t StackTable::finish(size_t lo, size_t hi, uint32_t e) {
   return freed;
 }
 
+void StackTable::swept(uint64_t freed) {
+  const uint64_t c = count_.fetch_sub(freed, std::memory_order_relaxed) - freed;
+  reclaimed_.fetch_add(freed, std::memory_order_relaxed);
+  count_after_sweep_.store(c, std::memory_order_relaxed);
+  sweep_at_.store(0, std::memory_order_relaxed);
+}
+
 void StackTable::end_sweep(uint64_t freed) {
   const uint64_t c = count_.fetch_sub(freed, std::memory_order_relaxed) - freed;
   reclaimed_.fetch_add(freed, std::memory_order_relaxed);
@@ -529,7 +537,15 @@ void StackTable::end_sweep(uint64_t freed) {
   sweep_at_.store(c + step > first ? c + step : first, std::memory_order_relaxed);
 }
 
-void StackTable::compact_targets(uint32_t* target) const {
+void StackTable::compact_begin(uint32_t* target) {
+  uint32_t retired = 0;
+  for (unsigned c = 0; c < kClasses; ++c) {
+    const auto words = static_cast<uint32_t>(RecordMap::words_for(maps_[c].high()));
+    for (uint32_t wi = 0; wi < words; ++wi)
+      retired += static_cast<uint32_t>(
+          __builtin_popcountll(retired_[c][wi].load(std::memory_order_relaxed)));
+  }
+  retired_n_.store(retired, std::memory_order_relaxed);
   for (unsigned c = 0; c < kClasses; ++c) {
     const uint32_t n = maps_[c].count();
     const uint64_t t = (uint64_t{n} + n / 8 + 64 + 63) / 64 * 64;
@@ -651,7 +667,8 @@ int StackTable::move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* o
   return 1;
 }
 
-size_t StackTable::compact_release(uint32_t k, const uint32_t* target, RowOwner* owner) {
+size_t StackTable::compact_release(uint32_t k, const uint32_t* target, RowOwner* owner,
+                                   uint32_t* kept) {
   if (headers_ == nullptr || k >= compact_chunks()) return 0;
   uint32_t lo, hi;
   const unsigned c = chunk_words(k, &lo, &hi);
@@ -672,7 +689,7 @@ size_t StackTable::compact_release(uint32_t k, const uint32_t* target, RowOwner*
       os_release(reinterpret_cast<void*>(pa), pb - pa);
       released += pb - pa;
     }
-    if (owner != nullptr) owner->released(row_base_[c] + a + 1, b - a);
+    if (owner != nullptr && !owner->released(row_base_[c] + a + 1, b - a)) *kept |= 1u << c;
     for (uint32_t wi = run; wi < end; ++wi) m.unclaim(wi, ~uint64_t{0});
   };
   for (uint32_t wi = lo; wi < hi; ++wi) {
@@ -687,10 +704,14 @@ size_t StackTable::compact_release(uint32_t k, const uint32_t* target, RowOwner*
   return released;
 }
 
-void StackTable::compact_end(const uint32_t* target) {
+void StackTable::compact_end(const uint32_t* target, uint32_t kept) {
   if (headers_ == nullptr) return;
   for (unsigned c = 0; c < kClasses; ++c) {
     RecordMap& m = maps_[c];
+    if ((kept >> c & 1) != 0) {
+      m.reset_hint();
+      continue;
+    }
     // One read: the words claimed reach as far as this, no further.
     const uint32_t high = m.high();
     const auto top = static_cast<uint32_t>(RecordMap::words_for(high));

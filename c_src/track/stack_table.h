@@ -206,9 +206,14 @@ class StackTable {
   // Ends a sweep that freed `freed` stacks: counts them and sets when the
   // next sweep will be wanted.
   void end_sweep(uint64_t freed);
+  // The same in two steps, for a sweep with a compaction after its finish:
+  // swept() counts what it freed (so a process forked during the
+  // compaction counts right) and makes the table ask for a sweep until
+  // end_sweep(0), so that hooks carry the compaction's chunks.
+  void swept(uint64_t freed);
 
   // What the owner of a row per record (the churn table: row()) is told
-  // as compact() moves and frees records. Called by the sweeper only.
+  // as compaction moves and frees records. Called by the sweeper only.
   class RowOwner {
    public:
     // Stack `id` moves from row `from` to row `to`: make `to` its row and
@@ -222,7 +227,10 @@ class StackTable {
     // Rows [first, first + n) belong to free records whose memory goes
     // back to the kernel: release theirs. No hook writes them meanwhile
     // (their records are claimed; a stale count is lost, see churn.h).
-    virtual void released(uint32_t first, uint32_t n) = 0;
+    // False when the owner kept them (a hook may still count there): the
+    // pool's high-water mark then stays above them (compact_end()), so a
+    // later compaction gives them back.
+    virtual bool released(uint32_t first, uint32_t n) = 0;
 
    protected:
     ~RowOwner() = default;
@@ -241,10 +249,13 @@ class StackTable {
   // whole.
   static constexpr uint32_t kCompactWords = 8;
   uint32_t compact_chunks() const { return chunk_base_[kClasses]; }
-  // Each class's target now: its records taken and an eighth more, in
-  // whole words of its map (room for the stacks the next sweeps store
-  // without taking records above it). A compaction's steps share one.
-  void compact_targets(uint32_t* target) const;
+  // Starts a compaction: each class's target now (its records taken and
+  // an eighth more, in whole words of its map: room for the stacks the
+  // next sweeps store without taking records above it), which the
+  // compaction's steps share; and the retired records counted again from
+  // their bits (a process forked mid-compaction may have left the count
+  // apart from them).
+  void compact_begin(uint32_t* target);
   // True when there is anything to do: a record taken above a target, or
   // one retired.
   bool compact_wanted(const uint32_t* target) const;
@@ -257,12 +268,14 @@ class StackTable {
   template <class Held>
   uint32_t compact_settle(uint32_t k, RowOwner* owner, Held&& held);
   // Gives the pages of chunk `k`'s free records above their target back;
-  // returns the record bytes given back.
-  size_t compact_release(uint32_t k, const uint32_t* target, RowOwner* owner);
+  // returns the record bytes given back. Sets bit c of *kept when the
+  // owner kept rows of class c.
+  size_t compact_release(uint32_t k, const uint32_t* target, RowOwner* owner, uint32_t* kept);
   // Ends a compaction: a pool whose records are all free from some point
   // above its target up has its high-water mark lowered there, so the next
-  // compaction looks no further.
-  void compact_end(const uint32_t* target);
+  // compaction looks no further; not a pool of `kept` (a bit per class:
+  // rows the owner kept above its target).
+  void compact_end(const uint32_t* target, uint32_t kept);
   // Records retired and not settled yet.
   uint32_t retired_count() const { return retired_n_.load(std::memory_order_relaxed); }
   // Asks for a sweep after the smallest step (a 64th of the table): for
@@ -376,7 +389,7 @@ class StackTable {
   // reads the record (record_of()), copies what it needs, then asks
   // still_holds() with the record's number: a stack's words change only
   // after its slot is freed, which changes the generation, or its record
-  // moved (compact()), which changes the slot's record. Lock-free; no
+  // moved (compact_move()), which changes the slot's record. Lock-free; no
   // allocation.
   const Header* holding(uint32_t id, uint32_t* w) const;
   static bool still_holds(const Header& h, uint32_t id_gen, uint32_t* w);

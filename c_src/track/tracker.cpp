@@ -452,9 +452,11 @@ __attribute__((always_inline)) inline void Tracker::churn_free(ThreadState* ts,
   const uint32_t id = e.stack_id & ~kSampledBit;
   // Pinned while it counts, as record() pins an allocation's: the sweep's
   // compaction may move the stack's churn row meanwhile, and keeps the old
-  // row of a pinned stack for the next one (compact_stacks()). A shared
-  // state has no pin of its own: a free counted there just as its row
-  // moves may go to the unknown row.
+  // row of a pinned stack for the next one (tracker_sweep.cpp, M3). A
+  // shared state has no pin of its own: a free counted there just as its
+  // row moves may go to the unknown row or to the site that takes the row
+  // next (the totals still add up), or be lost if the row's page is given
+  // back at that moment.
   std::atomic<uint32_t>* pin = ts->shared == 0 ? &ts->pending : nullptr;
   if (pin != nullptr) {
     pin->store(id, std::memory_order_relaxed);

@@ -408,7 +408,7 @@ class Tracker {
   // Stale ids the sweeps met in the live table (a protocol failure; 0).
   uint64_t stale_stacks() const { return stale_.load(std::memory_order_relaxed); }
   // Stacks the sweeps' compaction moved down their record pools
-  // (StackTable::compact()).
+  // (StackTable::compact_move()).
   uint64_t stacks_moved() const { return stacks_moved_.load(std::memory_order_relaxed); }
   // False when no hook may start a sweep here (see above).
   bool hooks_sweep() const { return hooks_sweep_; }
@@ -516,6 +516,7 @@ class Tracker {
     // pinned may be settled or given back, so nothing is).
     std::atomic<uint32_t> target[StackTable::kClasses];
     std::atomic<uint64_t> moved;
+    std::atomic<uint32_t> rows_kept;  // a bit per record class: churn rows kept
     std::atomic<bool> pins_known;
     std::atomic<uint32_t> npins;
     std::atomic<uint32_t> pins[kSettlePins];

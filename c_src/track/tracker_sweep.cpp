@@ -74,11 +74,12 @@ class ChurnRows final : public StackTable::RowOwner {
       : churn_(churn), pins_(pins), npins_(npins), known_(known) {}
   void moved(uint32_t id, uint32_t from, uint32_t to) override { churn_.move_row(id, from, to); }
   void settle(uint32_t id, uint32_t from, uint32_t to) override { churn_.settle_row(id, from, to); }
-  void released(uint32_t first, uint32_t n) override {
-    if (!known_) return;  // keep them: see pinned()
+  bool released(uint32_t first, uint32_t n) override {
+    if (!known_) return false;  // keep them: see pinned()
     for (uint32_t r = first; r < first + n; ++r)
-      if (const uint32_t id = churn_.row_id(r); id != 0 && pinned(id)) return;
+      if (const uint32_t id = churn_.row_id(r); id != 0 && pinned(id)) return false;
     churn_.release_rows(first, n);
+    return true;
   }
   // True when a hook may be counting for stack `id` (or the pins are not
   // known: the barrier failed or there were too many).
@@ -227,7 +228,9 @@ bool Tracker::sweep_chunk(bool from_hook) {
       c.moved.fetch_add(stacks_.compact_move(chunk, target, &rows), std::memory_order_relaxed);
     } else {
       stacks_.compact_settle(chunk, &rows, [&](uint32_t id) { return rows.pinned(id); });
-      stacks_.compact_release(chunk, target, &rows);
+      uint32_t kept = 0;
+      stacks_.compact_release(chunk, target, &rows, &kept);
+      if (kept != 0) c.rows_kept.fetch_or(kept, std::memory_order_relaxed);
     }
   }
   const uint64_t d = c.done.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -255,10 +258,11 @@ void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
   } else if (phase == kFinish) {
     // The compaction, still inside the sweep: no other sweep frees or
     // condemns while records move, and the table asks for the sweep
-    // (end_sweep() not yet called) until it ends, so hooks carry its
-    // chunks.
+    // (swept(), end_sweep() only at the end) until it ends, so hooks
+    // carry its chunks.
+    stacks_.swept(c.freed.load(std::memory_order_relaxed));
     uint32_t target[StackTable::kClasses];
-    stacks_.compact_targets(target);
+    stacks_.compact_begin(target);
     if (!stacks_.compact_wanted(target)) {
       sweep_end();
       return;
@@ -266,6 +270,7 @@ void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
     for (unsigned i = 0; i < StackTable::kClasses; ++i)
       c.target[i].store(target[i], std::memory_order_relaxed);
     c.moved.store(0, std::memory_order_relaxed);
+    c.rows_kept.store(0, std::memory_order_relaxed);
     c.done.store(phase_word(kMove), std::memory_order_relaxed);
     c.cursor.store(phase_word(kMove), std::memory_order_release);
   } else if (phase == kMove) {
@@ -282,14 +287,15 @@ void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
     uint32_t target[StackTable::kClasses];
     for (unsigned i = 0; i < StackTable::kClasses; ++i)
       target[i] = c.target[i].load(std::memory_order_relaxed);
-    stacks_.compact_end(target);
+    stacks_.compact_end(target, c.rows_kept.load(std::memory_order_relaxed));
     stacks_moved_.fetch_add(c.moved.load(std::memory_order_relaxed), std::memory_order_relaxed);
     sweep_end();
   }
 }
 
 void Tracker::sweep_end() {
-  stacks_.end_sweep(sweep_->freed.load(std::memory_order_relaxed));
+  // What the sweep freed was counted at its finish (swept()).
+  stacks_.end_sweep(0);
   // Records left retired go back only at the next compaction.
   if (stacks_.retired_count() != 0) stacks_.want_sweep_soon();
   sweeps_.fetch_add(1, std::memory_order_release);
