@@ -26,7 +26,9 @@
 //   condemn  READY stacks not stamped E become FREEING (chunks);
 //   barrier  M2; mark every thread's pending id again;
 //   finish   FREEING stacks not stamped E become FREE, generation + 1;
-//            the others READY again (chunks).
+//            the others READY again (chunks); the stack table counts
+//            them (StackTable::swept(): it then asks for the sweep until
+//            it ends, so hooks carry every chunk that follows);
 //   move     (when the record pools have anything to compact) the stacks
 //            stored above a pool's target move down, with their churn
 //            rows (chunks of 512 records: StackTable::compact_move());
@@ -35,9 +37,8 @@
 //            stack; the pages of the free records above the targets go
 //            back to the kernel, churn rows with them unless pinned
 //            (chunks of 512 records); then the pools' high-water marks
-//            come down, and the stack table learns what the sweep freed
-//            (end_sweep(): until then it asks for the sweep, so hooks
-//            carry every chunk).
+//            come down, and the stack table sets when the next sweep is
+//            wanted (end_sweep()).
 // Marking a stack stamps it with E. A sweep starts when the table asks for
 // one (StackTable::wants_sweep: at 4096 stacks or a quarter full, then
 // once half as many as survived the last sweep are added, between a 64th
@@ -537,8 +538,8 @@ class Tracker {
   void sweep_advance(uint32_t phase, uint32_t e, bool from_hook);
   void mark_pending(uint32_t e);
   bool process_barrier(bool may_be_slow);
-  // Ends a sweep (its compaction included): the stack table told what it
-  // freed (end_sweep(): when the next is wanted), counted, idle again.
+  // Ends a sweep (its compaction included): the stack table sets when the
+  // next is wanted (end_sweep()), the sweep is counted, idle again.
   void sweep_end();
   // Chunks of a sweep phase.
   size_t phase_chunks(uint32_t phase) const;
