@@ -111,11 +111,7 @@ void ChurnTable::release_rows(uint32_t first, uint32_t n) {
     fold(s, slots_[0]);
     if (s.id.load(std::memory_order_relaxed) != 0) s.id.store(0, std::memory_order_relaxed);
   }
-  const auto a = reinterpret_cast<uintptr_t>(&slots_[first]);
-  const auto b = reinterpret_cast<uintptr_t>(&slots_[first] + n);
-  const uintptr_t pa = (a + 4095) & ~uintptr_t{4095};
-  const uintptr_t pb = b & ~uintptr_t{4095};
-  if (pb > pa) os_release(reinterpret_cast<void*>(pa), pb - pa);
+  os_release_within(&slots_[first], &slots_[first] + n);
 }
 
 void ChurnTable::clear() {

@@ -31,6 +31,14 @@ void os_release(void* p, size_t bytes) {
   if (p != nullptr && bytes != 0) ::madvise(p, bytes, MADV_DONTNEED);
 }
 
+size_t os_release_within(const void* begin, const void* end) {
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(begin) + 4095) & ~uintptr_t{4095};
+  const uintptr_t b = reinterpret_cast<uintptr_t>(end) & ~uintptr_t{4095};
+  if (b <= a) return 0;
+  os_release(reinterpret_cast<void*>(a), b - a);
+  return b - a;
+}
+
 size_t os_resident(const void* p, size_t bytes) {
   if (p == nullptr) return 0;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));

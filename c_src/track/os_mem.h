@@ -23,6 +23,10 @@ void os_unmap(void* p, size_t bytes);
 // p page-aligned. No other thread may write there meanwhile (a write racing
 // the call may be lost). Thread-safe otherwise.
 void os_release(void* p, size_t bytes);
+// The same for the whole pages inside [begin, end) (none when the range
+// holds no whole page): for ranges of records whose ends need not fall on
+// a page. Returns the bytes given back.
+size_t os_release_within(const void* begin, const void* end);
 // Resident bytes of the page-aligned mapping [p, p + bytes) (mincore).
 // Never allocates. Thread-safe.
 size_t os_resident(const void* p, size_t bytes);

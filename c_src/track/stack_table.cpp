@@ -424,42 +424,44 @@ bool StackTable::still_holds(const Header& h, uint32_t id_gen, uint32_t* w) {
   return gen(*w) == id_gen && (kind(*w) == kReady || kind(*w) == kFreeing);
 }
 
-unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
+template <class Read>
+bool StackTable::read_stable(uint32_t id, Read&& read) const {
   uint32_t w;
   const Header* h = holding(id, &w);
-  if (h == nullptr) return 0;
-  const unsigned n = depth_of(w);
-  // Frames change only after the slot is freed, which changes the
+  if (h == nullptr) return false;
+  // A stack's words change only after its slot is freed, which changes the
   // generation, or after its record moved: READY and FREEING of the same
-  // generation and record hold the same frames. Acquire frame loads keep
-  // the check after them. A stack that moved meanwhile is read again from
-  // its copy (once: a second move needs another sweep).
+  // generation and record hold the same words. The reader's acquire loads
+  // keep the check after them. A stack that moved meanwhile is read again
+  // from its copy (once: a second move needs another sweep).
   for (int attempt = 0; attempt < 2; ++attempt) {
     uint32_t r;
     const std::atomic<uint64_t>* rec = record_of(*h, &r);
-    if (rec == nullptr) return 0;
+    if (rec == nullptr) return false;
+    read(rec, depth_of(w));
+    if (still_holds(*h, id >> slot_bits_, r)) return true;
+    if (!still_holds(*h, id >> slot_bits_, &w)) return false;
+  }
+  return false;
+}
+
+unsigned StackTable::get(uint32_t id, uint64_t* out, unsigned max) const {
+  unsigned depth = 0;
+  const bool ok = read_stable(id, [&](const std::atomic<uint64_t>* rec, unsigned n) {
     const std::atomic<uintptr_t>* f = rec + kHeadWords;
     for (unsigned i = 0; i < n && i < max; ++i) out[i] = f[i].load(std::memory_order_acquire);
-    if (still_holds(*h, id >> slot_bits_, r)) return n;
-    if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
-  }
-  return 0;
+    depth = n;
+  });
+  return ok ? depth : 0;
 }
 
 uint64_t StackTable::hash_of(uint32_t id) const {
-  uint32_t w;
-  const Header* h = holding(id, &w);
-  if (h == nullptr) return 0;
-  // As get(): a stack that moved meanwhile is read again.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    uint32_t r;
-    const std::atomic<uint64_t>* rec = record_of(*h, &r);
-    if (rec == nullptr) return 0;
-    const uint64_t hash = rec[1].load(std::memory_order_acquire);
-    if (still_holds(*h, id >> slot_bits_, r)) return hash != 0 ? hash : 1;
-    if (!still_holds(*h, id >> slot_bits_, &w)) return 0;
-  }
-  return 0;
+  uint64_t hash = 0;
+  const bool ok = read_stable(id, [&](const std::atomic<uint64_t>* rec, unsigned) {
+    hash = rec[1].load(std::memory_order_acquire);
+  });
+  if (!ok) return 0;
+  return hash != 0 ? hash : 1;
 }
 
 uint32_t StackTable::begin_sweep() {
@@ -558,11 +560,8 @@ bool StackTable::compact_wanted(const uint32_t* target) const {
   if (retired_count() != 0) return true;
   for (unsigned c = 0; c < kClasses; ++c) {
     const auto words = static_cast<uint32_t>(RecordMap::words_for(maps_[c].high()));
-    for (uint32_t wi = target[c] / 64; wi < words; ++wi) {
-      uint64_t bits = maps_[c].word(wi);
-      if (wi == target[c] / 64) bits &= ~uint64_t{0} << (target[c] % 64);
-      if (bits != 0) return true;
-    }
+    for (uint32_t wi = target[c] / 64; wi < words; ++wi)
+      if (taken_from(c, wi, target[c]) != 0) return true;
     // Free records above the target not given back yet.
     if (maps_[c].high() > target[c] + 64) return true;
   }
@@ -612,8 +611,7 @@ uint32_t StackTable::compact_move(uint32_t k, const uint32_t* target, RowOwner* 
   // found from its hash (within the probe window of its start), so the
   // work follows the stacks to move, not the table's size.
   for (uint32_t wi = lo; wi < hi; ++wi) {
-    uint64_t bits = maps_[c].word(wi) & ~retired_[c][wi].load(std::memory_order_relaxed);
-    if (wi == t / 64) bits &= ~uint64_t{0} << (t % 64);
+    uint64_t bits = taken_from(c, wi, t) & ~retired_[c][wi].load(std::memory_order_relaxed);
     for (; bits != 0; bits &= bits - 1) {
       const uint32_t i = wi * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
       const int more = move_record(c, i, t, owner);
@@ -683,12 +681,7 @@ size_t StackTable::compact_release(uint32_t k, const uint32_t* target, RowOwner*
     if (end == run) return;
     const uint32_t a = run * 64;
     const uint32_t b = end * 64 < caps_[c] ? end * 64 : caps_[c];
-    const auto pa = (reinterpret_cast<uintptr_t>(record_in(c, a)) + 4095) & ~uintptr_t{4095};
-    const auto pb = reinterpret_cast<uintptr_t>(record_in(c, b)) & ~uintptr_t{4095};
-    if (pb > pa) {
-      os_release(reinterpret_cast<void*>(pa), pb - pa);
-      released += pb - pa;
-    }
+    released += os_release_within(record_in(c, a), record_in(c, b));
     if (owner != nullptr && !owner->released(row_base_[c] + a + 1, b - a)) *kept |= 1u << c;
     for (uint32_t wi = run; wi < end; ++wi) m.unclaim(wi, ~uint64_t{0});
   };

@@ -459,6 +459,17 @@ class StackTable {
   uint32_t take_record(unsigned c);
   // Gives record r back to its class's pool. Lock-free.
   void give_record(uint32_t r);
+  // The records of word wi of class c's map taken now, those below record
+  // `from` left out.
+  uint64_t taken_from(unsigned c, uint32_t wi, uint32_t from) const {
+    const uint64_t bits = maps_[c].word(wi);
+    return wi == from / 64 ? bits & ~uint64_t{0} << (from % 64) : bits;
+  }
+  // get()'s and hash_of()'s read of stack `id`: read(record, depth) until
+  // one read was of the stack's own words. False when the id names no
+  // stored stack (then what read() saw means nothing).
+  template <class Read>
+  bool read_stable(uint32_t id, Read&& read) const;
   // Chunk k's pool, and its words [*lo, *hi) of that pool's map (hi
   // capped at the words the pool's high-water mark spans).
   unsigned chunk_words(uint32_t k, uint32_t* lo, uint32_t* hi) const;
