@@ -159,6 +159,103 @@ TEST_CASE("churn table: segments of different sizes each keep their own rows", "
   ct.destroy();
 }
 
+namespace {
+
+// Every row ct lists, by stack id.
+std::map<uint32_t, mi_abi_churn> rows_of(const ChurnTable& ct) {
+  std::map<uint32_t, mi_abi_churn> m;
+  ct.for_each([&](const mi_abi_churn& r) { m[r.stack_id] = r; });
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("churn: a row's 32-bit counts carry, and read exactly past 2^31", "[track][churn]") {
+  // 2^31 in fixed point is 2 Mi blocks. Adds of 1,000 and of 3,000,000
+  // blocks (the second beyond what a row takes in one add) cross it many
+  // times; every count reads exactly what was added.
+  ChurnTable ct;
+  REQUIRE(ct.init(kSixteens, 4));
+  uint64_t blocks = 0;
+  for (int i = 0; i < 20000; ++i) {
+    ct.on_alloc(7, 3, 1000 * kCountOne, 64, false);
+    ct.on_free(7, 3, 1000 * kCountOne, 64, 0, true);
+    blocks += 1000;
+  }
+  for (int i = 0; i < 5; ++i) {
+    ct.on_alloc(7, 3, 3'000'000 * kCountOne, 64, false);
+    ct.on_free(7, 3, 3'000'000 * kCountOne, 64, 5'000'000, false);  // 5 ms: bucket 3
+  }
+  const auto rows = rows_of(ct);
+  REQUIRE(rows.count(7) == 1);
+  const mi_abi_churn& r = rows.at(7);
+  CHECK(r.allocated_count == blocks + 15'000'000);
+  CHECK(r.freed_count == blocks + 15'000'000);
+  CHECK(r.temporary_count == blocks);
+  CHECK(r.lifetimes[0] == blocks);
+  CHECK(r.lifetimes[3] == 15'000'000);
+  CHECK(r.allocated_bytes == 64 * 20005);
+  ct.destroy();
+}
+
+TEST_CASE("churn: threads crossing a carry together lose no count", "[track][churn][concurrency]") {
+  // Four threads add 1,024 blocks at a time to one row: a carry every
+  // 2,048 adds, hundreds of them, each racing the others' adds.
+  ChurnTable ct;
+  REQUIRE(ct.init(kSixteens, 4));
+  constexpr int kAdds = 200000;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < kAdds; ++i) {
+        ct.on_alloc(9, 5, 1024 * kCountOne, 1, false);
+        ct.on_free(9, 5, 1024 * kCountOne, 1, 0, false);
+      }
+    });
+  for (auto& t : ts) t.join();
+  const mi_abi_churn r = rows_of(ct).at(9);
+  CHECK(r.allocated_count == uint64_t{4} * kAdds * 1024);
+  CHECK(r.lifetimes[0] == uint64_t{4} * kAdds * 1024);
+  ct.destroy();
+}
+
+TEST_CASE("churn: what a row carried moves and folds with it", "[track][churn]") {
+  // A row with carried counts moved by compaction (all of it to the new
+  // row), then given back (all of it to the unknown row); the rows past
+  // what the spill entries hold carry to the unknown row's entry: the
+  // totals still add up.
+  ChurnTable ct;
+  const size_t sizes[] = {4000, 16, 16, 16};
+  REQUIRE(ct.init(sizes, 4));
+  constexpr uint64_t kBig = 5'000'000;  // blocks: past 2^31 in one add
+  ct.on_alloc(11, 2, kBig * kCountOne, 10, false);
+  ct.on_alloc(11, 2, 7 * kCountOne, 10, false);
+  ct.move_row(11, 2, 1);
+  auto rows = rows_of(ct);
+  REQUIRE(rows.count(11) == 1);
+  CHECK(rows.at(11).allocated_count == kBig + 7);
+  CHECK(rows.count(0) == 0);
+  ct.settle_row(11, 2, 1);
+  ct.on_alloc(11, 1, kCountOne, 10, false);
+  CHECK(rows_of(ct).at(11).allocated_count == kBig + 8);
+  ct.release_rows(1, 1);
+  rows = rows_of(ct);
+  CHECK(rows.count(11) == 0);
+  CHECK(rows.at(0).allocated_count == kBig + 8);
+  // 3,000 rows, each past 2^31: more than the 1,023 spill entries.
+  for (uint32_t row = 10; row < 3010; ++row)
+    ct.on_alloc(1000 + row, row, kBig * kCountOne, 1, false);
+  rows = rows_of(ct);
+  uint64_t sum = 0;
+  for (const auto& [id, r] : rows) sum += r.allocated_count;
+  CHECK(sum == 3001 * kBig + 8);
+  CHECK(rows.at(0).allocated_count > kBig + 8);  // some carried to the unknown row's entry
+  CHECK(rows.at(1010).allocated_count == kBig);  // the first rows have entries of their own
+  ct.clear();
+  CHECK(rows_of(ct).empty());
+  ct.destroy();
+}
+
 TEST_CASE("churn: sampled counts keep their fractions", "[track][churn]") {
   ChurnTable ct;
   REQUIRE(ct.init(kSixteens, 4));
@@ -473,12 +570,12 @@ TEST_CASE("churn: sites spread over the stack table cost a slot each, not a page
   }
   const auto by = churn_by_frame(t);
   CHECK(by.size() == 2000);
-  // 2001 slots of 256 bytes (500 KiB) and at most the whole index (4
+  // 2001 rows of 128 bytes (250 KiB) and at most the whole index (4
   // bytes a stack slot: 256 KiB); slots indexed by stack slot would touch
   // about 1,600 of their 4,096 pages (6.4 MiB).
   const size_t resident = t.churn_resident_bytes();
   INFO("churn resident " << resident);
-  CHECK(resident <= (2001 * 256 + 4095) / 4096 * 4096 + 256 * 1024);
+  CHECK(resident <= (2001 * ChurnTable::kRowBytes + 4095) / 4096 * 4096 + 256 * 1024);
   t.destroy();
 }
 

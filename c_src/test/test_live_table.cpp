@@ -464,3 +464,167 @@ TEST_CASE("live table: with glibc's layouts the first drop comes above 1.8 times
   INFO("lowest load at a first drop: " << lowest * 100 << "%");
   CHECK(lowest < 1.90);
 }
+
+namespace {
+
+// Fills units (1 KiB each) from `base` with 64 blocks of 16 bytes: a small
+// chunk and four big ones a unit, taken in order.
+void fill_units(LiveTable& t, uint64_t base, uint64_t first, uint64_t n, uint32_t stack) {
+  for (uint64_t u = first; u < first + n; ++u)
+    for (uint64_t j = 0; j < 64; ++j) REQUIRE(t.insert(base + u * 1024 + j * 16, 16, u, stack));
+}
+void empty_units(LiveTable& t, uint64_t base, uint64_t first, uint64_t n) {
+  for (uint64_t u = first; u < first + n; ++u)
+    for (uint64_t j = 0; j < 64; ++j) REQUIRE(t.remove(base + u * 1024 + j * 16, nullptr));
+}
+size_t trim_all(LiveTable& t) {
+  const size_t chunks = t.trim_begin();
+  size_t released = 0;
+  for (size_t k = 0; k < chunks; ++k) released += t.trim(k);
+  t.trim_end(released);
+  return released;
+}
+
+}  // namespace
+
+TEST_CASE("live table: a trim gives back the pages only free chunks cover, and keeps every entry",
+          "[track][table][memory]") {
+  // 1,000 units of 64 blocks: 4,000 big chunks (500 pages of slots). Every
+  // tenth unit stays: its big chunks share a page with one emptied unit's,
+  // so 100 pages stay and 400 only free chunks cover, less a few: runs of
+  // units that hash to one directory word share a chain, which keeps its
+  // chunks while any entry is live (measured: 17 pages).
+  constexpr uint64_t kBase = 0x7f0000000000ull;
+  LiveTable t;
+  REQUIRE(t.init(size_t{1} << 16));
+  fill_units(t, kBase, 0, 1000, 1);
+  const size_t full = t.resident_bytes();
+  for (uint64_t u = 0; u < 1000; ++u)
+    if (u % 10 != 0) empty_units(t, kBase, u, 1);
+  CHECK(t.wants_trim());
+  const size_t released = trim_all(t);
+  const size_t after = t.resident_bytes();
+  INFO("resident " << full << " then " << after << ", released " << released);
+  CHECK(released >= 360 * 4096);
+  CHECK(full - after >= 360 * 4096);
+  CHECK_FALSE(t.wants_trim());
+  // Every kept entry is whole; nothing else is there.
+  const auto live = live_of(t);
+  CHECK(live.size() == 100 * 64);
+  for (uint64_t u = 0; u < 1000; u += 10)
+    for (uint64_t j = 0; j < 64; ++j) {
+      const auto it = live.find(kBase + u * 1024 + j * 16);
+      REQUIRE(it != live.end());
+      CHECK(it->second.size == 16);
+      CHECK(it->second.timestamp_ns == u);
+      CHECK(it->second.stack_id == 1);
+    }
+  // Nothing dirtied since: the next trim looks at no word and gives back
+  // nothing; the table then waits for more dirty words.
+  CHECK(trim_all(t) == 0);
+  // The released chunks are taken again and written like new ones.
+  fill_units(t, kBase + (1 << 24), 0, 900, 2);
+  CHECK(live_of(t).size() == 1000 * 64);
+  empty_units(t, kBase + (1 << 24), 0, 900);
+  for (uint64_t u = 0; u < 1000; u += 10) empty_units(t, kBase, u, 1);
+  CHECK(live_of(t).empty());
+  CHECK(trim_all(t) >= 490 * 4096);
+  t.destroy();
+}
+
+TEST_CASE("live table: the lowest free chunks are taken first", "[track][table]") {
+  // 100 units filled in order, all but the last emptied: a new unit's
+  // chunks are the pools' first ones again (a free list would hand out
+  // the last freed, high up), so its entries sit at the lowest positions:
+  // small chunk 0 (positions 0-3) and big chunks 0-3 (the 60 positions
+  // from the big pool's first; the small pool has 1,024 chunks here).
+  constexpr uint64_t kBase = 0x7f0000000000ull;
+  constexpr size_t kSmallPositions = 1024 * 4;
+  LiveTable t;
+  REQUIRE(t.init(size_t{1} << 16));
+  fill_units(t, kBase, 0, 100, 1);
+  empty_units(t, kBase, 0, 99);
+  fill_units(t, kBase, 500, 1, 2);
+  size_t low = 0;
+  t.for_each_stack(0, kSmallPositions + 64, [&](uint32_t id) { low += id == 2 ? 1 : 0; });
+  CHECK(low == 64);
+  t.destroy();
+}
+
+TEST_CASE("live table: trims racing writers lose and tear no entry",
+          "[track][table][concurrency]") {
+  // Writers fill and empty whole units at random (chains freed and taken
+  // again all the time, over many words of the pools) while a trimmer
+  // trims without pause and a reader checks every entry it walks. A trim
+  // that gave back a page a writer had just taken would zero entries
+  // under it: they would read torn or be missing at the end.
+  constexpr unsigned kWriters = 3;
+  constexpr uint64_t kUnits = 96;  // per writer
+  LiveTable t;
+  REQUIRE(t.init(size_t{1} << 15));
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> torn{0}, wrong{0}, trims{0}, released{0};
+  std::vector<std::vector<uint8_t>> held(kWriters, std::vector<uint8_t>(kUnits, 0));
+  auto unit_base = [](unsigned w, uint64_t u) {
+    return 0x7f0000000000ull + (uint64_t{w} << 32) + u * 1024;
+  };
+  auto check = [](const LiveEntry& e) {
+    return e.size == (e.address & 0xFF0) + 16 && e.timestamp_ns == e.address * 3 &&
+           e.stack_id == static_cast<uint32_t>(e.address >> 10 & 0xFFFF);
+  };
+  auto writer = [&](unsigned w) {
+    XorShift rng{w * 0x9E3779B97F4A7C15ull + 11};
+    for (int op = 0; op < 3000; ++op) {
+      const uint64_t u = rng.below(kUnits);
+      const uint64_t b = unit_base(w, u);
+      for (uint64_t j = 0; j < 64; ++j) {
+        const uint64_t a = b + j * 16;
+        if (held[w][u] == 0) {
+          if (!t.insert(a, (a & 0xFF0) + 16, a * 3, static_cast<uint32_t>(a >> 10 & 0xFFFF)))
+            ++wrong;
+        } else {
+          LiveEntry e{};
+          if (!t.remove(a, &e) || e.address != a || !check(e)) ++wrong;
+        }
+      }
+      held[w][u] ^= 1;
+    }
+  };
+  std::thread trimmer([&] {
+    while (!stop.load()) {
+      released += trim_all(t);
+      ++trims;
+    }
+  });
+  std::thread reader([&] {
+    while (!stop.load())
+      t.for_each([&](const LiveEntry& e) {
+        if (!check(e)) ++torn;
+      });
+  });
+  std::vector<std::thread> ws;
+  for (unsigned w = 0; w < kWriters; ++w) ws.emplace_back(writer, w);
+  for (auto& th : ws) th.join();
+  stop = true;
+  trimmer.join();
+  reader.join();
+  INFO("trims " << trims.load() << ", released " << released.load());
+  CHECK(trims.load() > 10);
+  CHECK(released.load() > 0);
+  CHECK(torn.load() == 0);
+  CHECK(wrong.load() == 0);
+  const auto live = live_of(t);
+  size_t want = 0;
+  for (unsigned w = 0; w < kWriters; ++w)
+    for (uint64_t u = 0; u < kUnits; ++u)
+      if (held[w][u] != 0) {
+        want += 64;
+        for (uint64_t j = 0; j < 64; ++j) {
+          const auto it = live.find(unit_base(w, u) + j * 16);
+          REQUIRE(it != live.end());
+          CHECK(check(it->second));
+        }
+      }
+  CHECK(live.size() == want);
+  t.destroy();
+}

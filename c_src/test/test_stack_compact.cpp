@@ -255,7 +255,7 @@ TEST_CASE_METHOD(
                            << ch.resident_bytes(pages) << " B");
   CHECK(after <= 1216 * st.record_bytes(kDepth) + 2 * 4096);
   CHECK(after >= 1000 * st.record_bytes(kDepth));
-  CHECK(ch.resident_bytes(pages) <= 1216 * 256 + 2 * 4096 + 4096);
+  CHECK(ch.resident_bytes(pages) <= 1216 * ChurnTable::kRowBytes + 2 * 4096 + 4096);
   for (uintptr_t i = 0; i < 8000; i += 8) REQUIRE(frames_of(st, ids[i]) == expected(i));
 
   // Every count is where it was made: the kept sites' own rows (the stale
@@ -296,11 +296,11 @@ TEST_CASE_METHOD(Stored, "stack table: churn rows a compaction kept go back at a
   rows.keep = true;
   CHECK(compact_all(st, &rows) == 0);  // the 1,000 kept are the lowest records
   INFO("churn resident " << ch.resident_bytes(pages) << " B");
-  CHECK(ch.resident_bytes(pages) >= 8000 * 256);
+  CHECK(ch.resident_bytes(pages) >= 8000 * ChurnTable::kRowBytes);
   CHECK(st.resident_record_bytes(pages) <= 1216 * st.record_bytes(kDepth) + 2 * 4096);
   rows.keep = false;
   compact_all(st, &rows);
-  CHECK(ch.resident_bytes(pages) <= 1216 * 256 + 2 * 4096);
+  CHECK(ch.resident_bytes(pages) <= 1216 * ChurnTable::kRowBytes + 2 * 4096);
 }
 
 TEST_CASE("stack table: new stacks fill the holes low in a pool before its top",

@@ -472,14 +472,15 @@ TEST_CASE("stack table: what a sweep only reads is not counted as resident",
 TEST_CASE("stack table: a stack takes a larger record when its own size is spent",
           "[track][stacks]") {
   // 2048 slots at depth 6 (records of 3, 4, 6 and 8 words): 2,112
-  // records of the largest size, 528 of each other. 1,000 three-word
-  // stacks (5 words with the token and the hash: the third size) fill its
-  // 528, then take 472 of the largest; swept and stored again, each
+  // records of the largest size, 544 of each other (a quarter, rounded up
+  // to a page of churn rows). 1,000 three-word stacks (5 words with the
+  // token and the hash: the third size) fill its 544, then take 456 of
+  // the largest; swept and stored again, each
   // record goes back to its own size's pool and is taken from there.
   StackTable st;
   REQUIRE(st.init(2048, 6));
-  CHECK(st.segment_rows(0) == 528);
-  CHECK(st.segment_rows(2) == 528);
+  CHECK(st.segment_rows(0) == 544);
+  CHECK(st.segment_rows(2) == 544);
   CHECK(st.segment_rows(3) == 2112);
   uint64_t scratch[64];
   for (uintptr_t round = 0; round < 2; ++round) {
@@ -493,16 +494,16 @@ TEST_CASE("stack table: a stack takes a larger record when its own size is spent
       CHECK(frames_of(st, ids[i - 1]) == std::vector<uint64_t>{round << 32 | i, i, round});
     CHECK(st.records_used() == 1000);
     CHECK(st.records_consistent(scratch, 64));
-    // Rows: one per stack, the first 528 the third segment's (after row 0
-    // and two segments of 528), the rest at the start of the largest's.
+    // Rows: one per stack, the first 544 the third segment's (after row 0
+    // and two segments of 544), the rest at the start of the largest's.
     std::vector<uint32_t> rows;
     for (const uint32_t id : ids) rows.push_back(st.row(id));
     std::sort(rows.begin(), rows.end());
     CHECK(std::adjacent_find(rows.begin(), rows.end()) == rows.end());
-    CHECK(rows[0] == 1 + 2 * 528);
-    CHECK(rows[527] == 3 * 528);
-    CHECK(rows[528] == 1 + 3 * 528);  // the largest size's first row
-    CHECK(rows[999] == 3 * 528 + 472);
+    CHECK(rows[0] == 1 + 2 * 544);
+    CHECK(rows[543] == 3 * 544);
+    CHECK(rows[544] == 1 + 3 * 544);  // the largest size's first row
+    CHECK(rows[999] == 3 * 544 + 456);
     if (round == 0) CHECK(sweep_all(st) == 1000);
     CHECK(st.records_consistent(scratch, 64));
   }

@@ -366,6 +366,47 @@ TEST_CASE("tracker: hooks carry a sweep's compaction to its end", "[track][track
   t.destroy();
 }
 
+TEST_CASE("tracker: hooks trim the live table once a burst is freed; reclaim trims too",
+          "[track][tracker][reclaim][memory]") {
+  // 600 units of 64 blocks (2,400 big chunks, 300 pages), every sixth
+  // kept. Freeing the rest dirties the pools' words; the next recorded
+  // allocation starts a trim, and the ones after carry it to its end.
+  constexpr uint64_t kBase = 0x7f0000000000ull;
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 16;
+  c.stack_capacity = 1024;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  t_fake_stack = site_stack(1);
+  for (uint64_t u = 0; u < 600; ++u)
+    for (uint64_t j = 0; j < 64; ++j) t.on_alloc(MI_FN_MALLOC, addr(kBase + u * 1024 + j * 16), 16);
+  const uint64_t trims = t.live_trims();
+  for (uint64_t u = 0; u < 600; ++u)
+    if (u % 6 != 0)
+      for (uint64_t j = 0; j < 64; ++j) t.on_free(MI_FN_FREE, addr(kBase + u * 1024 + j * 16));
+  CHECK(t.live_trims() == trims);  // frees never trim
+  for (int i = 0; i < 100 && t.live_trims() == trims; ++i) alloc_free(t, 1);
+  CHECK(t.live_trims() == trims + 1);
+  // Half the pages at least (the kept units' share a page with a freed
+  // one's, less what shared chains keep).
+  CHECK(t.live_trimmed_bytes() >= 150 * 4096);
+  CHECK(live_of(t).size() == 100 * 64);
+  // Nothing freed since: quiet. reclaim() still trims, and finds nothing.
+  const uint64_t bytes = t.live_trimmed_bytes();
+  for (int i = 0; i < 100; ++i) alloc_free(t, 1);
+  CHECK(t.live_trims() == trims + 1);
+  t.reclaim();
+  CHECK(t.live_trims() == trims + 2);
+  CHECK(t.live_trimmed_bytes() == bytes);
+  // A freed kept unit: reclaim() gives its pages back.
+  for (uint64_t u = 0; u < 600; u += 6)
+    for (uint64_t j = 0; j < 64; ++j) t.on_free(MI_FN_FREE, addr(kBase + u * 1024 + j * 16));
+  t.reclaim();
+  CHECK(t.live_trimmed_bytes() - bytes >= 100 * 4096);
+  CHECK(live_of(t).empty());
+  t.destroy();
+}
+
 TEST_CASE("tracker: concurrent recording, freeing and sweeping keep every id's own frames",
           "[track][tracker][reclaim][concurrency]") {
   Tracker t;

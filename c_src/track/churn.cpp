@@ -17,14 +17,16 @@ bool ChurnTable::init(const size_t* rows, unsigned segments) {
   segments_ = segments;
   nslots_ = n;
   // Row 0 ends the first page, so row 1 starts the second: a segment that
-  // starts at a multiple of 16 rows starts on a page, and so does every
+  // starts at a multiple of 32 rows starts on a page, and so does every
   // run of records the stack table gives back (its compaction chunks are
   // 512 records), whose rows' pages then go back whole.
-  bytes_ = os_page_up(4096 - sizeof(Slot) + n * sizeof(Slot));
+  row_bytes_ = os_page_up(4096 - sizeof(Slot) + n * sizeof(Slot));
+  bytes_ = row_bytes_ + os_page_up(kSpills * sizeof(Spill));
   void* mem = os_map(bytes_);
   if (mem == nullptr) return false;
   mem_ = mem;
   slots_ = reinterpret_cast<Slot*>(static_cast<char*>(mem) + 4096 - sizeof(Slot));
+  spills_ = reinterpret_cast<Spill*>(static_cast<char*>(mem) + row_bytes_);
   for (std::atomic<uint32_t>& u : used_) u.store(0, std::memory_order_relaxed);
   return true;
 }
@@ -33,6 +35,7 @@ void ChurnTable::destroy() {
   if (mem_ != nullptr) os_unmap(mem_, bytes_);
   mem_ = nullptr;
   slots_ = nullptr;
+  spills_ = nullptr;
   bytes_ = 0;
 }
 
@@ -67,18 +70,79 @@ void ChurnTable::fold(Slot& from, Slot& to) {
   // buckets are, and an exchange and an add on each would double what a
   // sweep's compaction costs. A count landing on it right after the load
   // stays there, as one landing after an exchange would.
-  auto move = [](std::atomic<uint64_t>& a, std::atomic<uint64_t>& b) {
-    if (a.load(std::memory_order_relaxed) != 0)
-      b.fetch_add(a.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+  auto take = [](auto& a) -> uint64_t {
+    return a.load(std::memory_order_relaxed) != 0 ? a.exchange(0, std::memory_order_relaxed) : 0;
   };
-  move(from.allocated_count, to.allocated_count);
-  move(from.allocated_bytes, to.allocated_bytes);
-  move(from.freed_bytes, to.freed_bytes);
-  move(from.temporary, to.temporary);
-  for (unsigned b = 0; b < kLifetimeBuckets; ++b) move(from.lifetimes[b], to.lifetimes[b]);
-  if (from.flags.load(std::memory_order_relaxed) != 0 &&
-      from.flags.exchange(0, std::memory_order_relaxed) != 0)
-    to.flags.store(MI_CHURN_SAMPLED, std::memory_order_relaxed);
+  Spill* sp = (from.flags.load(std::memory_order_acquire) & kSpilled) != 0
+                  ? const_cast<Spill*>(spill_of(from))
+                  : nullptr;
+  for (unsigned i = 0; i < kCounts; ++i) {
+    const uint64_t v = take(from.counts[i]) + (sp != nullptr ? take(sp->counts[i]) : 0);
+    if (v != 0) add_wide(to, i, v);
+  }
+  if (const uint64_t b = take(from.allocated_bytes); b != 0)
+    to.allocated_bytes.fetch_add(b, std::memory_order_relaxed);
+  if (const uint64_t b = take(from.freed_bytes); b != 0)
+    to.freed_bytes.fetch_add(b, std::memory_order_relaxed);
+  if ((from.flags.load(std::memory_order_relaxed) & MI_CHURN_SAMPLED) != 0 &&
+      (from.flags.fetch_and(~MI_CHURN_SAMPLED, std::memory_order_relaxed) & MI_CHURN_SAMPLED) != 0)
+    to.flags.fetch_or(MI_CHURN_SAMPLED, std::memory_order_relaxed);
+}
+
+void ChurnTable::carry(Slot& s, unsigned i) {
+  // A CAS rather than a subtraction: a fold that took the count meanwhile
+  // took the carry with it, and the count must not go below zero.
+  uint32_t cur = s.counts[i].load(std::memory_order_relaxed);
+  while (cur >= kCarry)
+    if (s.counts[i].compare_exchange_weak(cur, cur - kCarry, std::memory_order_relaxed)) {
+      if (Spill* sp = spill_for(s); sp != nullptr)
+        sp->counts[i].fetch_add(kCarry, std::memory_order_relaxed);
+      return;
+    }
+}
+
+void ChurnTable::add_wide(Slot& s, unsigned i, uint64_t x) {
+  if (x < kMaxAdd && s.counts[i].load(std::memory_order_relaxed) < kCarry / 2) {
+    add(s, i, x);
+    return;
+  }
+  if (Spill* sp = spill_for(s); sp != nullptr)
+    sp->counts[i].fetch_add(x, std::memory_order_relaxed);
+}
+
+ChurnTable::Spill* ChurnTable::spill_for(Slot& s) {
+  if (spills_ == nullptr) return nullptr;
+  Spill* e = find_spill(row_of(s), true);
+  // The unknown row's entry counts for rows whose probe is all taken:
+  // flag row 0 too. Flagged after the key: a reader that sees the flag
+  // finds the entry.
+  Slot& owner = e == &spills_[0] ? slots_[0] : s;
+  if ((owner.flags.load(std::memory_order_relaxed) & kSpilled) == 0)
+    owner.flags.fetch_or(kSpilled, std::memory_order_release);
+  return e;
+}
+
+const ChurnTable::Spill* ChurnTable::spill_of(const Slot& s) const {
+  if (spills_ == nullptr) return nullptr;
+  return const_cast<ChurnTable*>(this)->find_spill(row_of(s), false);
+}
+
+ChurnTable::Spill* ChurnTable::find_spill(uint32_t row, bool take) {
+  if (row == 0) return &spills_[0];  // no key: it is always the unknown row's
+  const uint32_t key = row + 1;
+  uint32_t at = static_cast<uint32_t>((uint64_t{row} * 0x9E3779B97F4A7C15ull) >> 40);
+  for (uint32_t k = 0; k < kSpillProbe; ++k, ++at) {
+    Spill& e = spills_[1 + at % (kSpills - 1)];
+    uint32_t cur = e.key.load(std::memory_order_acquire);
+    // A failed CAS leaves the key it met in cur.
+    if (cur == 0 && take &&
+        e.key.compare_exchange_strong(cur, key, std::memory_order_acq_rel,
+                                      std::memory_order_acquire))
+      cur = key;
+    if (cur == key) return &e;
+    if (cur == 0) return nullptr;  // a reader's probe: never taken
+  }
+  return take ? &spills_[0] : nullptr;
 }
 
 void ChurnTable::move_row(uint32_t id, uint32_t from, uint32_t to) {
@@ -111,6 +175,8 @@ void ChurnTable::release_rows(uint32_t first, uint32_t n) {
     fold(s, slots_[0]);
     if (s.id.load(std::memory_order_relaxed) != 0) s.id.store(0, std::memory_order_relaxed);
   }
+  // A row's spill entry stays its row's (zeroed by the fold), for the
+  // next stack that takes the row.
   os_release_within(&slots_[first], &slots_[first] + n);
 }
 
@@ -120,7 +186,7 @@ void ChurnTable::clear() {
   // counting meanwhile claims its row again (see the header on racing
   // hooks).
   for (std::atomic<uint32_t>& u : used_) u.store(0, std::memory_order_release);
-  os_release(mem_, bytes_);
+  os_release(mem_, bytes_);  // the spill entries too: free again
 }
 
 size_t ChurnTable::resident_bytes(const PageCounter& pages) const {

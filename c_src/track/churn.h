@@ -22,14 +22,20 @@
 // Block counts are kept in fixed point (kCountOne per block): a sampled
 // block of n bytes stands for 1/p(n) blocks, 1.09 for n = 10 KiB at the
 // default interval, and rounding each to a whole block would bias the
-// estimate; rows are rounded once, when read. 48 integer bits: 2.8e14
-// blocks per site.
+// estimate; rows are rounded once, when read.
 //
-// Counters are relaxed atomic adds on shared cache lines: lock-free and
-// allocation-free, exact once writers are quiescent, but contended when
-// many threads allocate from one site (see BENCHMARKS.md). In sample mode
-// every figure is a sampled block's weight (common/mi_sampling.h): an
-// unbiased estimate.
+// A row is 128 bytes (two cache lines, 32 a page): its id and flags, the
+// bytes allocated and freed (64 bits), and 26 block counts of 32 bits
+// (allocated, temporary, and the lifetime buckets). A count carries:
+// the add that takes it to kCarry (2^31, 2 Mi blocks) moves kCarry to the
+// row's spill entry, 64-bit counts in a small table apart, mapped lazily
+// and taken by CAS the first time a row carries (Spill). So a row holds
+// any count a 64-bit one does, and the resident set is a row of 128 bytes
+// a site, not 256: only sites that count millions of blocks take a spill
+// entry. A reader adds the two; one that reads a count between its carry's
+// two steps sees kCarry too much (the spill is added first), never too
+// little. When every spill entry is taken, rows carry to the unknown
+// stacks' entry (the totals still add up).
 //
 // Lifetimes come from the live entries' timestamps (the tracker's coarse
 // clock), bucketed by log2 of whole milliseconds: bucket 0 holds the
@@ -58,8 +64,9 @@
 namespace mi::track {
 
 constexpr unsigned kLifetimeBuckets = MI_LIFETIME_BUCKETS;
-// One block, in ChurnTable's fixed-point counts.
-constexpr uint64_t kCountOne = uint64_t{1} << 16;
+// One block, in ChurnTable's fixed-point counts: 10 bits of fraction, so
+// a sampled block's weight is rounded by at most 1/2048 of a block.
+constexpr uint64_t kCountOne = uint64_t{1} << 10;
 
 // The lifetime bucket of a block that lived `ns` nanoseconds.
 inline unsigned lifetime_bucket(uint64_t ns) {
@@ -87,15 +94,15 @@ class ChurnTable {
     // Row 0 (no stack, or a row out of range) is never claimed.
     if (s.id.load(std::memory_order_relaxed) != id && &s != slots_) [[unlikely]]
       claim(s, id, row);
-    s.allocated_count.fetch_add(count, std::memory_order_relaxed);
+    add(s, kAllocated, count);
     s.allocated_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    if (sampled && s.flags.load(std::memory_order_relaxed) == 0) [[unlikely]]
-      s.flags.store(MI_CHURN_SAMPLED, std::memory_order_relaxed);
+    if (sampled && (s.flags.load(std::memory_order_relaxed) & MI_CHURN_SAMPLED) == 0) [[unlikely]]
+      s.flags.fetch_or(MI_CHURN_SAMPLED, std::memory_order_relaxed);
   }
   // A block of stack `id` left the live table (freed, or moved by
   // realloc) after living `lifetime_ns`; it stands for `count` (fixed
-  // point) blocks of
-  // `bytes` bytes; `temporary`: it was its thread's last allocation.
+  // point) blocks of `bytes` bytes; `temporary`: it was its thread's last
+  // allocation.
   void on_free(uint32_t id, uint32_t row, uint64_t count, uint64_t bytes, uint64_t lifetime_ns,
                bool temporary) {
     Slot* s = &slot_of(id, row);
@@ -105,8 +112,8 @@ class ChurnTable {
     if (s->id.load(std::memory_order_relaxed) != id) [[unlikely]]
       s = &slots_[0];
     s->freed_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    s->lifetimes[lifetime_bucket(lifetime_ns)].fetch_add(count, std::memory_order_relaxed);
-    if (temporary) s->temporary.fetch_add(count, std::memory_order_relaxed);
+    add(*s, kLifetime0 + lifetime_bucket(lifetime_ns), count);
+    if (temporary) add(*s, kTemporary, count);
   }
 
   // Calls f(const mi_abi_churn&) for every slot that counted something
@@ -137,19 +144,72 @@ class ChurnTable {
   // until the next allocation of a site writes them).
   void clear();
   size_t bytes_reserved() const { return bytes_; }
+  // What a row costs resident.
+  static constexpr size_t kRowBytes = 128;
   size_t resident_bytes(const PageCounter& pages = PageCounter()) const;
 
  private:
-  struct alignas(64) Slot {
+  // A row's 32-bit block counts: allocated, temporary, then the lifetime
+  // buckets (their sum is the freed count).
+  enum : unsigned { kAllocated = 0, kTemporary = 1, kLifetime0 = 2 };
+  static constexpr unsigned kCounts = kLifetime0 + kLifetimeBuckets;
+  static constexpr uint32_t kCarry = uint32_t{1} << 31;
+  // The largest count add() puts on the row itself (2^20 blocks: a
+  // sampled block's weight is below that at the default interval); a
+  // larger one goes to the spill entry.
+  static constexpr uint64_t kMaxAdd = uint64_t{1} << 30;
+  // Set in Slot::flags once the row has a spill entry.
+  static constexpr uint32_t kSpilled = 2;
+
+  struct alignas(128) Slot {
     std::atomic<uint32_t> id;
-    std::atomic<uint32_t> flags;  // MI_CHURN_SAMPLED
-    std::atomic<uint64_t> allocated_count;
+    std::atomic<uint32_t> flags;  // MI_CHURN_SAMPLED, kSpilled
     std::atomic<uint64_t> allocated_bytes;
     std::atomic<uint64_t> freed_bytes;
-    std::atomic<uint64_t> temporary;
-    std::atomic<uint64_t> lifetimes[kLifetimeBuckets];  // their sum is the freed count
+    std::atomic<uint32_t> counts[kCounts];  // below kCarry but for a moment: see add()
   };
-  static_assert(sizeof(Slot) == 256, "a churn slot is four cache lines");
+  static_assert(sizeof(Slot) == kRowBytes, "a churn row is two cache lines");
+
+  // A row's carried counts (see the header): key row + 1 (0: free).
+  struct alignas(64) Spill {
+    std::atomic<uint32_t> key;
+    std::atomic<uint64_t> counts[kCounts];
+  };
+  // Spill entries: the unknown stacks' is the first, the others found by
+  // the row's hash, kSpillProbe entries at most.
+  static constexpr uint32_t kSpills = 1024;
+  static constexpr uint32_t kSpillProbe = 32;
+
+  // Adds x (fixed point) to count i of s, carrying.
+  void add(Slot& s, unsigned i, uint64_t x) {
+    if (x >= kMaxAdd) [[unlikely]] {
+      add_wide(s, i, x);
+      return;
+    }
+    const auto v = static_cast<uint32_t>(x);
+    const uint32_t old = s.counts[i].fetch_add(v, std::memory_order_relaxed);
+    if (old < kCarry && old + v >= kCarry) [[unlikely]]
+      carry(s, i);
+  }
+  [[gnu::noinline, gnu::cold]] void carry(Slot& s, unsigned i);
+  // Adds a count of any size: to the row while it stays well below a
+  // carry, else to its spill entry (the sweep's folds).
+  void add_wide(Slot& s, unsigned i, uint64_t x);
+  // The spill entry of s (taken now if it has none; the unknown stacks'
+  // when none is left); nullptr only before init.
+  Spill* spill_for(Slot& s);
+  // The spill entry of s, or nullptr when it has none.
+  const Spill* spill_of(const Slot& s) const;
+  // The spill entry keyed `row` + 1 (row 0: the first), taking a free one
+  // in its probe when `take` (the unknown row's when none is); nullptr
+  // when there is none and !take.
+  Spill* find_spill(uint32_t row, bool take);
+  // Count i of s: the row's and its spill's (fixed point).
+  uint64_t count(const Slot& s, const Spill* sp, unsigned i) const {
+    return s.counts[i].load(std::memory_order_relaxed) +
+           (sp != nullptr ? sp->counts[i].load(std::memory_order_relaxed) : 0);
+  }
+  uint32_t row_of(const Slot& s) const { return static_cast<uint32_t>(&s - slots_); }
 
   static uint64_t whole(uint64_t fixed) { return (fixed + kCountOne / 2) / kCountOne; }
   // The row of stack `id`: row 0 (no stack) for id 0 or a row out of range.
@@ -158,11 +218,13 @@ class ChurnTable {
   // into the unknown stacks' row.
   [[gnu::noinline, gnu::cold]] void claim(Slot& s, uint32_t id, uint32_t row);
   // Adds what `from` counted to `to` and zeroes `from` (its id stays).
-  static void fold(Slot& from, Slot& to);
+  void fold(Slot& from, Slot& to);
   bool valid_row(uint32_t row) const { return row != 0 && row < nslots_; }
 
-  void* mem_ = nullptr;    // the mapping: slots_ starts 256 bytes before its second page
-  Slot* slots_ = nullptr;  // row 0 (unknown), then one per stack-table record
+  void* mem_ = nullptr;      // the mapping: slots_ starts a row before its second page
+  Slot* slots_ = nullptr;    // row 0 (unknown), then one per stack-table record
+  Spill* spills_ = nullptr;  // kSpills entries, after the rows (same mapping)
+  size_t row_bytes_ = 0;     // the mapping's part before spills_
   // Per segment, its rows up to here may have counted (read by for_each).
   std::atomic<uint32_t> used_[kMaxSegments] = {};
   size_t base_[kMaxSegments + 1] = {};  // segment g: rows [base_[g], base_[g + 1])
@@ -179,21 +241,23 @@ uint64_t ChurnTable::for_each(F&& f) const {
   // for nothing).
   auto visit = [&](size_t i) {
     const Slot& s = slots_[i];
+    const uint32_t flags = s.flags.load(std::memory_order_acquire);
+    const Spill* sp = (flags & kSpilled) != 0 ? spill_of(s) : nullptr;
     mi_abi_churn row{};
-    row.allocated_count = whole(s.allocated_count.load(std::memory_order_relaxed));
+    row.allocated_count = whole(count(s, sp, kAllocated));
     row.allocated_bytes = s.allocated_bytes.load(std::memory_order_relaxed);
     row.freed_bytes = s.freed_bytes.load(std::memory_order_relaxed);
     uint64_t freed = 0;
     for (unsigned b = 0; b < kLifetimeBuckets; ++b) {
-      const uint64_t v = s.lifetimes[b].load(std::memory_order_relaxed);
+      const uint64_t v = count(s, sp, kLifetime0 + b);
       row.lifetimes[b] = whole(v);
       freed += v;
     }
     if (row.allocated_count == 0 && freed == 0) return;
     row.stack_id = i == 0 ? 0 : s.id.load(std::memory_order_relaxed);
-    row.flags = s.flags.load(std::memory_order_relaxed);
+    row.flags = flags & MI_CHURN_SAMPLED;
     row.freed_count = whole(freed);
-    row.temporary_count = whole(s.temporary.load(std::memory_order_relaxed));
+    row.temporary_count = whole(count(s, sp, kTemporary));
     f(static_cast<const mi_abi_churn&>(row));
     ++n;
   };

@@ -19,12 +19,20 @@ bool LiveTable::init(size_t capacity) {
   const size_t slot_bytes = os_page_up((words * kSmall + big * kBig) * sizeof(Slot));
   const size_t header_bytes = os_page_up((words + big) * sizeof(Header));
   const size_t dir_bytes = os_page_up(words * sizeof(std::atomic<uint64_t>));
-  void* mem = os_map(slot_bytes + header_bytes + dir_bytes);
+  const size_t map_words[2] = {RecordMap::words_for(static_cast<uint32_t>(words)),
+                               RecordMap::words_for(static_cast<uint32_t>(big))};
+  const size_t map_bytes =
+      os_page_up((map_words[0] + map_words[1]) * sizeof(std::atomic<uint64_t>));
+  const size_t dirty_bytes = os_page_up(map_words[0] + map_words[1]);
+  void* mem = os_map(slot_bytes + header_bytes + dir_bytes + map_bytes + dirty_bytes);
   if (mem == nullptr) return false;
-  slots_ = static_cast<Slot*>(mem);
-  headers_ = reinterpret_cast<Header*>(static_cast<char*>(mem) + slot_bytes);
-  dir_ =
-      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + slot_bytes + header_bytes);
+  char* at = static_cast<char*>(mem);
+  slots_ = reinterpret_cast<Slot*>(at);
+  headers_ = reinterpret_cast<Header*>(at += slot_bytes);
+  dir_ = reinterpret_cast<std::atomic<uint64_t>*>(at += header_bytes);
+  map_ = reinterpret_cast<std::atomic<uint64_t>*>(at += dir_bytes);
+  dirty_[0] = reinterpret_cast<std::atomic<uint8_t>*>(at + map_bytes);
+  dirty_[1] = dirty_[0] + map_words[0];
   capacity_ = cap;
   small_chunks_ = static_cast<uint32_t>(words);
   big_chunks_ = static_cast<uint32_t>(big);
@@ -32,9 +40,11 @@ bool LiveTable::init(size_t capacity) {
   big_positions_ = big * kBig;
   dir_mask_ = words - 1;
   dir_shift_ = 64 - run_bits;
-  bytes_ = slot_bytes + header_bytes + dir_bytes;
-  pools_[0].reset(small_chunks_);
-  pools_[1].reset(big_chunks_);
+  bytes_ = slot_bytes + header_bytes + dir_bytes + map_bytes + dirty_bytes;
+  maps_[0].init(map_, small_chunks_);
+  maps_[1].init(map_ + map_words[0], big_chunks_);
+  dirty_n_.store(0, std::memory_order_relaxed);
+  trim_at_.store(kTrimAt, std::memory_order_relaxed);
   return true;
 }
 
@@ -43,18 +53,13 @@ void LiveTable::destroy() {
   slots_ = nullptr;
   headers_ = nullptr;
   dir_ = nullptr;
+  dirty_[0] = dirty_[1] = nullptr;
   bytes_ = 0;
 }
 
 uint32_t LiveTable::take_from(bool big) {
-  const uint32_t tag = big ? kBigBit : 0;
-  // A free chunk's `next` holds the pool's link (a 0-based index, without
-  // kBigBit). A stale walk that reads it as a chain link goes on to some
-  // small chunk or stops at an invalid id: harmless, the walk reads only
-  // pool memory and is bounded.
-  const uint32_t n =
-      pools_[big ? 1 : 0].take([ this, tag ](uint32_t i) -> auto& { return pool_link(tag, i); });
-  return n == IdPool::kNone ? kNone : tag | (n + 1);
+  const uint32_t n = maps_[big ? 1 : 0].take();
+  return n == RecordMap::kNone ? kNone : (big ? kBigBit : 0) | (n + 1);
 }
 
 uint32_t LiveTable::take_chunk(bool big) {
@@ -66,9 +71,13 @@ uint32_t LiveTable::take_chunk(bool big) {
 }
 
 void LiveTable::give_chunk(uint32_t id) {
-  const uint32_t tag = id & kBigBit;
-  pools_[tag != 0 ? 1 : 0].give((id & ~kBigBit) - 1,
-                                [ this, tag ](uint32_t i) -> auto& { return pool_link(tag, i); });
+  const unsigned big = (id & kBigBit) != 0 ? 1 : 0;
+  const uint32_t i = (id & ~kBigBit) - 1;
+  maps_[big].give(i);
+  // Usually dirty already: one load, no store.
+  std::atomic<uint8_t>& d = dirty_[big][i / 64];
+  if (d.load(std::memory_order_relaxed) == 0 && d.exchange(1, std::memory_order_relaxed) == 0)
+    dirty_n_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void LiveTable::give_chain(uint32_t c) {
@@ -275,11 +284,76 @@ uint64_t LiveTable::clear(uint64_t* bytes, ClearFn each, void* ctx) {
 
 uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) {
   const uint64_t n = clear(bytes, each, ctx);
-  // Every count is 0 now and no writer runs: the pools start afresh.
-  pools_[0].reset(small_chunks_);
-  pools_[1].reset(big_chunks_);
+  // Every count is 0 now and no writer runs: the pools start afresh (their
+  // bitmaps and dirty bytes zeroed with the rest).
   os_release(slots_, bytes_);
+  maps_[0].init(map_, small_chunks_);
+  maps_[1].init(map_ + RecordMap::words_for(small_chunks_), big_chunks_);
+  dirty_n_.store(0, std::memory_order_relaxed);
+  trim_at_.store(kTrimAt, std::memory_order_relaxed);
   return n;
+}
+
+size_t LiveTable::trim_begin() {
+  // Asked for until trim_end(): hooks carry every chunk.
+  trim_at_.store(0, std::memory_order_relaxed);
+  for (unsigned p = 0; p < 2; ++p)
+    trim_words_[p] = static_cast<uint32_t>(RecordMap::words_for(maps_[p].high()));
+  trim_small_ = (trim_words_[0] + kTrimWords - 1) / kTrimWords;
+  return trim_small_ + (trim_words_[1] + kTrimWords - 1) / kTrimWords;
+}
+
+size_t LiveTable::trim(size_t k) {
+  const unsigned big = k < trim_small_ ? 0 : 1;
+  const auto lo = static_cast<uint32_t>((big == 0 ? k : k - trim_small_) * kTrimWords);
+  const uint32_t hi = lo + kTrimWords < trim_words_[big] ? lo + kTrimWords : trim_words_[big];
+  const uint32_t n = maps_[big].size();
+  size_t released = 0;
+  for (uint32_t w = lo; w < hi; ++w) {
+    std::atomic<uint8_t>& d = dirty_[big][w];
+    // Cleared before the claim: a chunk given back after the claim dirties
+    // the word again, for the next trim.
+    if (d.load(std::memory_order_relaxed) == 0 || d.exchange(0, std::memory_order_relaxed) == 0)
+      continue;
+    dirty_n_.fetch_sub(1, std::memory_order_relaxed);
+    const uint64_t claimed = maps_[big].claim_free(w);
+    // The last word's bits past the pool name no chunk.
+    const uint64_t real = n - w * 64 >= 64 ? ~uint64_t{0} : (uint64_t{1} << (n - w * 64)) - 1;
+    if ((claimed & real) != 0) released += release_chunks(big, w, claimed & real);
+    maps_[big].unclaim(w, claimed);
+  }
+  return released;
+}
+
+size_t LiveTable::release_chunks(unsigned big, uint32_t w, uint64_t mask) const {
+  // Claimed: no insert writes these slots until unclaim(); stale walks
+  // only read them (zeros: empty slots). Whole pages inside each run.
+  const size_t step = big != 0 ? kBig : kSmall;
+  const Slot* base = slots_ + (big != 0 ? small_positions_ : 0);
+  size_t released = 0;
+  while (mask != 0) {
+    const unsigned a = static_cast<unsigned>(__builtin_ctzll(mask));
+    const uint64_t from_a = mask >> a;
+    const unsigned len = ~from_a == 0 ? 64 - a : static_cast<unsigned>(__builtin_ctzll(~from_a));
+    const size_t first = size_t{w} * 64 + a;
+    released += os_release_within(base + first * step, base + (first + len) * step);
+    mask = a + len >= 64 ? 0 : mask & ~((uint64_t{1} << (a + len)) - 1);
+  }
+  return released;
+}
+
+void LiveTable::trim_end(size_t released) {
+  // A trim that gave nothing back waits for twice as many dirty words
+  // next time (churn in a full pool dirties words with no free page): at
+  // most every word the pools have handed out.
+  uint32_t at = kTrimAt;
+  if (released == 0) {
+    const uint32_t most = trim_words_[0] + trim_words_[1];
+    at = last_at_ * 2 < most ? last_at_ * 2 : most;
+    if (at < kTrimAt) at = kTrimAt;
+  }
+  last_at_ = at;
+  trim_at_.store(at, std::memory_order_relaxed);
 }
 
 size_t LiveTable::resident_bytes(const PageCounter& pages) const {

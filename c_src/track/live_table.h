@@ -10,9 +10,9 @@
 // bytes), with its header kept apart in a dense array: a tag byte per slot
 // and the link to the next chunk. A chain starts with a small chunk, so a
 // unit with one live block costs 128 bytes; when its chunks are full a big
-// one is pushed at its head. Chunks come from two pools (a free list, then
-// a bump pointer); a chain goes back to the free lists when its last entry
-// is removed.
+// one is pushed at its head. Chunks come from two pools, bitmaps that hand
+// out the lowest free chunk (record_map.h); a chain goes back to its pools
+// when its last entry is removed.
 //
 // So what stays resident follows the live blocks, not the heap's spread
 // (a touched heap page no longer takes 8 KiB of table, as the page-local
@@ -51,6 +51,19 @@
 //    sequence changed, so every entry a reader sees has address, size,
 //    timestamp and stack from one allocation.
 //
+// Trimming. The pools keep the busiest moment's chunks (a node's start-up
+// takes many more than it keeps), and the chunks still in use are scattered
+// over the pages that moment touched. trim() gives back the pages of the
+// slots only free chunks cover: it claims a bitmap word's free chunks (so
+// no insert can take one and write it meanwhile), releases the whole pages
+// inside their runs (MADV_DONTNEED: they read as zeros, an empty slot),
+// and frees them again. Only words a chunk was given back to since their
+// last trim (dirty) are looked at, and the table asks for a trim
+// (wants_trim()) once enough are. With the lowest-first order, new chains
+// fill the holes low in the pools, so the pages high up stay free and
+// given back. Chunk headers (tags, links) stay: a free chunk's tags are
+// zero and stale walks read its link.
+//
 // Capacity is fixed at init. An insert fails (the caller counts it as
 // dropped; collisions never silently lose entries) when its chain has no
 // free slot and either no chunk is free or the chain already has
@@ -70,8 +83,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "id_pool.h"
 #include "os_mem.h"
+#include "record_map.h"
 
 namespace mi::track {
 
@@ -136,6 +149,28 @@ class LiveTable {
   uint64_t clear_and_release(uint64_t* bytes, ClearFn each = nullptr, void* ctx = nullptr);
   // Resident bytes of the table's mappings (mincore). Thread-safe.
   size_t resident_bytes(const PageCounter& pages = PageCounter()) const;
+
+  // --- trimming (see above): one trimmer at a time, the tracker's ---
+
+  // True when enough words were dirtied since the last trim, or a trim
+  // runs (it asks until trim_end(), so that hooks carry it). Two relaxed
+  // loads.
+  bool wants_trim() const {
+    return dirty_n_.load(std::memory_order_relaxed) >= trim_at_.load(std::memory_order_relaxed);
+  }
+  // Starts a trim: returns its number of chunks (kTrimWords bitmap words
+  // each, of the pools' words handed out so far).
+  size_t trim_begin();
+  // Trims chunk k (< trim_begin()'s number): returns the bytes given back.
+  // Safe while other threads insert and remove; chunks may run at once.
+  size_t trim(size_t k);
+  // Ends a trim that gave back `released` bytes in all: sets when the next
+  // is wanted (dirty words, doubling while trims give nothing back).
+  void trim_end(size_t released);
+  // Bitmap words a trim chunk covers (64 chunks a word: 32 KiB of big
+  // chunks' slots), and the dirty words that make a trim wanted at first.
+  static constexpr uint32_t kTrimWords = 8;
+  static constexpr uint32_t kTrimAt = 4;
 
   // The number of entries init() promised room for.
   size_t capacity() const { return capacity_; }
@@ -240,13 +275,13 @@ class LiveTable {
     __atomic_store_n(reinterpret_cast<uint8_t*>(header(id).tags) + j, tag, __ATOMIC_RELAXED);
   }
 
-  // Takes a chunk from the free list, then the bump pointer, of the big
-  // pool (big) or the small one then the big one (!big). kNone when both
-  // are spent. Its tags are zero and its slots free.
+  // Takes the lowest free chunk of the big pool (big) or the small one
+  // then the big one (!big). kNone when both are spent. Its tags are zero
+  // and its slots free.
   uint32_t take_chunk(bool big);
   uint32_t take_from(bool big);
-  // Chunks of a pool the bump pointer has handed out.
-  size_t chunks_used(bool big) const { return pools_[big ? 1 : 0].bumped(); }
+  // Chunks of a pool: every chunk ever taken is below.
+  size_t chunks_used(bool big) const { return maps_[big ? 1 : 0].high(); }
   // The chunk that holds position p (< positions()).
   uint32_t chunk_at(size_t p) const {
     return p < small_positions_
@@ -255,14 +290,11 @@ class LiveTable {
   }
   // Frees a chain whose count went to 0.
   void give_chain(uint32_t head);
-  // The link of pool entry i (a chunk number, 0-based) of the pool whose
-  // ids carry `big_bit`: the chunk's `next`, which holds the pool's link
-  // while the chunk is free.
-  std::atomic<uint32_t>& pool_link(uint32_t big_bit, uint32_t i) const {
-    return header(big_bit | (i + 1)).next;
-  }
-  // Puts chunk `id` on its pool's free list (its `next` is overwritten).
+  // Puts chunk `id` back in its pool and marks its word dirty.
   void give_chunk(uint32_t id);
+  // Gives back the pages only the chunks of `mask` (claimed, of word w of
+  // pool `big`) cover; returns the bytes.
+  size_t release_chunks(unsigned big, uint32_t w, uint64_t mask) const;
   // Raises the count of directory word d, giving it a first chunk if it
   // has none. False when no chunk is left.
   bool pin(std::atomic<uint64_t>& d);
@@ -296,8 +328,17 @@ class LiveTable {
   unsigned dir_shift_ = 64;
   size_t bytes_ = 0;
   // The small chunks' pool and the big ones' (ids 0-based: chunk id - 1,
-  // without kBigBit).
-  IdPool pools_[2];
+  // without kBigBit), their words in the mapping after the directory.
+  RecordMap maps_[2];
+  std::atomic<uint64_t>* map_ = nullptr;  // their words: the small pool's, then the big one's
+  // Per pool, a byte per bitmap word: 1 once a chunk was given back to
+  // the word since its last trim; dirty_n_ counts them.
+  std::atomic<uint8_t>* dirty_[2] = {nullptr, nullptr};
+  std::atomic<uint32_t> dirty_n_{0};
+  std::atomic<uint32_t> trim_at_{kTrimAt};
+  uint32_t trim_small_ = 0;          // the running trim's chunks over the small pool
+  uint32_t trim_words_[2] = {0, 0};  // and the words it looks at, per pool
+  uint32_t last_at_ = kTrimAt;       // the trimmer's: trim_at_ after the last trim
 };
 
 inline std::atomic<uint64_t>& LiveTable::dir_of(uint64_t address) const {
@@ -326,7 +367,7 @@ inline uint32_t LiveTable::tagged(uint32_t id, uint8_t tag) const {
 
 template <class F>
 void LiveTable::for_each_tagged(size_t lo, size_t hi, F&& f) const {
-  // Only chunks below the bump pointers were ever written: a walk never
+  // Only chunks below the pools' high-water marks were ever written: a walk never
   // reads (and so never makes resident) the rest of the pools.
   auto walk = [&](size_t base, size_t chunks, size_t step, uint32_t big) {
     const size_t from = lo > base ? lo : base;

@@ -1,12 +1,14 @@
 // Which records of a pool are taken: a bitmap, one bit per record (set:
-// taken), handed out lowest first. It replaces a free list for the stack
-// table's records (issue 26) because the lowest-first order is what lets a
-// pool shrink: new stacks fill the holes low in the pool, the sweep moves
-// the stacks stored high down into the rest (StackTable::compact_move()), and
-// what is above is all free, so its pages can go back to the kernel. A
-// free list hands records out in the order they were freed, scattered
-// over the whole pool, and keeps its links in the free records' own
-// memory, which therefore could never be given back.
+// taken), handed out lowest first: the stack table's records and the live
+// table's chunks. It replaces free lists (issue 26) because the
+// lowest-first order is what lets a pool shrink: new stacks fill the holes
+// low in the pool, the sweep moves the stacks stored high down into the
+// rest (StackTable::compact_move()), and what is above is all free, so its
+// pages can go back to the kernel (the live table's chunks do not move,
+// but new chains fill the low holes and the free chunks' pages go back:
+// LiveTable::trim()). A free list hands records out in the order they
+// were freed, scattered over the whole pool, and keeps its links in the
+// free records' own memory, which therefore could never be given back.
 //
 // take() starts at a hint: the lowest word that may have a free bit. give()
 // lowers it; take() raises it past words it finds full. A take that raises

@@ -94,10 +94,11 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   for (unsigned c = 0; c < kClasses; ++c) {
     words_[c] = ((depth + kHeadWords) * (c + 1) + kClasses - 1) / kClasses;
     if (words_[c] < kHeadWords + 1) words_[c] = kHeadWords + 1;
-    // Multiples of 16 records: each class's churn rows then start on a
-    // page (churn.cpp), and compaction gives their pages back whole.
+    // Multiples of 32 records (a page of 128-byte churn rows): each
+    // class's churn rows then start on a page (churn.cpp), and compaction
+    // gives their pages back whole. rec_cap is a multiple of 64.
     caps_[c] =
-        static_cast<uint32_t>(c + 1 == kClasses ? rec_cap : ((rec_cap + 3) / 4 + 15) / 16 * 16);
+        static_cast<uint32_t>(c + 1 == kClasses ? rec_cap : ((rec_cap + 3) / 4 + 31) / 32 * 32);
     row_base_[c] = rows;
     rows += caps_[c];
     pool_at[c] = total;

@@ -433,6 +433,9 @@ bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   // sweep ends); a sweep reclaim() started is carried by its caller.
   if (hooks_sweep_ && stacks_.wants_sweep()) [[unlikely]]
     sweep_hook_step();
+  // The live table's trim needs no barrier: any process trims.
+  if (table_.wants_trim()) [[unlikely]]
+    trim_step(false);
   return inserted == 1;
 }
 

@@ -406,6 +406,14 @@ class Tracker {
   // running to its end first. Returns the stacks freed meanwhile (0 when
   // this process cannot sweep, see above).
   uint64_t reclaim();
+  // Runs a whole trim of the live table (LiveTable::trim()) from the
+  // caller's thread, wanted or not, after helping one that runs to its
+  // end. Returns the bytes it gave back. reclaim() ends with one.
+  size_t trim_live();
+  // Trims of the live table, and the bytes they gave back (pages whose
+  // chunks were all free, counted whether or not they were resident).
+  uint64_t live_trims() const { return live_trims_.load(std::memory_order_relaxed); }
+  uint64_t live_trimmed_bytes() const { return live_trimmed_.load(std::memory_order_relaxed); }
   // Stale ids the sweeps met in the live table (a protocol failure; 0).
   uint64_t stale_stacks() const { return stale_.load(std::memory_order_relaxed); }
   // Stacks the sweeps' compaction moved down their record pools
@@ -522,6 +530,12 @@ class Tracker {
     std::atomic<uint32_t> npins;
     std::atomic<uint32_t> pins[kSettlePins];
     uint32_t scratch[kSettlePins];  // collect_pins()'s, by the thread that advances
+    // The live table's trim (trim_step()), apart from the sweep: 0 idle,
+    // kTrimStarting, else kTrimRunning | the next chunk to claim.
+    std::atomic<uint64_t> trim_cursor;
+    std::atomic<uint64_t> trim_total;     // the running trim's chunks
+    std::atomic<uint64_t> trim_done;      // and how many are done
+    std::atomic<uint64_t> trim_released;  // bytes they gave back
   };
   static_assert(sizeof(SweepControl) <= 4096, "the sweep's control block is one page");
   bool sweep_init();
@@ -530,6 +544,12 @@ class Tracker {
     return sweep_ != nullptr && (sweep_->cursor.load(std::memory_order_relaxed) >> 48) != 0;
   }
   void sweep_hook_step();
+  // Does one step of the live table's trim: starts one (when `start`, or
+  // the table wants one) or trims its next chunk. False when there was
+  // nothing to do (another thread starts one, or every chunk is claimed).
+  bool trim_step(bool start);
+  // Ends the running trim, which gave back `released` bytes.
+  void trim_finish(uint64_t released);
   bool sweep_start(bool from_hook);
   // Calls f(state) for every state a thread holds (and the shared one).
   template <class F>
@@ -597,6 +617,8 @@ class Tracker {
   std::atomic<uint64_t> sweeps_started_{0};
   std::atomic<uint64_t> stale_{0};
   std::atomic<uint64_t> stacks_moved_{0};
+  std::atomic<uint64_t> live_trims_{0};
+  std::atomic<uint64_t> live_trimmed_{0};
   TestHook test_hook_ = nullptr;
   void* test_ctx_ = nullptr;
   // The Erlang context: written once, before erlang_on_ is released.

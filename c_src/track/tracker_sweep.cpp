@@ -26,6 +26,9 @@ enum : uint32_t {
   kSettle = 6,  // compaction: retired records back, free pages released
 };
 constexpr uint64_t kLowMask = (uint64_t{1} << 48) - 1;
+// SweepControl::trim_cursor's states (0: idle).
+constexpr uint64_t kTrimStarting = uint64_t{1} << 62;
+constexpr uint64_t kTrimRunning = uint64_t{1} << 63;
 // Slots per chunk: 1024 live-table slots are 32 KiB, a few us to scan.
 constexpr size_t kChunk = 1024;
 constexpr size_t kControlBytes = 4096;
@@ -338,8 +341,75 @@ void Tracker::sweep_hook_step() {
     sweep_start(true);
 }
 
+bool Tracker::trim_step(bool start) {
+  if (sweep_ == nullptr) return false;
+  SweepControl& c = *sweep_;
+  uint64_t cur = c.trim_cursor.load(std::memory_order_acquire);
+  if (cur == 0) {
+    if (!start && !table_.wants_trim()) return false;
+    if (!c.trim_cursor.compare_exchange_strong(cur, kTrimStarting, std::memory_order_acq_rel,
+                                               std::memory_order_relaxed))
+      return false;
+    const size_t total = table_.trim_begin();
+    c.trim_total.store(total, std::memory_order_relaxed);
+    c.trim_done.store(0, std::memory_order_relaxed);
+    c.trim_released.store(0, std::memory_order_relaxed);
+    if (total == 0) {
+      trim_finish(0);
+      return true;
+    }
+    // Release: a thread that claims a chunk sees trim_begin()'s bounds.
+    c.trim_cursor.store(kTrimRunning, std::memory_order_release);
+    cur = kTrimRunning;
+  }
+  // Chunks are claimed by CAS, never by an add: an add by a thread that
+  // read an older trim's cursor would turn an idle cursor into garbage.
+  // A CAS that meets a newer trim's cursor at the same chunk claims that
+  // trim's chunk, which is as good.
+  uint64_t k;
+  for (;;) {
+    if ((cur & kTrimRunning) == 0) return false;  // idle or starting
+    k = cur & ~kTrimRunning;
+    if (k >= c.trim_total.load(std::memory_order_acquire)) return false;  // all claimed
+    if (c.trim_cursor.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel,
+                                            std::memory_order_acquire))
+      break;
+  }
+  // This trim's (the CAS acquired its cursor, published after its total).
+  const uint64_t total = c.trim_total.load(std::memory_order_relaxed);
+  if (k >= total) return false;
+  const size_t released = table_.trim(static_cast<size_t>(k));
+  if (released != 0) c.trim_released.fetch_add(released, std::memory_order_relaxed);
+  if (c.trim_done.fetch_add(1, std::memory_order_acq_rel) + 1 == total)
+    trim_finish(c.trim_released.load(std::memory_order_relaxed));
+  return true;
+}
+
+void Tracker::trim_finish(uint64_t released) {
+  table_.trim_end(static_cast<size_t>(released));
+  live_trimmed_.fetch_add(released, std::memory_order_relaxed);
+  live_trims_.fetch_add(1, std::memory_order_release);
+  sweep_->trim_cursor.store(0, std::memory_order_release);
+}
+
+size_t Tracker::trim_live() {
+  if (sweep_ == nullptr) return 0;
+  // Help a running trim to its end, then run one of our own.
+  while (sweep_->trim_cursor.load(std::memory_order_acquire) != 0)
+    if (!trim_step(false)) ::sched_yield();
+  const uint64_t before = live_trimmed_.load(std::memory_order_relaxed);
+  const uint64_t trims = live_trims_.load(std::memory_order_relaxed);
+  while (live_trims_.load(std::memory_order_acquire) == trims)
+    if (!trim_step(true)) ::sched_yield();
+  return static_cast<size_t>(live_trimmed_.load(std::memory_order_relaxed) - before);
+}
+
 uint64_t Tracker::reclaim() {
-  if (sweep_ == nullptr || barrier_kind() == kBarrierNone) return 0;
+  if (sweep_ == nullptr) return 0;
+  if (barrier_kind() == kBarrierNone) {
+    trim_live();
+    return 0;
+  }
   const uint64_t freed_before = stacks_.reclaimed();
   // Wait for the first sweep counted after this point, whoever starts it:
   // its scan reads the table as the caller left it (this RMW releases the
@@ -358,6 +428,8 @@ uint64_t Tracker::reclaim() {
     // failed: nothing more to do here.
     if (!sweep_start(false) && !sweep_active()) break;
   }
+  // The entries the caller freed may have left chunks free too.
+  trim_live();
   return stacks_.reclaimed() - freed_before;
 }
 
