@@ -198,32 +198,57 @@ TEST_CASE("churn: a row's 32-bit counts carry, and read exactly past 2^31", "[tr
   ct.destroy();
 }
 
-TEST_CASE("churn: threads crossing a carry together lose no count", "[track][churn][concurrency]") {
-  // Four threads add 1,024 blocks at a time to one row: a carry every
-  // 2,048 adds, hundreds of them, each racing the others' adds.
-  ChurnTable ct;
-  REQUIRE(ct.init(kSixteens, 4));
-  constexpr int kAdds = 200000;
-  std::vector<std::thread> ts;
-  for (int t = 0; t < 4; ++t)
-    ts.emplace_back([&] {
-      for (int i = 0; i < kAdds; ++i) {
-        ct.on_alloc(9, 5, 1024 * kCountOne, 1, false);
-        ct.on_free(9, 5, 1024 * kCountOne, 1, 0, false);
+TEST_CASE(
+    "churn: threads crossing a carry together lose no count, and readers never see one "
+    "go back",
+    "[track][churn][concurrency]") {
+  // Four threads add to one row, a carry every 2,048 adds of 1,024 blocks
+  // (hundreds, racing the others' adds), or every 32 adds of 65,536 (an
+  // 8-byte block's sampled weight: enough adds land during one carry to
+  // wrap the 32-bit count). A reader meanwhile: a count read mid-carry
+  // would be 2 Mi blocks low, below one read before.
+  for (const uint64_t blocks : {uint64_t{1024}, uint64_t{65536}}) {
+    INFO(blocks << " blocks an add");
+    ChurnTable ct;
+    REQUIRE(ct.init(kSixteens, 4));
+    const int adds = blocks == 1024 ? 200000 : 100000;
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> back{0}, reads{0};
+    std::thread reader([&] {
+      uint64_t last = 0;
+      while (!stop.load()) {
+        ct.for_each([&](const mi_abi_churn& r) {
+          if (r.stack_id != 9) return;
+          if (r.allocated_count < last) ++back;
+          last = r.allocated_count;
+          ++reads;
+        });
       }
     });
-  for (auto& t : ts) t.join();
-  const mi_abi_churn r = rows_of(ct).at(9);
-  CHECK(r.allocated_count == uint64_t{4} * kAdds * 1024);
-  CHECK(r.lifetimes[0] == uint64_t{4} * kAdds * 1024);
-  ct.destroy();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t)
+      ts.emplace_back([&] {
+        for (int i = 0; i < adds; ++i) {
+          ct.on_alloc(9, 5, blocks * kCountOne, 1, false);
+          ct.on_free(9, 5, blocks * kCountOne, 1, 0, false);
+        }
+      });
+    for (auto& t : ts) t.join();
+    stop = true;
+    reader.join();
+    INFO(reads.load() << " reads");
+    CHECK(back.load() == 0);
+    const mi_abi_churn r = rows_of(ct).at(9);
+    CHECK(r.allocated_count == uint64_t{4} * adds * blocks);
+    CHECK(r.lifetimes[0] == uint64_t{4} * adds * blocks);
+    ct.destroy();
+  }
 }
 
 TEST_CASE("churn: what a row carried moves and folds with it", "[track][churn]") {
   // A row with carried counts moved by compaction (all of it to the new
-  // row), then given back (all of it to the unknown row); the rows past
-  // what the spill entries hold carry to the unknown row's entry: the
-  // totals still add up.
+  // row), then given back (all of it to the unknown row); 3,000 rows that
+  // each carry keep their own counts (every row has a spill entry).
   ChurnTable ct;
   const size_t sizes[] = {4000, 16, 16, 16};
   REQUIRE(ct.init(sizes, 4));
@@ -242,15 +267,19 @@ TEST_CASE("churn: what a row carried moves and folds with it", "[track][churn]")
   rows = rows_of(ct);
   CHECK(rows.count(11) == 0);
   CHECK(rows.at(0).allocated_count == kBig + 8);
-  // 3,000 rows, each past 2^31: more than the 1,023 spill entries.
-  for (uint32_t row = 10; row < 3010; ++row)
+  for (uint32_t row = 10; row < 3010; ++row) {
     ct.on_alloc(1000 + row, row, kBig * kCountOne, 1, false);
+    ct.on_alloc(1000 + row, row, 3 * kCountOne, 1, false);
+    for (int k = 0; k < 3; ++k) ct.on_free(1000 + row, row, kBig * kCountOne / 3, 1, 0, false);
+  }
   rows = rows_of(ct);
-  uint64_t sum = 0;
-  for (const auto& [id, r] : rows) sum += r.allocated_count;
-  CHECK(sum == 3001 * kBig + 8);
-  CHECK(rows.at(0).allocated_count > kBig + 8);  // some carried to the unknown row's entry
-  CHECK(rows.at(1010).allocated_count == kBig);  // the first rows have entries of their own
+  CHECK(rows.at(0).allocated_count == kBig + 8);
+  size_t exact = 0;
+  for (uint32_t row = 10; row < 3010; ++row) {
+    const mi_abi_churn& r = rows.at(1000 + row);
+    if (r.allocated_count == kBig + 3 && r.freed_count == kBig && r.lifetimes[0] == kBig) ++exact;
+  }
+  CHECK(exact == 3000);
   ct.clear();
   CHECK(rows_of(ct).empty());
   ct.destroy();

@@ -532,6 +532,28 @@ TEST_CASE("live table: a trim gives back the pages only free chunks cover, and k
   t.destroy();
 }
 
+TEST_CASE("live table: a trim of a small table keeps to its pools", "[track][table][memory]") {
+  // 1,024 entries: 16 small chunks and 128 big ones, less than a bitmap
+  // word for the small pool. Bits past a pool's end name no chunk: a trim
+  // that released them would zero the big pool's first chunks, here the
+  // ones still in use.
+  constexpr uint64_t kBase = 0x7f0000000000ull;
+  LiveTable t;
+  REQUIRE(t.init(1024));
+  fill_units(t, kBase, 0, 24, 1);
+  empty_units(t, kBase, 4, 20);
+  trim_all(t);
+  const auto live = live_of(t);
+  CHECK(live.size() == 4 * 64);
+  for (uint64_t u = 0; u < 4; ++u)
+    for (uint64_t j = 0; j < 64; ++j) {
+      const auto it = live.find(kBase + u * 1024 + j * 16);
+      REQUIRE(it != live.end());
+      CHECK(it->second.timestamp_ns == u);
+    }
+  t.destroy();
+}
+
 TEST_CASE("live table: the lowest free chunks are taken first", "[track][table]") {
   // 100 units filled in order, all but the last emptied: a new unit's
   // chunks are the pools' first ones again (a free list would hand out

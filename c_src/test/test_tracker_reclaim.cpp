@@ -106,6 +106,28 @@ void alloc_free(Tracker& t, uint64_t site) {
   t.on_free(MI_FN_FREE, addr(0x100000));
 }
 
+// A tracker on a live table of 64 Ki entries with `units` units of 64
+// blocks of 16 bytes recorded (from kUnitBase, one call site).
+// free_units() frees those not a multiple of `keep`: chunks given back
+// all over the pools.
+constexpr uint64_t kUnitBase = 0x7f0000000000ull;
+void init_units(Tracker& t, uint64_t units, unsigned quiesce_rounds = 10000) {
+  Config c;
+  c.table_capacity = 1 << 16;
+  c.stack_capacity = 1024;
+  c.quiesce_rounds = quiesce_rounds;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  t_fake_stack = site_stack(1);
+  for (uint64_t u = 0; u < units; ++u)
+    for (uint64_t j = 0; j < 64; ++j)
+      t.on_alloc(MI_FN_MALLOC, addr(kUnitBase + u * 1024 + j * 16), 16);
+}
+void free_units(Tracker& t, uint64_t units, uint64_t keep) {
+  for (uint64_t u = 0; u < units; ++u)
+    if (u % keep != 0)
+      for (uint64_t j = 0; j < 64; ++j) t.on_free(MI_FN_FREE, addr(kUnitBase + u * 1024 + j * 16));
+}
+
 }  // namespace
 
 TEST_CASE("tracker: reset frees every stack and reclaim frees unreferenced ones",
@@ -371,25 +393,19 @@ TEST_CASE("tracker: hooks trim the live table once a burst is freed; reclaim tri
   // 600 units of 64 blocks (2,400 big chunks, 300 pages), every sixth
   // kept. Freeing the rest dirties the pools' words; the next recorded
   // allocation starts a trim, and the ones after carry it to its end.
-  constexpr uint64_t kBase = 0x7f0000000000ull;
+  constexpr uint64_t kBase = kUnitBase;
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 16;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  t_fake_stack = site_stack(1);
-  for (uint64_t u = 0; u < 600; ++u)
-    for (uint64_t j = 0; j < 64; ++j) t.on_alloc(MI_FN_MALLOC, addr(kBase + u * 1024 + j * 16), 16);
+  init_units(t, 600);
   const uint64_t trims = t.live_trims();
-  for (uint64_t u = 0; u < 600; ++u)
-    if (u % 6 != 0)
-      for (uint64_t j = 0; j < 64; ++j) t.on_free(MI_FN_FREE, addr(kBase + u * 1024 + j * 16));
+  const size_t full = t.table_resident_bytes();
+  free_units(t, 600, 6);
   CHECK(t.live_trims() == trims);  // frees never trim
   for (int i = 0; i < 100 && t.live_trims() == trims; ++i) alloc_free(t, 1);
   CHECK(t.live_trims() == trims + 1);
   // Half the pages at least (the kept units' share a page with a freed
   // one's, less what shared chains keep).
   CHECK(t.live_trimmed_bytes() >= 150 * 4096);
+  CHECK(full - t.table_resident_bytes() >= 150 * 4096);  // resident, not only madvised
   CHECK(live_of(t).size() == 100 * 64);
   // Nothing freed since: quiet. reclaim() still trims, and finds nothing.
   const uint64_t bytes = t.live_trimmed_bytes();
@@ -404,6 +420,49 @@ TEST_CASE("tracker: hooks trim the live table once a burst is freed; reclaim tri
   t.reclaim();
   CHECK(t.live_trimmed_bytes() - bytes >= 100 * 4096);
   CHECK(live_of(t).empty());
+  t.destroy();
+}
+
+TEST_CASE("tracker: a reset waits for a trim chunk, and keeps the pages if it cannot",
+          "[track][tracker][reclaim]") {
+  // A hook parked inside a trim chunk (claimed words in hand): clear_table()
+  // must not empty and release the pools under it (it would re-initialize
+  // the bitmaps the trim then unclaims: chunks handed out twice). It waits
+  // its quiesce rounds, then clears without releasing; the trim goes on.
+  constexpr uint64_t kBase = kUnitBase;
+  Tracker t;
+  init_units(t, 60, 50);
+  free_units(t, 60, 6);
+  // Only the first trim chunk parks (reset() helps the trim on, and
+  // must not park itself).
+  struct Once {
+    Parking park;
+    std::atomic<bool> taken{false};
+  } once;
+  Parking& park = once.park;
+  t.set_test_hook(
+      [](TestPoint p, void* ctx) {
+        auto* o = static_cast<Once*>(ctx);
+        if (p == TestPoint::kTrimming && !o->taken.exchange(true)) Parking::hook(&o->park);
+      },
+      &once);
+  std::thread trimmer([&] {
+    t_fake_stack = site_stack(1);
+    t.on_alloc(MI_FN_MALLOC, addr(0x100000), 8);  // starts the trim: parks in its first chunk
+  });
+  park.wait_parked();
+  const uint64_t unreleased = t.unreleased_clears();
+  t.reset();
+  CHECK(t.unreleased_clears() == unreleased + 1);
+  park.release();
+  trimmer.join();
+  t.set_test_hook(nullptr, nullptr);
+  // The table works: what is recorded now is there, once.
+  CHECK(live_of(t).empty());
+  for (uint64_t u = 0; u < 60; ++u)
+    for (uint64_t j = 0; j < 64; ++j) t.on_alloc(MI_FN_MALLOC, addr(kBase + u * 1024 + j * 16), 16);
+  CHECK(live_of(t).size() == 60 * 64);
+  CHECK(status_of(t).dropped == 0);
   t.destroy();
 }
 

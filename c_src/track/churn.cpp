@@ -21,7 +21,7 @@ bool ChurnTable::init(const size_t* rows, unsigned segments) {
   // run of records the stack table gives back (its compaction chunks are
   // 512 records), whose rows' pages then go back whole.
   row_bytes_ = os_page_up(4096 - sizeof(Slot) + n * sizeof(Slot));
-  bytes_ = row_bytes_ + os_page_up(kSpills * sizeof(Spill));
+  bytes_ = row_bytes_ + os_page_up(n * sizeof(Spill));
   void* mem = os_map(bytes_);
   if (mem == nullptr) return false;
   mem_ = mem;
@@ -73,9 +73,8 @@ void ChurnTable::fold(Slot& from, Slot& to) {
   auto take = [](auto& a) -> uint64_t {
     return a.load(std::memory_order_relaxed) != 0 ? a.exchange(0, std::memory_order_relaxed) : 0;
   };
-  Spill* sp = (from.flags.load(std::memory_order_acquire) & kSpilled) != 0
-                  ? const_cast<Spill*>(spill_of(from))
-                  : nullptr;
+  await_carry(from);
+  Spill* sp = const_cast<Spill*>(spill_of(from, from.flags.load(std::memory_order_acquire)));
   for (unsigned i = 0; i < kCounts; ++i) {
     const uint64_t v = take(from.counts[i]) + (sp != nullptr ? take(sp->counts[i]) : 0);
     if (v != 0) add_wide(to, i, v);
@@ -89,16 +88,32 @@ void ChurnTable::fold(Slot& from, Slot& to) {
     to.flags.fetch_or(MI_CHURN_SAMPLED, std::memory_order_relaxed);
 }
 
-void ChurnTable::carry(Slot& s, unsigned i) {
-  // A CAS rather than a subtraction: a fold that took the count meanwhile
-  // took the carry with it, and the count must not go below zero.
+void ChurnTable::carry(Slot& s, unsigned i, uint32_t old, uint32_t v) {
+  if (static_cast<uint32_t>(old + v) < old) {
+    // Wrapped: adds piled up past 2^32 while another add's carry was
+    // pending (which then finds less than kCarry and does nothing).
+    spill_for(s)->counts[i].fetch_add(uint64_t{1} << 32, std::memory_order_relaxed);
+    return;
+  }
+  // Bracketed for readers and folds (see the header). A CAS rather than a
+  // subtraction: a fold that took the count meanwhile took the carry with
+  // it, and the count must not go below zero. Release: a reader that sees
+  // the lowered count sees the carry begun.
+  Spill* sp = spill_for(s);
+  s.flags.fetch_add(kCarryIn, std::memory_order_acq_rel);
   uint32_t cur = s.counts[i].load(std::memory_order_relaxed);
   while (cur >= kCarry)
-    if (s.counts[i].compare_exchange_weak(cur, cur - kCarry, std::memory_order_relaxed)) {
-      if (Spill* sp = spill_for(s); sp != nullptr)
-        sp->counts[i].fetch_add(kCarry, std::memory_order_relaxed);
-      return;
+    if (s.counts[i].compare_exchange_weak(cur, cur - kCarry, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+      sp->counts[i].fetch_add(kCarry, std::memory_order_relaxed);
+      break;
     }
+  s.flags.fetch_add(kCarryOut, std::memory_order_release);
+}
+
+void ChurnTable::await_carry(const Slot& s) const {
+  for (int n = 0; n < 4096 && carrying(s.flags.load(std::memory_order_acquire)); ++n)
+    if (n >= 64) ::sched_yield();
 }
 
 void ChurnTable::add_wide(Slot& s, unsigned i, uint64_t x) {
@@ -106,43 +121,15 @@ void ChurnTable::add_wide(Slot& s, unsigned i, uint64_t x) {
     add(s, i, x);
     return;
   }
-  if (Spill* sp = spill_for(s); sp != nullptr)
-    sp->counts[i].fetch_add(x, std::memory_order_relaxed);
+  spill_for(s)->counts[i].fetch_add(x, std::memory_order_relaxed);
 }
 
 ChurnTable::Spill* ChurnTable::spill_for(Slot& s) {
-  if (spills_ == nullptr) return nullptr;
-  Spill* e = find_spill(row_of(s), true);
-  // The unknown row's entry counts for rows whose probe is all taken:
-  // flag row 0 too. Flagged after the key: a reader that sees the flag
-  // finds the entry.
-  Slot& owner = e == &spills_[0] ? slots_[0] : s;
-  if ((owner.flags.load(std::memory_order_relaxed) & kSpilled) == 0)
-    owner.flags.fetch_or(kSpilled, std::memory_order_release);
-  return e;
-}
-
-const ChurnTable::Spill* ChurnTable::spill_of(const Slot& s) const {
-  if (spills_ == nullptr) return nullptr;
-  return const_cast<ChurnTable*>(this)->find_spill(row_of(s), false);
-}
-
-ChurnTable::Spill* ChurnTable::find_spill(uint32_t row, bool take) {
-  if (row == 0) return &spills_[0];  // no key: it is always the unknown row's
-  const uint32_t key = row + 1;
-  uint32_t at = static_cast<uint32_t>((uint64_t{row} * 0x9E3779B97F4A7C15ull) >> 40);
-  for (uint32_t k = 0; k < kSpillProbe; ++k, ++at) {
-    Spill& e = spills_[1 + at % (kSpills - 1)];
-    uint32_t cur = e.key.load(std::memory_order_acquire);
-    // A failed CAS leaves the key it met in cur.
-    if (cur == 0 && take &&
-        e.key.compare_exchange_strong(cur, key, std::memory_order_acq_rel,
-                                      std::memory_order_acquire))
-      cur = key;
-    if (cur == key) return &e;
-    if (cur == 0) return nullptr;  // a reader's probe: never taken
-  }
-  return take ? &spills_[0] : nullptr;
+  // Flagged before the caller adds: a reader that reads the flags after
+  // seeing the add also sees the flag, and reads the entry.
+  if ((s.flags.load(std::memory_order_relaxed) & kSpilled) == 0)
+    s.flags.fetch_or(kSpilled, std::memory_order_release);
+  return &spills_[&s - slots_];
 }
 
 void ChurnTable::move_row(uint32_t id, uint32_t from, uint32_t to) {
@@ -175,9 +162,9 @@ void ChurnTable::release_rows(uint32_t first, uint32_t n) {
     fold(s, slots_[0]);
     if (s.id.load(std::memory_order_relaxed) != 0) s.id.store(0, std::memory_order_relaxed);
   }
-  // A row's spill entry stays its row's (zeroed by the fold), for the
-  // next stack that takes the row.
+  // The rows and their spill entries (zeroed by the folds).
   os_release_within(&slots_[first], &slots_[first] + n);
+  os_release_within(&spills_[first], &spills_[first] + n);
 }
 
 void ChurnTable::clear() {

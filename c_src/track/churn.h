@@ -28,14 +28,17 @@
 // bytes allocated and freed (64 bits), and 26 block counts of 32 bits
 // (allocated, temporary, and the lifetime buckets). A count carries:
 // the add that takes it to kCarry (2^31, 2 Mi blocks) moves kCarry to the
-// row's spill entry, 64-bit counts in a small table apart, mapped lazily
-// and taken by CAS the first time a row carries (Spill). So a row holds
-// any count a 64-bit one does, and the resident set is a row of 128 bytes
-// a site, not 256: only sites that count millions of blocks take a spill
-// entry. A reader adds the two; one that reads a count between its carry's
-// two steps sees kCarry too much (the spill is added first), never too
-// little. When every spill entry is taken, rows carry to the unknown
-// stacks' entry (the totals still add up).
+// row's spill entry, 64-bit counts in an array apart (a 208-byte entry per
+// row, mapped but touched only by the rows that carry: Spill). So a row
+// holds any count a 64-bit one does, and the resident set is a row of 128
+// bytes a site, not 256: only sites that count millions of blocks touch
+// their spill entry. A carry is bracketed by two counts in the row's
+// flags (kCarryIn, kCarryOut); a reader retries a row whose carries
+// changed or were in progress while it read (bounded: after 64 tries it
+// takes what it read), so it never sees a count kCarry off. (Adds that
+// pile up past 2^32 while a carry is pending, 2^31 more in the few
+// instructions of a carry, wrap: the add that wraps adds 2^32 to the
+// spill entry, unbracketed.)
 //
 // Lifetimes come from the live entries' timestamps (the tracker's coarse
 // clock), bucketed by log2 of whole milliseconds: bucket 0 holds the
@@ -53,6 +56,8 @@
 // totals still add up).
 #ifndef MALLOCINFO_TRACK_CHURN_H
 #define MALLOCINFO_TRACK_CHURN_H
+
+#include <sched.h>
 
 #include <atomic>
 #include <cstddef>
@@ -158,27 +163,28 @@ class ChurnTable {
   // sampled block's weight is below that at the default interval); a
   // larger one goes to the spill entry.
   static constexpr uint64_t kMaxAdd = uint64_t{1} << 30;
-  // Set in Slot::flags once the row has a spill entry.
+  // Set in Slot::flags once the row has touched its spill entry.
   static constexpr uint32_t kSpilled = 2;
+  // Slot::flags' carry counts: bits 8-15 count carries begun, bits 24-31
+  // carries ended (bits 16-23 take the first's overflow); a carry runs
+  // while they differ.
+  static constexpr uint32_t kCarryIn = uint32_t{1} << 8;
+  static constexpr uint32_t kCarryOut = uint32_t{1} << 24;
+  static bool carrying(uint32_t flags) { return (flags >> 8 & 0xFF) != flags >> 24; }
 
   struct alignas(128) Slot {
     std::atomic<uint32_t> id;
-    std::atomic<uint32_t> flags;  // MI_CHURN_SAMPLED, kSpilled
+    std::atomic<uint32_t> flags;  // MI_CHURN_SAMPLED, kSpilled, carry counts
     std::atomic<uint64_t> allocated_bytes;
     std::atomic<uint64_t> freed_bytes;
     std::atomic<uint32_t> counts[kCounts];  // below kCarry but for a moment: see add()
   };
   static_assert(sizeof(Slot) == kRowBytes, "a churn row is two cache lines");
 
-  // A row's carried counts (see the header): key row + 1 (0: free).
-  struct alignas(64) Spill {
-    std::atomic<uint32_t> key;
+  // A row's carried counts (see the header), at the row's index.
+  struct Spill {
     std::atomic<uint64_t> counts[kCounts];
   };
-  // Spill entries: the unknown stacks' is the first, the others found by
-  // the row's hash, kSpillProbe entries at most.
-  static constexpr uint32_t kSpills = 1024;
-  static constexpr uint32_t kSpillProbe = 32;
 
   // Adds x (fixed point) to count i of s, carrying.
   void add(Slot& s, unsigned i, uint64_t x) {
@@ -188,28 +194,30 @@ class ChurnTable {
     }
     const auto v = static_cast<uint32_t>(x);
     const uint32_t old = s.counts[i].fetch_add(v, std::memory_order_relaxed);
-    if (old < kCarry && old + v >= kCarry) [[unlikely]]
-      carry(s, i);
+    const uint32_t now = old + v;  // wraps past 2^32
+    if ((now >= kCarry && old < kCarry) || now < old) [[unlikely]]
+      carry(s, i, old, v);
   }
-  [[gnu::noinline, gnu::cold]] void carry(Slot& s, unsigned i);
+  // The add of v to count i of s found `old` there: it crossed kCarry
+  // (carries it) or wrapped (adds 2^32 to the spill entry).
+  [[gnu::noinline, gnu::cold]] void carry(Slot& s, unsigned i, uint32_t old, uint32_t v);
   // Adds a count of any size: to the row while it stays well below a
   // carry, else to its spill entry (the sweep's folds).
   void add_wide(Slot& s, unsigned i, uint64_t x);
-  // The spill entry of s (taken now if it has none; the unknown stacks'
-  // when none is left); nullptr only before init.
+  // The spill entry of s, flagged as touched (kSpilled).
   Spill* spill_for(Slot& s);
-  // The spill entry of s, or nullptr when it has none.
-  const Spill* spill_of(const Slot& s) const;
-  // The spill entry keyed `row` + 1 (row 0: the first), taking a free one
-  // in its probe when `take` (the unknown row's when none is); nullptr
-  // when there is none and !take.
-  Spill* find_spill(uint32_t row, bool take);
+  // The spill entry of s when it touched it, else nullptr.
+  const Spill* spill_of(const Slot& s, uint32_t flags) const {
+    return (flags & kSpilled) != 0 ? &spills_[&s - slots_] : nullptr;
+  }
+  // Waits a little while a carry runs on s (the sweep's folds): a fold
+  // that took a count between a carry's two steps would leave 2^31 behind.
+  void await_carry(const Slot& s) const;
   // Count i of s: the row's and its spill's (fixed point).
   uint64_t count(const Slot& s, const Spill* sp, unsigned i) const {
-    return s.counts[i].load(std::memory_order_relaxed) +
-           (sp != nullptr ? sp->counts[i].load(std::memory_order_relaxed) : 0);
+    return s.counts[i].load(std::memory_order_acquire) +
+           (sp != nullptr ? sp->counts[i].load(std::memory_order_acquire) : 0);
   }
-  uint32_t row_of(const Slot& s) const { return static_cast<uint32_t>(&s - slots_); }
 
   static uint64_t whole(uint64_t fixed) { return (fixed + kCountOne / 2) / kCountOne; }
   // The row of stack `id`: row 0 (no stack) for id 0 or a row out of range.
@@ -223,7 +231,7 @@ class ChurnTable {
 
   void* mem_ = nullptr;      // the mapping: slots_ starts a row before its second page
   Slot* slots_ = nullptr;    // row 0 (unknown), then one per stack-table record
-  Spill* spills_ = nullptr;  // kSpills entries, after the rows (same mapping)
+  Spill* spills_ = nullptr;  // one per row, after the rows (same mapping)
   size_t row_bytes_ = 0;     // the mapping's part before spills_
   // Per segment, its rows up to here may have counted (read by for_each).
   std::atomic<uint32_t> used_[kMaxSegments] = {};
@@ -241,23 +249,34 @@ uint64_t ChurnTable::for_each(F&& f) const {
   // for nothing).
   auto visit = [&](size_t i) {
     const Slot& s = slots_[i];
-    const uint32_t flags = s.flags.load(std::memory_order_acquire);
-    const Spill* sp = (flags & kSpilled) != 0 ? spill_of(s) : nullptr;
     mi_abi_churn row{};
-    row.allocated_count = whole(count(s, sp, kAllocated));
+    uint32_t flags = 0;
+    uint64_t freed = 0;
+    // Read again when a carry ran meanwhile (see the header). Acquire
+    // loads keep the second read of the flags after the counts.
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      flags = s.flags.load(std::memory_order_acquire);
+      if (carrying(flags)) {
+        if (attempt >= 8) ::sched_yield();
+        continue;
+      }
+      const Spill* sp = spill_of(s, flags);
+      row.allocated_count = whole(count(s, sp, kAllocated));
+      row.temporary_count = whole(count(s, sp, kTemporary));
+      freed = 0;
+      for (unsigned b = 0; b < kLifetimeBuckets; ++b) {
+        const uint64_t v = count(s, sp, kLifetime0 + b);
+        row.lifetimes[b] = whole(v);
+        freed += v;
+      }
+      if (s.flags.load(std::memory_order_acquire) == flags) break;
+    }
     row.allocated_bytes = s.allocated_bytes.load(std::memory_order_relaxed);
     row.freed_bytes = s.freed_bytes.load(std::memory_order_relaxed);
-    uint64_t freed = 0;
-    for (unsigned b = 0; b < kLifetimeBuckets; ++b) {
-      const uint64_t v = count(s, sp, kLifetime0 + b);
-      row.lifetimes[b] = whole(v);
-      freed += v;
-    }
     if (row.allocated_count == 0 && freed == 0) return;
     row.stack_id = i == 0 ? 0 : s.id.load(std::memory_order_relaxed);
     row.flags = flags & MI_CHURN_SAMPLED;
     row.freed_count = whole(freed);
-    row.temporary_count = whole(count(s, sp, kTemporary));
     f(static_cast<const mi_abi_churn&>(row));
     ++n;
   };

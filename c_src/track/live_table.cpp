@@ -44,7 +44,6 @@ bool LiveTable::init(size_t capacity) {
   maps_[0].init(map_, small_chunks_);
   maps_[1].init(map_ + map_words[0], big_chunks_);
   dirty_n_.store(0, std::memory_order_relaxed);
-  trim_at_.store(kTrimAt, std::memory_order_relaxed);
   return true;
 }
 
@@ -250,8 +249,11 @@ bool LiveTable::read_slot(const Slot& s, LiveEntry* out) const {
       const uint64_t k = s.key.load(std::memory_order_acquire);
       out->timestamp_ns = s.ts.load(std::memory_order_acquire);
       out->pid = s.pid.load(std::memory_order_acquire);
-      const uint64_t m2 = s.meta.load(std::memory_order_relaxed);
-      if (m1 == m2) {
+      const uint64_t m2 = s.meta.load(std::memory_order_acquire);
+      // The key again: a trim zeroes a free slot's sequence, so an entry
+      // written there afresh may have the meta word of the one before it
+      // (same stack, size bits and sequence); not its key.
+      if (m1 == m2 && s.key.load(std::memory_order_relaxed) == k) {
         if (k <= kBusy) return false;
         unpack(k, m1, out);
         return true;
@@ -290,7 +292,6 @@ uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) 
   maps_[0].init(map_, small_chunks_);
   maps_[1].init(map_ + RecordMap::words_for(small_chunks_), big_chunks_);
   dirty_n_.store(0, std::memory_order_relaxed);
-  trim_at_.store(kTrimAt, std::memory_order_relaxed);
   return n;
 }
 
@@ -342,12 +343,24 @@ size_t LiveTable::release_chunks(unsigned big, uint32_t w, uint64_t mask) const 
   return released;
 }
 
-void LiveTable::trim_end(size_t released) {
+void LiveTable::trim_end(size_t released, bool asked) {
+  uint32_t dirty = 0;
+  for (unsigned p = 0; p < 2; ++p) {
+    // An empty pool's map is not read: after a clear it is unmapped, and
+    // reading it would map it again.
+    const auto words = static_cast<uint32_t>(RecordMap::words_for(maps_[p].high()));
+    if (words == 0) continue;
+    maps_[p].reset_hint();
+    for (uint32_t w = 0; w < words; ++w) dirty += dirty_[p][w].load(std::memory_order_relaxed);
+  }
+  dirty_n_.store(dirty, std::memory_order_relaxed);
   // A trim that gave nothing back waits for twice as many dirty words
   // next time (churn in a full pool dirties words with no free page): at
   // most every word the pools have handed out.
   uint32_t at = kTrimAt;
-  if (released == 0) {
+  if (!asked) {
+    at = last_at_;
+  } else if (released == 0) {
     const uint32_t most = trim_words_[0] + trim_words_[1];
     at = last_at_ * 2 < most ? last_at_ * 2 : most;
     if (at < kTrimAt) at = kTrimAt;

@@ -156,8 +156,13 @@ class LiveTable {
   // runs (it asks until trim_end(), so that hooks carry it). Two relaxed
   // loads.
   bool wants_trim() const {
-    return dirty_n_.load(std::memory_order_relaxed) >= trim_at_.load(std::memory_order_relaxed);
+    // Signed: a count a fork or a clear left a little low (see trim_end())
+    // reads as "not yet", not as 4 billion dirty words.
+    return static_cast<int32_t>(dirty_n_.load(std::memory_order_relaxed)) >=
+           static_cast<int32_t>(trim_at_.load(std::memory_order_relaxed));
   }
+  // No trim will run (the tracker has nowhere to keep one's state).
+  void never_trim() { trim_at_.store(INT32_MAX, std::memory_order_relaxed); }
   // Starts a trim: returns its number of chunks (kTrimWords bitmap words
   // each, of the pools' words handed out so far).
   size_t trim_begin();
@@ -165,8 +170,11 @@ class LiveTable {
   // Safe while other threads insert and remove; chunks may run at once.
   size_t trim(size_t k);
   // Ends a trim that gave back `released` bytes in all: sets when the next
-  // is wanted (dirty words, doubling while trims give nothing back).
-  void trim_end(size_t released);
+  // is wanted (dirty words, doubling while trims give nothing back, but
+  // for one that was not asked for: `asked` false), counts the dirty words
+  // again (a fork or a clear may have left the count off) and lowers the
+  // pools' hints (a take that met a claimed word may have raised them).
+  void trim_end(size_t released, bool asked = true);
   // Bitmap words a trim chunk covers (64 chunks a word: 32 KiB of big
   // chunks' slots), and the dirty words that make a trim wanted at first.
   static constexpr uint32_t kTrimWords = 8;
@@ -334,7 +342,9 @@ class LiveTable {
   // Per pool, a byte per bitmap word: 1 once a chunk was given back to
   // the word since its last trim; dirty_n_ counts them.
   std::atomic<uint8_t>* dirty_[2] = {nullptr, nullptr};
-  std::atomic<uint32_t> dirty_n_{0};
+  // Read by every recorded allocation (wants_trim()): a line of their
+  // own, apart from the maps' hints that every take and give writes.
+  alignas(64) std::atomic<uint32_t> dirty_n_{0};
   std::atomic<uint32_t> trim_at_{kTrimAt};
   uint32_t trim_small_ = 0;          // the running trim's chunks over the small pool
   uint32_t trim_words_[2] = {0, 0};  // and the words it looks at, per pool

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace mi::track {
@@ -32,8 +33,19 @@ void os_release(void* p, size_t bytes) {
 }
 
 size_t os_release_within(const void* begin, const void* end) {
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(begin) + 4095) & ~uintptr_t{4095};
-  const uintptr_t b = reinterpret_cast<uintptr_t>(end) & ~uintptr_t{4095};
+  // The kernel's page, not 4 KiB: on a kernel of 16 or 64 KiB pages,
+  // madvise() rounds the length up to whole pages, so a range cut at 4 KiB
+  // would zero the records beside it.
+  // Cached in an atomic, not a function-local static: no guard lock
+  // inside a hook.
+  static std::atomic<uintptr_t> cached{0};
+  uintptr_t page = cached.load(std::memory_order_relaxed);
+  if (page == 0) {
+    page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    cached.store(page, std::memory_order_relaxed);
+  }
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(begin) + page - 1) & ~(page - 1);
+  const uintptr_t b = reinterpret_cast<uintptr_t>(end) & ~(page - 1);
   if (b <= a) return 0;
   os_release(reinterpret_cast<void*>(a), b - a);
   return b - a;

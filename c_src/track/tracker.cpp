@@ -108,6 +108,9 @@ bool Tracker::init(const Config& config, UnwindFn unwind, ClockFn clock) {
     churn_.destroy();
     return false;
   }
+  // The trim's state lives in the sweep's control page: none, no trims
+  // (and no hook asks for one).
+  if (sweep_ == nullptr) table_.never_trim();
   states_bytes_ = kThreadStates * sizeof(ThreadState);
   static_assert(kThreadStates % 64 == 0);
   states_ = static_cast<ThreadState*>(os_map(states_bytes_));
@@ -676,7 +679,7 @@ uint64_t Tracker::clear_table() {
   // not hang us: after quiesce_rounds yields, clear without releasing.
   bool settled = false;
   for (unsigned round = 0; !settled; ++round) {
-    settled = true;
+    settled = trim_busy_.load(std::memory_order_seq_cst) == 0;
     each_held_state([&](ThreadState& st) {
       if (st.table_busy.load(std::memory_order_seq_cst) != 0) settled = false;
     });

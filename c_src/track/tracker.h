@@ -244,6 +244,7 @@ enum class TestPoint {
   kInterned,  // stack interned, its id not yet published as pending
   kPinned,    // id pending and checked, entry not yet inserted
   kCounting,  // a free's stack pinned and its churn row read, its counts not yet added
+  kTrimming,  // a trim chunk entered (counted busy for clear_table), not yet trimmed
 };
 
 class Tracker {
@@ -536,6 +537,7 @@ class Tracker {
     std::atomic<uint64_t> trim_total;     // the running trim's chunks
     std::atomic<uint64_t> trim_done;      // and how many are done
     std::atomic<uint64_t> trim_released;  // bytes they gave back
+    std::atomic<bool> trim_asked;         // the table asked for it (not trim_live())
   };
   static_assert(sizeof(SweepControl) <= 4096, "the sweep's control block is one page");
   bool sweep_init();
@@ -618,6 +620,9 @@ class Tracker {
   std::atomic<uint64_t> stale_{0};
   std::atomic<uint64_t> stacks_moved_{0};
   std::atomic<uint64_t> live_trims_{0};
+  // Trim chunks running now: clear_table() waits for them as for the
+  // threads inside a table operation (a trim writes the pools' bitmaps).
+  std::atomic<uint32_t> trim_busy_{0};
   std::atomic<uint64_t> live_trimmed_{0};
   TestHook test_hook_ = nullptr;
   void* test_ctx_ = nullptr;

@@ -354,6 +354,7 @@ bool Tracker::trim_step(bool start) {
     c.trim_total.store(total, std::memory_order_relaxed);
     c.trim_done.store(0, std::memory_order_relaxed);
     c.trim_released.store(0, std::memory_order_relaxed);
+    c.trim_asked.store(!start, std::memory_order_relaxed);
     if (total == 0) {
       trim_finish(0);
       return true;
@@ -378,7 +379,15 @@ bool Tracker::trim_step(bool start) {
   // This trim's (the CAS acquired its cursor, published after its total).
   const uint64_t total = c.trim_total.load(std::memory_order_relaxed);
   if (k >= total) return false;
-  const size_t released = table_.trim(static_cast<size_t>(k));
+  // Dekker with clear_table(), as enter_table(): either it sees the trim
+  // busy and waits, or the trim sees the table closed and skips its chunk
+  // (the chunk still counts as done, so the trim ends).
+  size_t released = 0;
+  trim_busy_.fetch_add(1, std::memory_order_seq_cst);
+  if (test_hook_ != nullptr) [[unlikely]]
+    test_hook_(TestPoint::kTrimming, test_ctx_);
+  if (table_open_.load(std::memory_order_seq_cst)) released = table_.trim(static_cast<size_t>(k));
+  trim_busy_.fetch_sub(1, std::memory_order_release);
   if (released != 0) c.trim_released.fetch_add(released, std::memory_order_relaxed);
   if (c.trim_done.fetch_add(1, std::memory_order_acq_rel) + 1 == total)
     trim_finish(c.trim_released.load(std::memory_order_relaxed));
@@ -386,7 +395,8 @@ bool Tracker::trim_step(bool start) {
 }
 
 void Tracker::trim_finish(uint64_t released) {
-  table_.trim_end(static_cast<size_t>(released));
+  table_.trim_end(static_cast<size_t>(released),
+                  sweep_->trim_asked.load(std::memory_order_relaxed));
   live_trimmed_.fetch_add(released, std::memory_order_relaxed);
   live_trims_.fetch_add(1, std::memory_order_release);
   sweep_->trim_cursor.store(0, std::memory_order_release);
@@ -394,13 +404,30 @@ void Tracker::trim_finish(uint64_t released) {
 
 size_t Tracker::trim_live() {
   if (sweep_ == nullptr) return 0;
-  // Help a running trim to its end, then run one of our own.
-  while (sweep_->trim_cursor.load(std::memory_order_acquire) != 0)
-    if (!trim_step(false)) ::sched_yield();
+  // Help a running trim to its end, then run one of our own. A thread
+  // stopped holding a chunk (a debugger) must not hang the caller: give up
+  // after quiesce_rounds yields in a row.
+  unsigned idle = 0;
+  while (sweep_->trim_cursor.load(std::memory_order_acquire) != 0 &&
+         idle <= config_.quiesce_rounds) {
+    if (trim_step(false)) {
+      idle = 0;
+    } else {
+      ++idle;
+      ::sched_yield();
+    }
+  }
   const uint64_t before = live_trimmed_.load(std::memory_order_relaxed);
   const uint64_t trims = live_trims_.load(std::memory_order_relaxed);
-  while (live_trims_.load(std::memory_order_acquire) == trims)
-    if (!trim_step(true)) ::sched_yield();
+  for (idle = 0;
+       live_trims_.load(std::memory_order_acquire) == trims && idle <= config_.quiesce_rounds;) {
+    if (trim_step(true)) {
+      idle = 0;
+    } else {
+      ++idle;
+      ::sched_yield();
+    }
+  }
   return static_cast<size_t>(live_trimmed_.load(std::memory_order_relaxed) - before);
 }
 
