@@ -395,8 +395,14 @@ bool Tracker::trim_step(bool start) {
 }
 
 void Tracker::trim_finish(uint64_t released) {
-  table_.trim_end(static_cast<size_t>(released),
-                  sweep_->trim_asked.load(std::memory_order_relaxed));
+  // trim_end() reads the pools' maps: busy for clear_table() too. With the
+  // table closed it is skipped: the table keeps asking (trim_begin() set
+  // that), and a later trim ends it.
+  trim_busy_.fetch_add(1, std::memory_order_seq_cst);
+  if (table_open_.load(std::memory_order_seq_cst))
+    table_.trim_end(static_cast<size_t>(released),
+                    sweep_->trim_asked.load(std::memory_order_relaxed));
+  trim_busy_.fetch_sub(1, std::memory_order_release);
   live_trimmed_.fetch_add(released, std::memory_order_relaxed);
   live_trims_.fetch_add(1, std::memory_order_release);
   sweep_->trim_cursor.store(0, std::memory_order_release);
