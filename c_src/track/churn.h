@@ -256,7 +256,7 @@ uint64_t ChurnTable::for_each(F&& f) const {
     // loads keep the second read of the flags after the counts.
     for (int attempt = 0; attempt < 64; ++attempt) {
       flags = s.flags.load(std::memory_order_acquire);
-      if (carrying(flags)) {
+      if (carrying(flags) && attempt < 63) {  // the last try reads anyway
         if (attempt >= 8) ::sched_yield();
         continue;
       }

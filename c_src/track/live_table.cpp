@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <cstdint>
+
 #include "os_mem.h"
 
 namespace mi::track {
@@ -296,8 +298,9 @@ uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) 
 }
 
 size_t LiveTable::trim_begin() {
-  // Asked for until trim_end(): hooks carry every chunk.
-  trim_at_.store(0, std::memory_order_relaxed);
+  // Asked for until trim_end(), whatever the dirty count: hooks carry
+  // every chunk.
+  trim_at_.store(static_cast<uint32_t>(INT32_MIN), std::memory_order_relaxed);
   for (unsigned p = 0; p < 2; ++p)
     trim_words_[p] = static_cast<uint32_t>(RecordMap::words_for(maps_[p].high()));
   trim_small_ = (trim_words_[0] + kTrimWords - 1) / kTrimWords;
