@@ -43,10 +43,14 @@ bool LiveTable::init(size_t capacity) {
   dir_mask_ = words - 1;
   dir_shift_ = 64 - run_bits;
   bytes_ = slot_bytes + header_bytes + dir_bytes + map_bytes + dirty_bytes;
-  maps_[0].init(map_, small_chunks_);
-  maps_[1].init(map_ + map_words[0], big_chunks_);
-  dirty_n_.store(0, std::memory_order_relaxed);
+  reset_pools();
   return true;
+}
+
+void LiveTable::reset_pools() {
+  maps_[0].init(map_, small_chunks_);
+  maps_[1].init(map_ + RecordMap::words_for(small_chunks_), big_chunks_);
+  dirty_n_.store(0, std::memory_order_relaxed);
 }
 
 void LiveTable::destroy() {
@@ -291,9 +295,7 @@ uint64_t LiveTable::clear_and_release(uint64_t* bytes, ClearFn each, void* ctx) 
   // Every count is 0 now and no writer runs: the pools start afresh (their
   // bitmaps and dirty bytes zeroed with the rest).
   os_release(slots_, bytes_);
-  maps_[0].init(map_, small_chunks_);
-  maps_[1].init(map_ + RecordMap::words_for(small_chunks_), big_chunks_);
-  dirty_n_.store(0, std::memory_order_relaxed);
+  reset_pools();
   return n;
 }
 

@@ -296,6 +296,9 @@ class LiveTable {
                ? static_cast<uint32_t>(p / kSmall + 1)
                : kBigBit | static_cast<uint32_t>((p - small_positions_) / kBig + 1);
   }
+  // Every chunk free, no word dirty: the maps over their zeroed words. Not
+  // thread-safe.
+  void reset_pools();
   // Frees a chain whose count went to 0.
   void give_chain(uint32_t head);
   // Puts chunk `id` back in its pool and marks its word dirty.

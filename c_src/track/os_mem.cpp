@@ -32,18 +32,23 @@ void os_release(void* p, size_t bytes) {
   if (p != nullptr && bytes != 0) ::madvise(p, bytes, MADV_DONTNEED);
 }
 
+size_t os_page_size() {
+  // Cached in an atomic, not a function-local static: no guard lock
+  // inside a hook.
+  static std::atomic<size_t> cached{0};
+  size_t page = cached.load(std::memory_order_relaxed);
+  if (page == 0) {
+    page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    cached.store(page, std::memory_order_relaxed);
+  }
+  return page;
+}
+
 size_t os_release_within(const void* begin, const void* end) {
   // The kernel's page, not 4 KiB: on a kernel of 16 or 64 KiB pages,
   // madvise() rounds the length up to whole pages, so a range cut at 4 KiB
   // would zero the records beside it.
-  // Cached in an atomic, not a function-local static: no guard lock
-  // inside a hook.
-  static std::atomic<uintptr_t> cached{0};
-  uintptr_t page = cached.load(std::memory_order_relaxed);
-  if (page == 0) {
-    page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    cached.store(page, std::memory_order_relaxed);
-  }
+  const uintptr_t page = os_page_size();
   const uintptr_t a = (reinterpret_cast<uintptr_t>(begin) + page - 1) & ~(page - 1);
   const uintptr_t b = reinterpret_cast<uintptr_t>(end) & ~(page - 1);
   if (b <= a) return 0;
@@ -53,7 +58,7 @@ size_t os_release_within(const void* begin, const void* end) {
 
 size_t os_resident(const void* p, size_t bytes) {
   if (p == nullptr) return 0;
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t page = os_page_size();
   unsigned char vec[4096];  // one byte per page: 16 MiB of mapping a call
   size_t resident = 0;
   const char* at = static_cast<const char*>(p);

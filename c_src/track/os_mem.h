@@ -27,6 +27,8 @@ void os_release(void* p, size_t bytes);
 // holds no whole page): for ranges of records whose ends need not fall on
 // a page. Returns the bytes given back.
 size_t os_release_within(const void* begin, const void* end);
+// The kernel's page size (sysconf, read once). Never allocates.
+size_t os_page_size();
 // Resident bytes of the page-aligned mapping [p, p + bytes) (mincore).
 // Never allocates. Thread-safe.
 size_t os_resident(const void* p, size_t bytes);

@@ -552,6 +552,16 @@ class Tracker {
   bool trim_step(bool start);
   // Ends the running trim, which gave back `released` bytes.
   void trim_finish(uint64_t released);
+  // Runs f (a trim's work on the pools) unless the table is closed,
+  // counted in trim_busy_: a Dekker with clear_table(), as enter_table()
+  // (either it sees the trim busy and waits, or the trim sees the table
+  // closed).
+  template <class F>
+  void trim_busy(F f) {
+    trim_busy_.fetch_add(1, std::memory_order_seq_cst);
+    if (table_open_.load(std::memory_order_seq_cst)) f();
+    trim_busy_.fetch_sub(1, std::memory_order_release);
+  }
   bool sweep_start(bool from_hook);
   // Calls f(state) for every state a thread holds (and the shared one).
   template <class F>

@@ -379,15 +379,14 @@ bool Tracker::trim_step(bool start) {
   // This trim's (the CAS acquired its cursor, published after its total).
   const uint64_t total = c.trim_total.load(std::memory_order_relaxed);
   if (k >= total) return false;
-  // Dekker with clear_table(), as enter_table(): either it sees the trim
-  // busy and waits, or the trim sees the table closed and skips its chunk
-  // (the chunk still counts as done, so the trim ends).
+  // With the table closed the chunk is skipped, and still counts as done,
+  // so the trim ends.
   size_t released = 0;
-  trim_busy_.fetch_add(1, std::memory_order_seq_cst);
-  if (test_hook_ != nullptr) [[unlikely]]
-    test_hook_(TestPoint::kTrimming, test_ctx_);
-  if (table_open_.load(std::memory_order_seq_cst)) released = table_.trim(static_cast<size_t>(k));
-  trim_busy_.fetch_sub(1, std::memory_order_release);
+  trim_busy([&] {
+    if (test_hook_ != nullptr) [[unlikely]]
+      test_hook_(TestPoint::kTrimming, test_ctx_);
+    released = table_.trim(static_cast<size_t>(k));
+  });
   if (released != 0) c.trim_released.fetch_add(released, std::memory_order_relaxed);
   if (c.trim_done.fetch_add(1, std::memory_order_acq_rel) + 1 == total)
     trim_finish(c.trim_released.load(std::memory_order_relaxed));
@@ -395,14 +394,13 @@ bool Tracker::trim_step(bool start) {
 }
 
 void Tracker::trim_finish(uint64_t released) {
-  // trim_end() reads the pools' maps: busy for clear_table() too. With the
-  // table closed it is skipped: the table keeps asking (trim_begin() set
-  // that), and a later trim ends it.
-  trim_busy_.fetch_add(1, std::memory_order_seq_cst);
-  if (table_open_.load(std::memory_order_seq_cst))
+  // trim_end() reads the pools' maps. With the table closed it is
+  // skipped: the table keeps asking (trim_begin() set that), and a later
+  // trim ends it.
+  trim_busy([&] {
     table_.trim_end(static_cast<size_t>(released),
                     sweep_->trim_asked.load(std::memory_order_relaxed));
-  trim_busy_.fetch_sub(1, std::memory_order_release);
+  });
   live_trimmed_.fetch_add(released, std::memory_order_relaxed);
   live_trims_.fetch_add(1, std::memory_order_release);
   sweep_->trim_cursor.store(0, std::memory_order_release);
@@ -413,27 +411,20 @@ size_t Tracker::trim_live() {
   // Help a running trim to its end, then run one of our own. A thread
   // stopped holding a chunk (a debugger) must not hang the caller: give up
   // after quiesce_rounds yields in a row.
-  unsigned idle = 0;
-  while (sweep_->trim_cursor.load(std::memory_order_acquire) != 0 &&
-         idle <= config_.quiesce_rounds) {
-    if (trim_step(false)) {
-      idle = 0;
-    } else {
-      ++idle;
-      ::sched_yield();
+  auto drive = [this](bool start, auto&& more) {
+    for (unsigned idle = 0; more() && idle <= config_.quiesce_rounds;) {
+      if (trim_step(start)) {
+        idle = 0;
+      } else {
+        ++idle;
+        ::sched_yield();
+      }
     }
-  }
+  };
+  drive(false, [&] { return sweep_->trim_cursor.load(std::memory_order_acquire) != 0; });
   const uint64_t before = live_trimmed_.load(std::memory_order_relaxed);
   const uint64_t trims = live_trims_.load(std::memory_order_relaxed);
-  for (idle = 0;
-       live_trims_.load(std::memory_order_acquire) == trims && idle <= config_.quiesce_rounds;) {
-    if (trim_step(true)) {
-      idle = 0;
-    } else {
-      ++idle;
-      ::sched_yield();
-    }
-  }
+  drive(true, [&] { return live_trims_.load(std::memory_order_acquire) == trims; });
   return static_cast<size_t>(live_trimmed_.load(std::memory_order_relaxed) - before);
 }
 
