@@ -114,6 +114,7 @@ bool StackTable::init(size_t capacity, unsigned depth) {
   void* mem = os_map(total);
   if (mem == nullptr) return false;
   headers_ = static_cast<Header*>(mem);
+  tags_ = reinterpret_cast<std::atomic<uint64_t>*>(headers_ + cap);
   for (unsigned c = 0; c < kClasses; ++c) {
     records_[c] = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + pool_at[c]);
     auto* map = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(mem) + map_at[c]);
@@ -128,6 +129,22 @@ bool StackTable::init(size_t capacity, unsigned depth) {
         static_cast<uint32_t>((RecordMap::words_for(caps_[c]) + kCompactWords - 1) / kCompactWords);
   mask_ = cap - 1;
   slot_bits_ = bits;
+  // Levels of a quarter, a quarter and a half (see "Levels"), each at
+  // least four windows: a smaller table is one level.
+  if (cap >= 16 * kWindow) {
+    levels_ = 3;
+    const size_t size[kMaxLevels] = {cap / 4, cap / 4, cap / 2};
+    size_t at = 0;
+    for (unsigned l = 0; l < levels_; ++l) {
+      level_at_[l] = at;
+      level_mask_[l] = size[l] - 1;
+      at += size[l];
+    }
+  } else {
+    levels_ = 1;
+    level_at_[0] = 0;
+    level_mask_[0] = mask_;
+  }
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
   const unsigned gen_bits = 31 - bits < 21 ? 31 - bits : 21;
   gen_max_ = (uint32_t{1} << gen_bits) - 1;
@@ -140,6 +157,7 @@ bool StackTable::init(size_t capacity, unsigned depth) {
 void StackTable::destroy() {
   os_unmap(headers_, bytes_);
   headers_ = nullptr;
+  tags_ = nullptr;
   for (std::atomic<uint64_t>*& r : records_) r = nullptr;
   for (std::atomic<uint64_t>*& r : retired_) r = nullptr;
   bytes_ = 0;
@@ -221,8 +239,8 @@ void StackTable::give_record(uint32_t r) {
 }
 
 template <bool kTail>
-bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
-                            unsigned n, const Tail& tail) const {
+inline bool StackTable::same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames,
+                                   unsigned n, const Tail& tail) const {
   const Header& h = headers_[slot];
   const unsigned depth = kTail ? n + tail.n : n;
   if (depth_of(w) != depth || h.hash_hi.load(std::memory_order_acquire) != hash_high(hash))
@@ -280,6 +298,7 @@ uint32_t StackTable::store(size_t slot, uint32_t w, uint64_t hash, const uintptr
     give_record(r);
     return 0;
   }
+  set_tag(slot, tag_of(hash));
   // Release stores (plain moves on x86): see same_stack().
   h.rec.store(r, std::memory_order_release);
   h.hash_hi.store(hash_high(hash), std::memory_order_release);
@@ -311,17 +330,97 @@ uint32_t StackTable::intern(const uintptr_t* frames, unsigned n, const Tail& tai
   return intern_hashed<true>(frames, n, tail, combine(hash_frames(frames, n), tail.hash));
 }
 
+void StackTable::set_tag(size_t slot, uint8_t tag) {
+  std::atomic<uint64_t>& word = tags_[slot / 8];
+  const unsigned shift = 8 * (slot % 8);
+  uint64_t old = word.load(std::memory_order_relaxed);
+  while (!word.compare_exchange_weak(old,
+                                     (old & ~(uint64_t{0xFF} << shift)) | uint64_t{tag} << shift,
+                                     std::memory_order_relaxed)) {
+  }
+}
+
+inline uint32_t StackTable::found(Header& h, size_t slot, uint32_t w, uint32_t e) {
+  const uint32_t id = make_id(slot, gen(w));
+  if (kind(w) == kReady) {
+    stamp(h, e);
+    return id;
+  }
+  // A condemned copy is revived rather than duplicated; if the sweep
+  // finished it first, the CAS fails and hold() says so.
+  return stamp_if_current(id, e, true) ? id : 0;
+}
+
+namespace {
+// A bit 7 in each byte of x that is 0 (exact, no borrow between bytes).
+inline uint64_t zero_bytes(uint64_t x) {
+  constexpr uint64_t k7f = 0x7F7F7F7F7F7F7F7Full;
+  return ~(((x & k7f) + k7f) | x | k7f);
+}
+}  // namespace
+
+template <bool kTail>
+inline uint32_t StackTable::find_tagged(uint64_t s, uint64_t hash, const uintptr_t* frames,
+                                        unsigned n, const Tail& tail, uint32_t e) {
+  // The probe's first slot, before any tag: where most stacks are (the
+  // first level is at most about a third full on the nodes measured), so
+  // this costs a header's load, as the probe did before there were tags.
+  {
+    const size_t at = probe_slot(s, 0, 0);
+    Header& h = headers_[at];
+    const uint32_t w = h.state.load(std::memory_order_acquire);
+    if (kind(w) == kReady && same_stack<kTail>(at, w, hash, frames, n, tail))
+      return found(h, at, w, e);
+  }
+  const uint64_t pattern = uint64_t{tag_of(hash)} * 0x0101010101010101ull;
+  for (unsigned l = 0; l < levels_; ++l) {
+    // The window's tags, a word at a time: the first word from the
+    // window's start, the last cut at its end (a level is whole words, so
+    // a window wrapping round its level starts a word there).
+    size_t i = 0;
+    while (i < kWindow) {
+      const size_t slot = probe_slot(s, l, i);
+      const size_t first = slot % 8;
+      size_t n_bytes = 8 - first;
+      if (n_bytes > kWindow - i) n_bytes = kWindow - i;
+      const uint64_t in_window = (n_bytes == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n_bytes)) - 1)
+                                 << (8 * first);
+      const uint64_t x = tags_[slot / 8].load(std::memory_order_relaxed);
+      const uint64_t empty = zero_bytes(x) & in_window;
+      uint64_t match = zero_bytes(x ^ pattern) & in_window;
+      // Only the matches before the first unwritten slot (past it, no
+      // stack was ever stored in this probe).
+      if (empty != 0) match &= (empty & -empty) - 1;
+      for (; match != 0; match &= match - 1) {
+        const size_t at = slot - first + static_cast<size_t>(__builtin_ctzll(match)) / 8;
+        Header& h = headers_[at];
+        const uint32_t w = h.state.load(std::memory_order_acquire);
+        const uint32_t k = kind(w);
+        if ((k == kReady || k == kFreeing) && same_stack<kTail>(at, w, hash, frames, n, tail))
+          if (const uint32_t id = found(h, at, w, e); id != 0) return id;
+      }
+      if (empty != 0) return 0;
+      i += n_bytes;
+    }
+  }
+  return 0;
+}
+
 template <bool kTail>
 uint32_t StackTable::intern_hashed(const uintptr_t* frames, unsigned n, const Tail& tail,
                                    uint64_t hash) {
-  const size_t start = probe_start(hash);
+  const uint64_t s = scramble(hash);
   const uint32_t e = epoch();
+  // Most interns are of stacks stored before: found through the tags.
+  if (const uint32_t id = find_tagged<kTail>(s, hash, frames, n, tail, e); id != 0) return id;
+  header_probes_.fetch_add(1, std::memory_order_relaxed);
   const uint32_t spin_limit = spin_limit_.load(std::memory_order_relaxed);
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
     size_t claim = SIZE_MAX;  // the first reusable slot of the probe
     uint32_t claim_word = 0;
-    for (size_t i = 0; i < kWindow; ++i) {
-      const size_t slot = (start + i) & mask_;
+    // The probe: a window in each level, as one sequence (see "Levels").
+    for (size_t p = 0; p < levels_ * kWindow; ++p) {
+      const size_t slot = probe_slot(s, static_cast<unsigned>(p / kWindow), p % kWindow);
       Header& h = headers_[slot];
       uint32_t w = h.state.load(std::memory_order_acquire);
       // A writer holds a slot for a few dozen instructions, but can be
@@ -346,16 +445,8 @@ uint32_t StackTable::intern_hashed(const uintptr_t* frames, unsigned n, const Ta
         }
         continue;
       }
-      if ((k == kReady || k == kFreeing) && same_stack<kTail>(slot, w, hash, frames, n, tail)) {
-        // A condemned copy is revived rather than duplicated; if the sweep
-        // finished it first, the CAS fails and hold() says so.
-        const uint32_t id = make_id(slot, gen(w));
-        if (k == kReady) {
-          stamp(h, e);
-          return id;
-        }
-        if (stamp_if_current(id, e, true)) return id;
-      }
+      if ((k == kReady || k == kFreeing) && same_stack<kTail>(slot, w, hash, frames, n, tail))
+        if (const uint32_t id = found(h, slot, w, e); id != 0) return id;
     }
     if (claim == SIZE_MAX) break;
     if (const uint32_t id = store(claim, claim_word, hash, frames, n, tail); id != 0) return id;
@@ -609,7 +700,7 @@ uint32_t StackTable::compact_move(uint32_t k, const uint32_t* target, RowOwner* 
   if (lo < t / 64) lo = t / 64;
   uint32_t moved = 0;
   // The records taken above the target, from the map: a record's slot is
-  // found from its hash (within the probe window of its start), so the
+  // found from its hash (within its probe windows), so the
   // work follows the stacks to move, not the table's size.
   for (uint32_t wi = lo; wi < hi; ++wi) {
     uint64_t bits = taken_from(c, wi, t) & ~retired_[c][wi].load(std::memory_order_relaxed);
@@ -630,11 +721,11 @@ int StackTable::move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* o
   // nothing but a sweep (this thread's) changes a READY slot's state or
   // record, so both stay as read here. A record being written (its slot
   // WRITING, its hash not yet stored) is not found, and stays.
-  const size_t start = probe_start(from[1].load(std::memory_order_relaxed));
+  const uint64_t s = scramble(from[1].load(std::memory_order_relaxed));
   Header* h = nullptr;
   uint32_t w = 0;
-  for (size_t k = 0; k < kWindow; ++k) {
-    Header& x = headers_[(start + k) & mask_];
+  for (size_t p = 0; p < levels_ * kWindow; ++p) {
+    Header& x = headers_[probe_slot(s, static_cast<unsigned>(p / kWindow), p % kWindow)];
     w = x.state.load(std::memory_order_acquire);
     if (kind(w) == kReady && x.rec.load(std::memory_order_relaxed) == r) {
       h = &x;

@@ -2,13 +2,36 @@
 // is stored once and named by a 31-bit id, so live entries carry 4 bytes of
 // stack and aggregation by call site is a group-by on an integer.
 //
-// Layout. Open addressing on the stack's hash, linear probing bounded to
-// kWindow slots. Each slot has a 16-byte header (state word, epoch stamp,
-// record, the hash's high 32 bits: enough to pass over another stack in a
-// probe without reading its record; the whole hash is in the record). The
-// state word packs the slot's kind, the stack's depth and a generation:
-// ids are (generation << slot_bits) | slot, generation >= 1, so id 0 never
-// names a stack.
+// Layout. Open addressing on the stack's hash. Each slot has a 16-byte header (state word, epoch
+// stamp, record, the hash's high 32 bits: enough to pass over another stack in a probe without
+// reading its record; the whole hash is in the record). The state word packs the slot's kind, the
+// stack's depth and a generation: ids are (generation << slot_bits) | slot, generation >= 1, so id
+// 0 never names a stack.
+//
+// Levels. The slots are three levels: a quarter of them, a quarter, then
+// a half (one level when the table is smaller than 4 * 4 * kWindow). A
+// stack's probe is a window of kWindow slots in each level in turn, each
+// window's start from other bits of the hash; as a single window would,
+// it stops at the first EMPTY slot, and a new stack takes the first
+// reusable (EMPTY or FREE) slot it passed. So a stack goes to a level only
+// when its window in every level before was full of stacks, and the slots
+// written stay in the first quarter of the table until that fills: a
+// table of 65,536 spread 16-byte slots kept all 1 MiB resident once a few
+// thousand stacks had been stored (a preloaded RabbitMQ's 4,930: issue
+// 26), a quarter keeps 256 KiB. The price is a longer probe for a stack in
+// a later level: the windows before it are read whole (64 headers each).
+// The protocol below is the single window's: the levels only change which
+// slots a probe visits, in an order fixed by the hash.
+//
+// Tags. Beside the headers, a byte per slot: 0 while the slot was never
+// written, else a byte of the hash of the stack last stored there (never
+// cleared). A probe first reads its windows' tags, eight to a word (a
+// window is a cache line of them), and looks at the headers of the slots
+// whose tag is its own only, stopping at a 0: so a stack in a later level
+// costs a few tag words more, not 64 headers a level (a table filled to
+// 40,000 stacks had hits at 618 ns without them). The tags are a hint: a
+// probe that finds nothing through them (a new stack, or a tag not yet
+// written) runs the whole probe over the headers, which alone decide.
 //
 // Records. A stack's words live in a record (its tail's token, its hash,
 // then its words) from a pool beside the headers, not in its slot: the
@@ -104,6 +127,7 @@
 #define MALLOCINFO_TRACK_STACK_TABLE_H
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -133,7 +157,7 @@ class StackTable {
   // --- hot path (inside hooks): no lock, no allocation, bounded waits ---
 
   // The id of this stack, storing it if new; 0 when it cannot be stored
-  // (no free slot in its probe window; counted in dropped()). n is capped
+  // (no free slot in its probe windows; counted in dropped()). n is capped
   // to depth(). An empty stack (n == 0) has id 0. The slot is stamped with
   // the current epoch. A condemned (FREEING) copy is revived and reused.
   uint32_t intern(const uintptr_t* frames, unsigned n);
@@ -287,6 +311,9 @@ class StackTable {
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   uint64_t reclaimed() const { return reclaimed_.load(std::memory_order_relaxed); }
+  // Interns the tags did not answer, which probed the headers (see
+  // "Tags"): new stacks, mostly.
+  uint64_t header_probes() const { return header_probes_.load(std::memory_order_relaxed); }
   size_t capacity() const { return mask_ + 1; }
   unsigned depth() const { return depth_; }
   size_t bytes_reserved() const { return bytes_; }
@@ -381,9 +408,12 @@ class StackTable {
   // kTail is false (the compiler then drops the tail's branches).
   template <bool kTail>
   uint32_t intern_hashed(const uintptr_t* frames, unsigned n, const Tail& tail, uint64_t hash);
+  // Both inlined into intern_hashed(): they run on every recorded
+  // allocation whose stack the thread's memo did not answer.
   template <bool kTail>
-  bool same_stack(size_t slot, uint32_t w, uint64_t hash, const uintptr_t* frames, unsigned n,
-                  const Tail& tail) const;
+  [[gnu::always_inline]] bool same_stack(size_t slot, uint32_t w, uint64_t hash,
+                                         const uintptr_t* frames, unsigned n,
+                                         const Tail& tail) const;
   // The header of `id`'s slot while it holds that id's stack (READY or
   // FREEING of its generation), its state word in *w; else nullptr. A reader
   // reads the record (record_of()), copies what it needs, then asks
@@ -411,8 +441,9 @@ class StackTable {
     const uint64_t quarter = (mask_ + 1) / 4;
     return quarter < 4096 ? quarter : 4096;
   }
-  // The slots' bytes, rounded to a page so that the pool starts on one.
-  static size_t header_bytes_of(size_t cap) { return os_page_up(cap * sizeof(Header)); }
+  // The slots' bytes: headers then tags, rounded to a page so that the
+  // pool starts on one.
+  static size_t header_bytes_of(size_t cap) { return os_page_up(cap * (sizeof(Header) + 1)); }
   size_t header_bytes() const { return header_bytes_of(mask_ + 1); }
 
   // The record pools. A record of class c is words_[c] words: the token (a
@@ -479,9 +510,31 @@ class StackTable {
   // into the lowest free record below `target`: 1 when it moved, 0 when
   // no READY slot holds it, -1 when no record below the target is free.
   int move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* owner);
-  // Where a stack of this hash starts its probe.
-  size_t probe_start(uint64_t hash) const {
-    return static_cast<size_t>(hash * 0x9E3779B97F4A7C15ull >> 17) & mask_;
+  // Slot i (< kWindow) of the probe window in level `l` of a stack whose
+  // hash scrambled (scramble()) is `s`. Each level's window starts at
+  // other bits of it (17 apart: the largest level has 2^27 slots).
+  static constexpr unsigned kMaxLevels = 3;
+  static uint64_t scramble(uint64_t hash) { return hash * 0x9E3779B97F4A7C15ull; }
+  // A stack's tag: a byte of its hash the slot's hash_hi does not hold,
+  // never 0 (an unwritten slot's).
+  static uint8_t tag_of(uint64_t hash) {
+    const auto t = static_cast<uint8_t>(hash >> 24);
+    return t != 0 ? t : 1;
+  }
+  // The id of stack the probe found in `slot` (header h, state w: READY
+  // or FREEING), stamped with epoch e; a condemned one revived, or 0 when
+  // a sweep freed it meanwhile.
+  [[gnu::always_inline]] inline uint32_t found(Header& h, size_t slot, uint32_t w, uint32_t e);
+  // Sets slot's tag (a CAS on its word: the other seven are other slots').
+  void set_tag(size_t slot, uint8_t tag);
+  // The probe through the tags (see "Tags"): the id of the stack, found in
+  // a READY slot (or a FREEING one, revived), else 0.
+  template <bool kTail>
+  [[gnu::always_inline]] uint32_t find_tagged(uint64_t s, uint64_t hash, const uintptr_t* frames,
+                                              unsigned n, const Tail& tail, uint32_t e);
+  size_t probe_slot(uint64_t s, unsigned l, size_t i) const {
+    const auto start = static_cast<size_t>(std::rotr(s, static_cast<int>(17 + 17 * l)));
+    return level_at_[l] + ((start + i) & level_mask_[l]);
   }
   // Retired records, a bit each per class (the sweeper's alone).
   bool retired(unsigned c, uint32_t i) const {
@@ -489,6 +542,7 @@ class StackTable {
   }
 
   Header* headers_ = nullptr;
+  std::atomic<uint64_t>* tags_ = nullptr;  // slot i's tag: byte i % 8 of word i / 8
   std::atomic<uint64_t>* records_[kClasses] = {};
   size_t words_[kClasses] = {};
   // Records per class: the largest class has one for every slot (and a
@@ -501,6 +555,9 @@ class StackTable {
   uint32_t records_total_ = 0;        // records of all classes
   size_t mask_ = 0;
   unsigned slot_bits_ = 0;
+  unsigned levels_ = 1;
+  size_t level_at_[kMaxLevels] = {};    // each level's first slot
+  size_t level_mask_[kMaxLevels] = {};  // each level's size - 1
   uint32_t gen_max_ = 0;
   unsigned depth_ = 0;
   size_t bytes_ = 0;
@@ -518,6 +575,7 @@ class StackTable {
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> reclaimed_{0};
   std::atomic<uint64_t> count_after_sweep_{0};
+  std::atomic<uint64_t> header_probes_{0};
   // Which records are taken, per class (written when a new stack is stored
   // or a sweep frees or moves one), and which of those are retired.
   RecordMap maps_[kClasses];
