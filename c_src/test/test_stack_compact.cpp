@@ -28,6 +28,14 @@ constexpr unsigned kDepth = 44;
 void words_of(uintptr_t i, uintptr_t* f) {
   for (unsigned j = 0; j < kDepth; ++j) f[j] = i << 16 | j;
 }
+// Stores stack i; its id (never 0).
+uint32_t store_stack(StackTable& st, uintptr_t i) {
+  uintptr_t f[kDepth];
+  words_of(i, f);
+  const uint32_t id = st.intern(f, kDepth);
+  REQUIRE(id != 0);
+  return id;
+}
 std::vector<uint64_t> expected(uintptr_t i) {
   uintptr_t f[kDepth];
   words_of(i, f);
@@ -123,10 +131,7 @@ void init_churn(ChurnTable& ch, const StackTable& st) {
 std::vector<uint32_t> store_counted(StackTable& st, ChurnTable& ch, size_t n) {
   std::vector<uint32_t> ids;
   for (uintptr_t i = 0; i < n; ++i) {
-    uintptr_t f[kDepth];
-    words_of(i, f);
-    ids.push_back(st.intern(f, kDepth));
-    REQUIRE(ids.back() != 0);
+    ids.push_back(store_stack(st, i));
     ch.on_alloc(ids.back(), st.row(ids.back()), kCountOne, 100 + i, false);
   }
   return ids;
@@ -312,10 +317,7 @@ TEST_CASE("stack table: new stacks fill the holes low in a pool before its top",
   REQUIRE(st.init(4096, kDepth));
   std::vector<uint32_t> kept;
   for (uintptr_t i = 0; i < 1000; ++i) {
-    uintptr_t f[kDepth];
-    words_of(i, f);
-    const uint32_t id = st.intern(f, kDepth);
-    REQUIRE(id != 0);
+    const uint32_t id = store_stack(st, i);
     if (i % 10 == 0) kept.push_back(id);
   }
   sweep_keeping(st, kept);
@@ -328,6 +330,40 @@ TEST_CASE("stack table: new stacks fill the holes low in a pool before its top",
   CHECK(st.records_used() == high);
   uint64_t scratch[64];
   CHECK(st.records_consistent(scratch, 64));
+  st.destroy();
+}
+
+TEST_CASE("stack table: compaction moves the stacks of every level", "[track][stacks]") {
+  // 1,024 slots (levels of 256, 256 and 512) and 900 stacks: the ones
+  // stored last, in the highest records, went past the first level. A
+  // sweep keeps those past it; compaction finds each moved stack's slot
+  // in its probe's later windows and moves it down.
+  StackTable st;
+  REQUIRE(st.init(1024, kDepth));
+  REQUIRE(st.levels() == 3);
+  std::vector<uint32_t> kept;
+  std::vector<uintptr_t> kept_i;
+  for (uintptr_t i = 0; i < 900; ++i) {
+    const uint32_t id = store_stack(st, i);
+    if ((id & 1023) >= 256) {
+      kept.push_back(id);
+      kept_i.push_back(i);
+    }
+  }
+  sweep_keeping(st, kept);
+  uint32_t target[StackTable::kClasses];
+  st.compact_begin(target);
+  const unsigned c = StackTable::kClasses - 1;  // 44 words: the largest records
+  size_t above = 0;                             // kept stacks stored above the target
+  for (const uintptr_t i : kept_i)
+    if (i >= target[c]) ++above;
+  REQUIRE(above > 0);
+  CHECK(compact_all(st, nullptr) == above);
+  for (size_t k = 0; k < kept.size(); ++k) REQUIRE(frames_of(st, kept[k]) == expected(kept_i[k]));
+  uint64_t scratch[64];
+  CHECK(st.records_consistent(scratch, 64));
+  st.compact_begin(target);
+  CHECK_FALSE(st.compact_wanted(target));
   st.destroy();
 }
 

@@ -440,6 +440,25 @@ TEST_CASE("stack table: resident records follow the stacks stored at once", "[tr
   st.destroy();
 }
 
+// The probe position of stack `id` (stored, so its hash is known): how
+// many slots its probe visits before its own; SIZE_MAX when its slot is
+// not in its probe.
+size_t probe_position(const StackTable& st, uint32_t id) {
+  const size_t slot = id & (st.capacity() - 1);
+  const uint64_t hash = st.hash_of(id);
+  for (unsigned l = 0; l < st.levels(); ++l)
+    for (size_t i = 0; i < StackTable::kWindow; ++i)
+      if (st.probe_slot_of(hash, l, i) == slot) return l * StackTable::kWindow + i;
+  return SIZE_MAX;
+}
+
+// The id of a READY slot's stack, on a table never swept (generation 1);
+// 0 when the slot holds none.
+uint32_t first_gen_id(const StackTable& st, size_t slot) {
+  const uint32_t id = uint32_t{1} << st.slot_bits() | static_cast<uint32_t>(slot);
+  return st.ready(id) ? id : 0;
+}
+
 TEST_CASE("stack table: stacks go to a later level only when their windows before are full",
           "[track][stacks]") {
   // 1,024 slots: levels of 256, 256 and 512. 900 stacks fill the first
@@ -447,6 +466,7 @@ TEST_CASE("stack table: stacks go to a later level only when their windows befor
   // again with its id, wherever it went.
   StackTable st;
   REQUIRE(st.init(1024, 4));
+  REQUIRE(st.levels() == 3);
   std::vector<uint32_t> ids;
   size_t later = 0;
   for (uintptr_t i = 1; i <= 900; ++i) {
@@ -454,11 +474,22 @@ TEST_CASE("stack table: stacks go to a later level only when their windows befor
     const uint32_t id = st.intern(f, 3);
     REQUIRE(id != 0);
     ids.push_back(id);
-    if ((id & 1023) >= 256) ++later;
+    if ((id & 1023) >= 512) ++later;
+    // Nothing was freed: every slot the new stack's probe visited before
+    // its own held a stack when it was stored (it takes the first free
+    // slot it passes).
+    const size_t at = probe_position(st, id);
+    REQUIRE(at != SIZE_MAX);
+    const uint64_t hash = st.hash_of(id);
+    for (size_t p = 0; p < at; ++p) {
+      const size_t slot = st.probe_slot_of(hash, static_cast<unsigned>(p / StackTable::kWindow),
+                                           p % StackTable::kWindow);
+      REQUIRE(first_gen_id(st, slot) != 0);
+    }
   }
   CHECK(st.dropped() == 0);
-  INFO(later << " of 900 stacks past the first level");
-  CHECK(later >= 900 - 256);
+  INFO(later << " of 900 stacks in the last level");
+  CHECK(later > 0);
   // Each found again through the tags alone: no probe of the headers.
   CHECK(st.header_probes() == 900);
   for (uintptr_t i = 1; i <= 900; ++i) {
@@ -470,14 +501,23 @@ TEST_CASE("stack table: stacks go to a later level only when their windows befor
   CHECK(st.count() == 900);
   // Swept, the table stores new stacks in the first level again: each
   // window there is all FREE or EMPTY now, and a new stack takes the first
-  // reusable slot of its probe.
+  // reusable slot of its probe. Their tags replace the old stacks': they
+  // are found again through the tags too.
   CHECK(sweep_all(st) == 900);
+  std::vector<uint32_t> reused;
   for (uintptr_t i = 1; i <= 200; ++i) {
     const uintptr_t f[] = {i << 20, i, 77};
     const uint32_t id = st.intern(f, 3);
     REQUIRE(id != 0);
     CHECK((id & 1023) < 256);
+    reused.push_back(id);
   }
+  const uint64_t probes = st.header_probes();
+  for (uintptr_t i = 1; i <= 200; ++i) {
+    const uintptr_t f[] = {i << 20, i, 77};
+    REQUIRE(st.intern(f, 3) == reused[i - 1]);
+  }
+  CHECK(st.header_probes() == probes);
   // A stack of the first batch is new again: not a stale id of its old
   // slot.
   const uintptr_t first[] = {1, 3, 5};
@@ -485,6 +525,40 @@ TEST_CASE("stack table: stacks go to a later level only when their windows befor
   CHECK(again != ids[0]);
   CHECK((again & 1023) < 256);
   st.destroy();
+}
+
+TEST_CASE("stack table: the tags find a stack whose window wraps round its level's end",
+          "[track][stacks]") {
+  // Tables filled to 90%, so that windows run long: among their stacks,
+  // for each level and each offset of a window's start in a tag word,
+  // one whose window wraps round its level's end before reaching the
+  // stack. Each is found again through the tags alone.
+  std::set<std::pair<unsigned, size_t>> seen;  // (level, start % 8) of a wrapped find
+  for (uintptr_t seed = 1; seed <= 200 && seen.size() < 3 * 8; ++seed) {
+    StackTable st;
+    REQUIRE(st.init(1024, 4));
+    std::vector<std::pair<uint32_t, std::vector<uintptr_t>>> stored;
+    for (uintptr_t i = 1; i <= 920; ++i) {
+      std::vector<uintptr_t> f = {seed << 40 | i, i * 11, seed};
+      const uint32_t id = st.intern(f.data(), 3);
+      if (id != 0) stored.emplace_back(id, f);
+    }
+    const uint64_t probes = st.header_probes();
+    for (const auto& [id, f] : stored) {
+      const size_t at = probe_position(st, id);
+      REQUIRE(at != SIZE_MAX);
+      const unsigned l = static_cast<unsigned>(at / StackTable::kWindow);
+      const uint64_t hash = st.hash_of(id);
+      const size_t start = st.probe_slot_of(hash, l, 0);
+      // Wrapped: the stack's slot is below its window's start.
+      if ((id & 1023) >= start) continue;
+      REQUIRE(st.intern(f.data(), 3) == id);
+      seen.emplace(l, start % 8);
+    }
+    CHECK(st.header_probes() == probes);
+    st.destroy();
+  }
+  CHECK(seen.size() == 3 * 8);
 }
 
 TEST_CASE("stack table: what a sweep only reads is not counted as resident",

@@ -81,6 +81,27 @@ bool StackTable::init(size_t capacity, unsigned depth) {
     cap <<= 1;
     ++bits;
   }
+  // Levels of a quarter, a quarter and a half (see "Levels"), each at
+  // least four windows: a smaller table is one level.
+  if (cap >= 16 * kWindow) {
+    levels_ = 3;
+    const size_t size[kMaxLevels] = {cap / 4, cap / 4, cap / 2};
+    size_t at = 0;
+    for (unsigned l = 0; l < levels_; ++l) {
+      level_at_[l] = at;
+      level_mask_[l] = size[l] - 1;
+      at += size[l];
+    }
+  } else {
+    levels_ = 1;
+    level_at_[0] = 0;
+    level_mask_[0] = cap - 1;
+  }
+  // find_tagged() reads a window's tags by the word: each level starts on
+  // one and is at least a window (so a window wrapping round its level
+  // starts a word there, and never meets itself).
+  for (unsigned l = 0; l < levels_; ++l)
+    if (level_at_[l] % 8 != 0 || level_mask_[l] + 1 < kWindow) return false;
   const size_t header_bytes = header_bytes_of(cap);
   // A record per slot in each class, and a window more: a record is lost
   // only when a process forks while a thread holds one between its pool
@@ -129,22 +150,6 @@ bool StackTable::init(size_t capacity, unsigned depth) {
         static_cast<uint32_t>((RecordMap::words_for(caps_[c]) + kCompactWords - 1) / kCompactWords);
   mask_ = cap - 1;
   slot_bits_ = bits;
-  // Levels of a quarter, a quarter and a half (see "Levels"), each at
-  // least four windows: a smaller table is one level.
-  if (cap >= 16 * kWindow) {
-    levels_ = 3;
-    const size_t size[kMaxLevels] = {cap / 4, cap / 4, cap / 2};
-    size_t at = 0;
-    for (unsigned l = 0; l < levels_; ++l) {
-      level_at_[l] = at;
-      level_mask_[l] = size[l] - 1;
-      at += size[l];
-    }
-  } else {
-    levels_ = 1;
-    level_at_[0] = 0;
-    level_mask_[0] = mask_;
-  }
   // The state word has 21 bits of generation; an id has 31 - slot_bits.
   const unsigned gen_bits = 31 - bits < 21 ? 31 - bits : 21;
   gen_max_ = (uint32_t{1} << gen_bits) - 1;
@@ -727,6 +732,7 @@ int StackTable::move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* o
   for (size_t p = 0; p < levels_ * kWindow; ++p) {
     Header& x = headers_[probe_slot(s, static_cast<unsigned>(p / kWindow), p % kWindow)];
     w = x.state.load(std::memory_order_acquire);
+    if (kind(w) == kEmpty) break;  // the stack is never past one
     if (kind(w) == kReady && x.rec.load(std::memory_order_relaxed) == r) {
       h = &x;
       break;

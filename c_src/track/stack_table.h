@@ -18,7 +18,7 @@
 // written stay in the first quarter of the table until that fills: a
 // table of 65,536 spread 16-byte slots kept all 1 MiB resident once a few
 // thousand stacks had been stored (a preloaded RabbitMQ's 4,930: issue
-// 26), a quarter keeps 256 KiB. The price is a longer probe for a stack in
+// 26), a quarter keeps 272 KiB with its tags. The price is a longer probe for a stack in
 // a later level: the windows before it are read whole (64 headers each).
 // The protocol below is the single window's: the levels only change which
 // slots a probe visits, in an order fixed by the hash.
@@ -26,7 +26,7 @@
 // Tags. Beside the headers, a byte per slot: 0 while the slot was never
 // written, else a byte of the hash of the stack last stored there (never
 // cleared). A probe first reads its windows' tags, eight to a word (a
-// window is a cache line of them), and looks at the headers of the slots
+// window's are one or two cache lines), and looks at the headers of the slots
 // whose tag is its own only, stopping at a 0: so a stack in a later level
 // costs a few tag words more, not 64 headers a level (a table filled to
 // 40,000 stacks had hits at 618 ns without them). The tags are a hint: a
@@ -350,6 +350,13 @@ class StackTable {
   unsigned slot_bits() const { return slot_bits_; }
   // Distinct generations an id cycles through before repeating.
   uint32_t gen_period() const { return gen_max_; }
+  // The probe's levels (see "Levels"), and slot i (< kWindow) of the
+  // window in level l of a stack of this hash (hash_of()'s, or
+  // hash_words() of its words). For tests: what the probe visits.
+  unsigned levels() const { return levels_; }
+  size_t probe_slot_of(uint64_t hash, unsigned l, size_t i) const {
+    return probe_slot(scramble(hash), l, i);
+  }
 
   // --- tests only ---
 
@@ -512,7 +519,8 @@ class StackTable {
   int move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* owner);
   // Slot i (< kWindow) of the probe window in level `l` of a stack whose
   // hash scrambled (scramble()) is `s`. Each level's window starts at
-  // other bits of it (17 apart: the largest level has 2^27 slots).
+  // other bits of it (17 apart: at most a few bits shared, in the largest
+  // tables).
   static constexpr unsigned kMaxLevels = 3;
   static uint64_t scramble(uint64_t hash) { return hash * 0x9E3779B97F4A7C15ull; }
   // A stack's tag: a byte of its hash the slot's hash_hi does not hold,
