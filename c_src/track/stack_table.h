@@ -2,11 +2,12 @@
 // is stored once and named by a 31-bit id, so live entries carry 4 bytes of
 // stack and aggregation by call site is a group-by on an integer.
 //
-// Layout. Open addressing on the stack's hash. Each slot has a 16-byte header (state word, epoch
-// stamp, record, the hash's high 32 bits: enough to pass over another stack in a probe without
-// reading its record; the whole hash is in the record). The state word packs the slot's kind, the
-// stack's depth and a generation: ids are (generation << slot_bits) | slot, generation >= 1, so id
-// 0 never names a stack.
+// Layout. Open addressing on the stack's hash. Each slot has a 16-byte
+// header (state word, epoch stamp, record, the hash's high 32 bits:
+// enough to pass over another stack in a probe without reading its
+// record; the whole hash is in the record). The state word packs the
+// slot's kind, the stack's depth and a generation: ids are (generation <<
+// slot_bits) | slot, generation >= 1, so id 0 never names a stack.
 //
 // Levels. The slots are three levels: a quarter of them, a quarter, then
 // a half (one level when the table is smaller than 4 * 4 * kWindow). A
@@ -18,18 +19,19 @@
 // written stay in the first quarter of the table until that fills: a
 // table of 65,536 spread 16-byte slots kept all 1 MiB resident once a few
 // thousand stacks had been stored (a preloaded RabbitMQ's 4,930: issue
-// 26), a quarter keeps 272 KiB with its tags. The price is a longer probe for a stack in
-// a later level: the windows before it are read whole (64 headers each).
-// The protocol below is the single window's: the levels only change which
-// slots a probe visits, in an order fixed by the hash.
+// 26), a quarter keeps 272 KiB with its tags. The price is a longer probe
+// for a stack in a later level: the tags of the windows before it (see
+// "Tags"). The protocol below is the single window's: the levels only
+// change which slots a probe visits, in an order fixed by the hash.
 //
 // Tags. Beside the headers, a byte per slot: 0 while the slot was never
 // written, else a byte of the hash of the stack last stored there (never
-// cleared). A probe first reads its windows' tags, eight to a word (a
-// window's are one or two cache lines), and looks at the headers of the slots
-// whose tag is its own only, stopping at a 0: so a stack in a later level
-// costs a few tag words more, not 64 headers a level (a table filled to
-// 40,000 stacks had hits at 618 ns without them). The tags are a hint: a
+// cleared). A probe checks its first slot's header, then reads its
+// windows' tags, eight to a word (a window's are one or two cache lines),
+// and looks only at the headers whose tag is its own, stopping at a 0: so
+// a stack in a later level costs a few tag words more, not 64 headers a
+// level (a table filled to 40,000 stacks, interned again in the order
+// stored: 618 ns a stack without tags, 244 with). The tags are a hint: a
 // probe that finds nothing through them (a new stack, or a tag not yet
 // written) runs the whole probe over the headers, which alone decide.
 //
@@ -517,19 +519,24 @@ class StackTable {
   // into the lowest free record below `target`: 1 when it moved, 0 when
   // no READY slot holds it, -1 when no record below the target is free.
   int move_record(unsigned c, uint32_t i, uint32_t target, RowOwner* owner);
+  static constexpr unsigned kMaxLevels = 3;
+  // A hash as the probe uses it (probe_slot()).
+  static uint64_t scramble(uint64_t hash) { return hash * 0x9E3779B97F4A7C15ull; }
   // Slot i (< kWindow) of the probe window in level `l` of a stack whose
   // hash scrambled (scramble()) is `s`. Each level's window starts at
   // other bits of it (17 apart: at most a few bits shared, in the largest
   // tables).
-  static constexpr unsigned kMaxLevels = 3;
-  static uint64_t scramble(uint64_t hash) { return hash * 0x9E3779B97F4A7C15ull; }
+  size_t probe_slot(uint64_t s, unsigned l, size_t i) const {
+    const auto start = static_cast<size_t>(std::rotr(s, static_cast<int>(17 + 17 * l)));
+    return level_at_[l] + ((start + i) & level_mask_[l]);
+  }
   // A stack's tag: a byte of its hash the slot's hash_hi does not hold,
   // never 0 (an unwritten slot's).
   static uint8_t tag_of(uint64_t hash) {
     const auto t = static_cast<uint8_t>(hash >> 24);
     return t != 0 ? t : 1;
   }
-  // The id of stack the probe found in `slot` (header h, state w: READY
+  // The id of the stack the probe found in `slot` (header h, state w: READY
   // or FREEING), stamped with epoch e; a condemned one revived, or 0 when
   // a sweep freed it meanwhile.
   [[gnu::always_inline]] inline uint32_t found(Header& h, size_t slot, uint32_t w, uint32_t e);
@@ -540,10 +547,6 @@ class StackTable {
   template <bool kTail>
   [[gnu::always_inline]] uint32_t find_tagged(uint64_t s, uint64_t hash, const uintptr_t* frames,
                                               unsigned n, const Tail& tail, uint32_t e);
-  size_t probe_slot(uint64_t s, unsigned l, size_t i) const {
-    const auto start = static_cast<size_t>(std::rotr(s, static_cast<int>(17 + 17 * l)));
-    return level_at_[l] + ((start + i) & level_mask_[l]);
-  }
   // Retired records, a bit each per class (the sweeper's alone).
   bool retired(unsigned c, uint32_t i) const {
     return (retired_[c][i / 64].load(std::memory_order_relaxed) >> (i % 64) & 1) != 0;
