@@ -122,6 +122,11 @@ void init_units(Tracker& t, uint64_t units, unsigned quiesce_rounds = 10000) {
     for (uint64_t j = 0; j < 64; ++j)
       t.on_alloc(MI_FN_MALLOC, addr(kUnitBase + u * 1024 + j * 16), 16);
 }
+// Frees units [0, n).
+void free_units_below(Tracker& t, uint64_t n) {
+  for (uint64_t u = 0; u < n; ++u)
+    for (uint64_t j = 0; j < 64; ++j) t.on_free(MI_FN_FREE, addr(kUnitBase + u * 1024 + j * 16));
+}
 void free_units(Tracker& t, uint64_t units, uint64_t keep) {
   for (uint64_t u = 0; u < units; ++u)
     if (u % keep != 0)
@@ -420,6 +425,94 @@ TEST_CASE("tracker: hooks trim the live table once a burst is freed; reclaim tri
   t.reclaim();
   CHECK(t.live_trimmed_bytes() - bytes >= 100 * 4096);
   CHECK(live_of(t).empty());
+  t.destroy();
+}
+
+TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at most one a second",
+          "[track][tracker][reclaim][memory]") {
+  // 600 units of 64 blocks from 1,200 call sites, every sixth unit kept:
+  // the trim the frees bring on asks for a sweep (no new stack would: the
+  // table wants one at 4,096), and the hooks after it free the stacks no
+  // kept block uses. A second burst's trim within the second asks for
+  // none; one a second later does.
+  Tracker t;
+  Config c;
+  c.table_capacity = 1 << 16;
+  c.stack_capacity = 65536;
+  REQUIRE(t.init(c, fake_unwind, fake_clock));
+  REQUIRE(t.hooks_sweep());
+  auto record = [&](uint64_t base) {
+    for (uint64_t u = 0; u < 600; ++u)
+      for (uint64_t j = 0; j < 64; ++j) {
+        t_fake_stack = site_stack(100 + (u * 64 + j) % 1200);
+        t.on_alloc(MI_FN_MALLOC, addr(base + u * 1024 + j * 16), 16);
+      }
+  };
+  auto free_burst = [&](uint64_t base, bool kept) {
+    for (uint64_t u = 0; u < 600; ++u)
+      if ((u % 6 == 0) == kept)
+        for (uint64_t j = 0; j < 64; ++j) t.on_free(MI_FN_FREE, addr(base + u * 1024 + j * 16));
+  };
+  // Hooks go on recording until a trim ends and the sweep it may have
+  // asked for with it.
+  auto settle = [&] {
+    const uint64_t trims = t.live_trims();
+    for (int i = 0; i < 100 && t.live_trims() == trims; ++i) alloc_free(t, 1);
+    REQUIRE(t.live_trims() == trims + 1);
+    for (int i = 0; i < 1000; ++i) alloc_free(t, 1);
+  };
+  constexpr uint64_t kB1 = kUnitBase, kB2 = kUnitBase + (uint64_t{1} << 30);
+  std::set<uint64_t> kept_sites;
+  for (uint64_t u = 0; u < 600; u += 6)
+    for (uint64_t j = 0; j < 64; ++j) kept_sites.insert((u * 64 + j) % 1200);
+  record(kB1);
+  REQUIRE(status_of(t).stacks == 1200);
+  free_burst(kB1, false);
+  settle();
+  mi_abi_status s = status_of(t);
+  CHECK(s.stack_sweeps == 1);
+  // The kept blocks' stacks, and site 1 (alloc_free()'s, re-interned).
+  CHECK(s.stacks <= kept_sites.size() + 1);
+  CHECK(s.stacks >= kept_sites.size());
+  // A second burst within the second: its trim asks for no sweep.
+  record(kB2);
+  REQUIRE(status_of(t).stacks >= 1024);
+  free_burst(kB2, false);
+  settle();
+  CHECK(status_of(t).stack_sweeps == 1);
+  // A second later, the next trim does.
+  g_fake_now.fetch_add(1'000'000'000);
+  free_burst(kB2, true);
+  settle();
+  s = status_of(t);
+  CHECK(s.stack_sweeps == 2);
+  CHECK(s.stacks <= kept_sites.size() + 1);
+  t.destroy();
+}
+
+TEST_CASE("tracker: a trim comes within a second of frees, however high the threshold",
+          "[track][tracker][reclaim][memory]") {
+  // Trims that gave nothing back leave the table waiting for twice as
+  // many dirty words each time, up to every word. A burst of frees below
+  // that (the first 80 of 600 units: whole pages, 5 words) brings on no
+  // trim by the threshold; a second after the last trim, the next
+  // recorded allocation trims anyway.
+  Tracker t;
+  init_units(t, 600);
+  t.set_trim_threshold(1000);
+  const uint64_t trims = t.live_trims(), bytes = t.live_trimmed_bytes();
+  free_units_below(t, 80);
+  for (int i = 0; i < 100; ++i) alloc_free(t, 1);
+  CHECK(t.live_trims() == trims);
+  g_fake_now.fetch_add(1'000'000'000);
+  for (int i = 0; i < 100 && t.live_trims() == trims; ++i) alloc_free(t, 1);
+  CHECK(t.live_trims() == trims + 1);
+  CHECK(t.live_trimmed_bytes() - bytes >= 30 * 4096);
+  // Within the next second, fewer words than the threshold: no trim.
+  t.set_trim_threshold(1000);
+  free_units_below(t, 160);
+  for (int i = 0; i < 100; ++i) alloc_free(t, 1);
+  CHECK(t.live_trims() == trims + 1);
   t.destroy();
 }
 

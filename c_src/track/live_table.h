@@ -161,6 +161,15 @@ class LiveTable {
     return static_cast<int32_t>(dirty_n_.load(std::memory_order_relaxed)) >=
            static_cast<int32_t>(trim_at_.load(std::memory_order_relaxed));
   }
+  // Bitmap words dirtied since the last trim (0 when a fork or a clear
+  // left the count a little low). One relaxed load.
+  uint32_t dirty_words() const {
+    const auto n = static_cast<int32_t>(dirty_n_.load(std::memory_order_relaxed));
+    return n > 0 ? static_cast<uint32_t>(n) : 0;
+  }
+  // Tests only: the dirty words the next trim waits for (trim_end() sets
+  // it after each trim).
+  void set_trim_threshold(uint32_t words) { trim_at_.store(words, std::memory_order_relaxed); }
   // No trim will run (the tracker has nowhere to keep one's state).
   void never_trim() { trim_at_.store(INT32_MAX, std::memory_order_relaxed); }
   // Starts a trim: returns its number of chunks (kTrimWords bitmap words

@@ -307,6 +307,10 @@ class StackTable {
   // Asks for a sweep after the smallest step (a 64th of the table): for
   // records left retired, which only a compaction gives back.
   void want_sweep_soon();
+  // Asks for a sweep now: blocks were freed in bulk (the live table gave
+  // pages back), so stacks stored may be referenced by none (see
+  // Tracker::trim_finish()).
+  void want_sweep_now() { sweep_at_.store(0, std::memory_order_relaxed); }
 
   // --- counters and shape ---
 

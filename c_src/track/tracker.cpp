@@ -411,10 +411,10 @@ bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
   // full-mode block must not land after a switch to sample mode emptied the
   // table either: sample mode would never see its free (sampled_address).
   int inserted = -1;  // -1 not tried, else whether it fit
+  const uint64_t now = clock_();
   if (enter_table(ts)) {
     if (sampled || mode_.load(std::memory_order_seq_cst) == MI_MODE_FULL)
-      inserted =
-          table_.insert(address, size, clock_(), id | (sampled ? kSampledBit : 0u), pid) ? 1 : 0;
+      inserted = table_.insert(address, size, now, id | (sampled ? kSampledBit : 0u), pid) ? 1 : 0;
     leave_table(ts);
   }
   if (inserted == 1) {
@@ -438,7 +438,9 @@ bool Tracker::record(ThreadState* ts, uint64_t address, uint64_t size, bool samp
     sweep_hook_step();
   // The live table's trim needs no barrier: any process trims.
   if (table_.wants_trim()) [[unlikely]]
-    trim_step(false);
+    trim_step(false, true);
+  else if (now >= trim_due_ns_.load(std::memory_order_relaxed)) [[unlikely]]
+    trim_due(now);
   return inserted == 1;
 }
 

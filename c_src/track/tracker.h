@@ -42,7 +42,8 @@
 // Marking a stack stamps it with E. A sweep starts when the table asks for
 // one (StackTable::wants_sweep: at 4096 stacks or a quarter full, then
 // once half as many as survived the last sweep are added, between a 64th
-// and an eighth of the table, or a dropped stack) and advances one chunk
+// and an eighth of the table, or a dropped stack; or after a trim of the
+// live table that gave pages back: trim_finish()) and advances one chunk
 // at the end of each recorded allocation while the table still asks, so
 // no hook pauses for more than a chunk (1024 slots, a few us; a
 // compaction chunk that moves or gives back 512 records, up to about
@@ -415,6 +416,9 @@ class Tracker {
   // chunks were all free, counted whether or not they were resident).
   uint64_t live_trims() const { return live_trims_.load(std::memory_order_relaxed); }
   uint64_t live_trimmed_bytes() const { return live_trimmed_.load(std::memory_order_relaxed); }
+  // Tests only: the live table waits for `words` dirty words before it
+  // asks for a trim (as trims that gave nothing back leave it).
+  void set_trim_threshold(uint32_t words) { table_.set_trim_threshold(words); }
   // Stale ids the sweeps met in the live table (a protocol failure; 0).
   uint64_t stale_stacks() const { return stale_.load(std::memory_order_relaxed); }
   // Stacks the sweeps' compaction moved down their record pools
@@ -538,7 +542,15 @@ class Tracker {
     std::atomic<uint64_t> trim_done;      // and how many are done
     std::atomic<uint64_t> trim_released;  // bytes they gave back
     std::atomic<bool> trim_asked;         // the table asked for it (not trim_live())
+    // clock_() when the last sweep ended (0: none since init or a fork),
+    // for the sweeps trims ask for (trim_finish()).
+    std::atomic<uint64_t> swept_at;
   };
+  // A trim that gave pages back asks for a sweep when the stack table
+  // holds this many stacks, and no sweep ended this recently: see
+  // trim_finish().
+  static constexpr uint64_t kTrimSweepStacks = 1024;
+  static constexpr uint64_t kTrimSweepGapNs = 1'000'000'000;
   static_assert(sizeof(SweepControl) <= 4096, "the sweep's control block is one page");
   bool sweep_init();
   void sweep_destroy();
@@ -549,8 +561,19 @@ class Tracker {
   // Does one step of the live table's trim: starts one (when `start`, or
   // the table wants one) or trims its next chunk. False when there was
   // nothing to do (another thread starts one, or every chunk is claimed).
-  bool trim_step(bool start);
-  // Ends the running trim, which gave back `released` bytes.
+  // `asked`: a trim it starts is the hooks' (it moves the table's
+  // threshold, and may ask for a sweep: trim_finish()), not trim_live()'s.
+  bool trim_step(bool start, bool asked);
+  // A recorded allocation at `now` (clock_()) past trim_due_ns_: at least
+  // a trim a second while kTrimDueWords words are dirty, whatever the
+  // threshold (a burst of frees after trims that gave nothing back
+  // doubled it beyond the words they dirtied would otherwise keep its
+  // pages until the next burst).
+  void trim_due(uint64_t now);
+  static constexpr uint64_t kTrimGapNs = 1'000'000'000;
+  static constexpr uint32_t kTrimDueWords = 4;
+  // Ends the running trim, which gave back `released` bytes; asks for a
+  // stack sweep when that was from frees (see the definition).
   void trim_finish(uint64_t released);
   // Runs f (a trim's work on the pools) unless the table is closed,
   // counted in trim_busy_: a Dekker with clear_table(), as enter_table()
@@ -589,6 +612,10 @@ class Tracker {
   StackTable stacks_;
   ChurnTable churn_;
   std::atomic<uint64_t> churn_since_{0};  // clock_() at init and at each reset()
+  // clock_() after which a recorded allocation calls trim_due(): a second
+  // after the last trim ended or the last trim_due() call. Read by every
+  // recorded allocation; written about once a second.
+  alignas(64) std::atomic<uint64_t> trim_due_ns_{0};
   static constexpr size_t kThreadStates = 1024;
   ThreadState* states_ = nullptr;  // pool; states_[0] is the shared overflow
   size_t nstates_ = 0;

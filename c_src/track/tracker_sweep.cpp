@@ -299,6 +299,7 @@ void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
 void Tracker::sweep_end() {
   // What the sweep freed was counted at its finish (swept()).
   stacks_.end_sweep(0);
+  sweep_->swept_at.store(clock_(), std::memory_order_relaxed);
   // Records left retired go back only at the next compaction.
   if (stacks_.retired_count() != 0) stacks_.want_sweep_soon();
   sweeps_.fetch_add(1, std::memory_order_release);
@@ -341,7 +342,14 @@ void Tracker::sweep_hook_step() {
     sweep_start(true);
 }
 
-bool Tracker::trim_step(bool start) {
+void Tracker::trim_due(uint64_t now) {
+  // One caller a second: the others see the new time (a lost race only
+  // means two threads look at the dirty count).
+  trim_due_ns_.store(now + kTrimGapNs, std::memory_order_relaxed);
+  if (table_.dirty_words() >= kTrimDueWords) trim_step(true, true);
+}
+
+bool Tracker::trim_step(bool start, bool asked) {
   if (sweep_ == nullptr) return false;
   SweepControl& c = *sweep_;
   uint64_t cur = c.trim_cursor.load(std::memory_order_acquire);
@@ -354,7 +362,7 @@ bool Tracker::trim_step(bool start) {
     c.trim_total.store(total, std::memory_order_relaxed);
     c.trim_done.store(0, std::memory_order_relaxed);
     c.trim_released.store(0, std::memory_order_relaxed);
-    c.trim_asked.store(!start, std::memory_order_relaxed);
+    c.trim_asked.store(asked, std::memory_order_relaxed);
     if (total == 0) {
       trim_finish(0);
       return true;
@@ -402,8 +410,23 @@ void Tracker::trim_finish(uint64_t released) {
                     sweep_->trim_asked.load(std::memory_order_relaxed));
   });
   live_trimmed_.fetch_add(released, std::memory_order_relaxed);
+  // Pages given back by a trim the table asked for mean blocks freed in
+  // bulk, whose stacks no live block may use now. Sweeps come with new
+  // stacks only (StackTable::wants_sweep()), so a node whose start-up
+  // freed most of what it allocated would keep those stacks, their
+  // records and churn rows until it stored more (a preloaded RabbitMQ,
+  // drained: 4,930 stacks stored, 980 of them used). So such a trim asks
+  // for a sweep too, at most one a second (a sweep reads every live entry
+  // and stack slot), and only in a table with stacks enough to matter.
+  SweepControl& c = *sweep_;
+  const uint64_t now = clock_();
+  if (released != 0 && c.trim_asked.load(std::memory_order_relaxed) &&
+      stacks_.count() >= kTrimSweepStacks &&
+      now - c.swept_at.load(std::memory_order_relaxed) >= kTrimSweepGapNs)
+    stacks_.want_sweep_now();
+  trim_due_ns_.store(now + kTrimGapNs, std::memory_order_relaxed);
   live_trims_.fetch_add(1, std::memory_order_release);
-  sweep_->trim_cursor.store(0, std::memory_order_release);
+  c.trim_cursor.store(0, std::memory_order_release);
 }
 
 size_t Tracker::trim_live() {
@@ -413,7 +436,7 @@ size_t Tracker::trim_live() {
   // after quiesce_rounds yields in a row.
   auto drive = [this](bool start, auto&& more) {
     for (unsigned idle = 0; more() && idle <= config_.quiesce_rounds;) {
-      if (trim_step(start)) {
+      if (trim_step(start, !start)) {
         idle = 0;
       } else {
         ++idle;
