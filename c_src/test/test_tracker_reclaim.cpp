@@ -87,13 +87,13 @@ std::vector<uintptr_t> site_stack(uint64_t i) {
   return {0x400000 + i * 16, 0x500000 + (i % 7) * 16, 0x600000, 0x700000};
 }
 
-// A tracker whose hooks run sweeps: 8 live-table chunks (1 << 13 slots)
-// and one stack-table chunk (256 stacks), so sweeps are wanted from 64
-// stacks on.
-void init_sweeping(Tracker& t) {
+// A tracker whose hooks run sweeps: by default 8 live-table chunks (1 <<
+// 13 slots) and one stack-table chunk (256 stacks), so sweeps are wanted
+// from 64 stacks on.
+void init_sweeping(Tracker& t, size_t table = 1 << 13, size_t stacks = 256) {
   Config c;
-  c.table_capacity = 1 << 13;
-  c.stack_capacity = 256;
+  c.table_capacity = table;
+  c.stack_capacity = stacks;
   REQUIRE(t.init(c, fake_unwind, fake_clock));
   REQUIRE(t.hooks_sweep());
 }
@@ -368,11 +368,7 @@ TEST_CASE("tracker: hooks carry a sweep's compaction to its end", "[track][track
   // hooks that go on recording carry the sweep and its compaction chunk by
   // chunk, and the 20 move down, ids and frames unchanged.
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 13;
-  c.stack_capacity = 1024;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  REQUIRE(t.hooks_sweep());
+  init_sweeping(t, 1 << 13, 1024);
   for (uint64_t i = 0; i < 235; ++i) alloc_free(t, i);
   for (uint64_t i = 235; i < 255; ++i) {
     t_fake_stack = site_stack(i);
@@ -436,11 +432,7 @@ TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at mos
   // kept block uses. A second burst's trim within the second asks for
   // none; one a second later does.
   Tracker t;
-  Config c;
-  c.table_capacity = 1 << 16;
-  c.stack_capacity = 65536;
-  REQUIRE(t.init(c, fake_unwind, fake_clock));
-  REQUIRE(t.hooks_sweep());
+  init_sweeping(t, 1 << 16, 65536);
   auto record = [&](uint64_t base) {
     for (uint64_t u = 0; u < 600; ++u)
       for (uint64_t j = 0; j < 64; ++j) {
