@@ -566,9 +566,9 @@ class Tracker {
   bool trim_step(bool start, bool asked);
   // A recorded allocation at `now` (clock_()) past trim_due_ns_: at least
   // a trim a second while kTrimDueWords words are dirty, whatever the
-  // threshold (a burst of frees after trims that gave nothing back
-  // doubled it beyond the words they dirtied would otherwise keep its
-  // pages until the next burst).
+  // threshold. Trims that gave nothing back double it; without this, a
+  // burst of frees that dirtied fewer words than that would keep its
+  // pages until the next burst.
   void trim_due(uint64_t now);
   static constexpr uint64_t kTrimGapNs = 1'000'000'000;
   static constexpr uint32_t kTrimDueWords = 4;
