@@ -426,7 +426,8 @@ TEST_CASE("tracker: hooks trim the live table once a burst is freed; reclaim tri
 
 TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at most one a second",
           "[track][tracker][reclaim][memory]") {
-  // 600 units of 64 blocks from 1,200 call sites, every sixth unit kept:
+  // 600 units of 64 blocks from 1,200 call sites (two a unit), every
+  // sixth unit kept:
   // the trim the frees bring on asks for a sweep (no new stack would: the
   // table wants one at 4,096), and the hooks after it free the stacks no
   // kept block uses. A second burst's trim within the second asks for
@@ -436,7 +437,7 @@ TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at mos
   auto record = [&](uint64_t base) {
     for (uint64_t u = 0; u < 600; ++u)
       for (uint64_t j = 0; j < 64; ++j) {
-        t_fake_stack = site_stack(100 + (u * 64 + j) % 1200);
+        t_fake_stack = site_stack(100 + 2 * u + (j & 1));
         t.on_alloc(MI_FN_MALLOC, addr(base + u * 1024 + j * 16), 16);
       }
   };
@@ -454,9 +455,7 @@ TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at mos
     for (int i = 0; i < 1000; ++i) alloc_free(t, 1);
   };
   constexpr uint64_t kB1 = kUnitBase, kB2 = kUnitBase + (uint64_t{1} << 30);
-  std::set<uint64_t> kept_sites;
-  for (uint64_t u = 0; u < 600; u += 6)
-    for (uint64_t j = 0; j < 64; ++j) kept_sites.insert((u * 64 + j) % 1200);
+  const size_t kept_sites = 200;  // two a kept unit
   record(kB1);
   REQUIRE(status_of(t).stacks == 1200);
   free_burst(kB1, false);
@@ -464,13 +463,15 @@ TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at mos
   mi_abi_status s = status_of(t);
   CHECK(s.stack_sweeps == 1);
   // The kept blocks' stacks, and site 1 (alloc_free()'s, re-interned).
-  CHECK(s.stacks <= kept_sites.size() + 1);
-  CHECK(s.stacks >= kept_sites.size());
+  CHECK(s.stacks <= kept_sites + 1);
+  CHECK(s.stacks >= kept_sites);
   // A second burst within the second: its trim asks for no sweep.
   record(kB2);
   REQUIRE(status_of(t).stacks >= 1024);
+  const uint64_t trimmed = t.live_trimmed_bytes();
   free_burst(kB2, false);
   settle();
+  CHECK(t.live_trimmed_bytes() > trimmed);
   CHECK(status_of(t).stack_sweeps == 1);
   // A second later, the next trim does.
   g_fake_now.fetch_add(1'000'000'000);
@@ -478,7 +479,47 @@ TEST_CASE("tracker: a trim after a burst of frees asks for a stack sweep, at mos
   settle();
   s = status_of(t);
   CHECK(s.stack_sweeps == 2);
-  CHECK(s.stacks <= kept_sites.size() + 1);
+  CHECK(s.stacks <= kept_sites + 1);
+  t.destroy();
+}
+
+TEST_CASE("tracker: sweeps that trims ask for and that free little come half as often",
+          "[track][tracker][reclaim]") {
+  // 1,200 call sites, a block each kept live: their stacks stay. Bursts
+  // of 38,400 blocks from those sites, recorded and freed: each trim
+  // gives pages back, but a sweep then frees nothing, so the next may
+  // come only after twice the gap (2 s, then 4 s).
+  Tracker t;
+  init_sweeping(t, 1 << 16, 65536);
+  for (uint64_t i = 0; i < 1200; ++i) {
+    t_fake_stack = site_stack(100 + i);
+    t.on_alloc(MI_FN_MALLOC, addr(0x200000 + 64 * i), 8);
+  }
+  constexpr uint64_t kBurst = kUnitBase;
+  auto burst = [&] {
+    for (uint64_t u = 0; u < 600; ++u)
+      for (uint64_t j = 0; j < 64; ++j) {
+        t_fake_stack = site_stack(100 + 2 * u + (j & 1));
+        t.on_alloc(MI_FN_MALLOC, addr(kBurst + u * 1024 + j * 16), 16);
+      }
+    free_units_below(t, 600);
+    const uint64_t trims = t.live_trims();
+    for (int i = 0; i < 100 && t.live_trims() == trims; ++i) alloc_free(t, 1);
+    REQUIRE(t.live_trims() == trims + 1);
+    for (int i = 0; i < 1000; ++i) alloc_free(t, 1);
+  };
+  burst();
+  CHECK(status_of(t).stack_sweeps == 1);  // asked for; freed next to nothing
+  g_fake_now.fetch_add(1'000'000'000);
+  burst();
+  CHECK(status_of(t).stack_sweeps == 1);  // 1 s: the gap is 2 s now
+  g_fake_now.fetch_add(1'000'000'000);
+  burst();
+  CHECK(status_of(t).stack_sweeps == 2);
+  g_fake_now.fetch_add(2'000'000'000);
+  burst();
+  CHECK(status_of(t).stack_sweeps == 2);  // 2 s: the gap is 4 s now
+  CHECK(status_of(t).stacks >= 1200);
   t.destroy();
 }
 

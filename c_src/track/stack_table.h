@@ -311,6 +311,12 @@ class StackTable {
   // pages back), so stacks stored may be referenced by none (see
   // Tracker::trim_finish()).
   void want_sweep_now() { sweep_at_.store(0, std::memory_order_relaxed); }
+  // Asks for the next sweep only after the smallest step of new stacks (a
+  // 64th of the table): a sweep that could not start.
+  void defer_sweep() {
+    sweep_at_.store(count_.load(std::memory_order_relaxed) + (mask_ + 1) / 64,
+                    std::memory_order_relaxed);
+  }
 
   // --- counters and shape ---
 

@@ -541,16 +541,25 @@ class Tracker {
     std::atomic<uint64_t> trim_total;     // the running trim's chunks
     std::atomic<uint64_t> trim_done;      // and how many are done
     std::atomic<uint64_t> trim_released;  // bytes they gave back
-    std::atomic<bool> trim_asked;         // the table asked for it (not trim_live())
-    // clock_() when the last sweep ended (0: none since init or a fork),
-    // for the sweeps trims ask for (trim_finish()).
+    std::atomic<bool> trim_asked;         // hooks started it (not trim_live())
+    // The sweeps trims ask for (trim_finish()): clock_() when the last
+    // sweep ended (0: none since init or a fork); how long after it a
+    // trim may ask (0: kTrimSweepGapNs); whether the running sweep, or
+    // the next, is one a trim asked for; whether a trim asked while a
+    // sweep ran (sweep_end() then asks again).
     std::atomic<uint64_t> swept_at;
+    std::atomic<uint64_t> trim_sweep_gap;
+    std::atomic<bool> trim_sweep;
+    std::atomic<bool> trim_sweep_again;
   };
   // A trim that gave pages back asks for a sweep when the stack table
-  // holds this many stacks, and no sweep ended this recently: see
-  // trim_finish().
+  // holds this many stacks, and no sweep ended for the gap: a second,
+  // doubled (up to a minute) after each such sweep that freed fewer than
+  // an eighth of the stacks, back to a second after one that freed more.
+  // See trim_finish().
   static constexpr uint64_t kTrimSweepStacks = 1024;
   static constexpr uint64_t kTrimSweepGapNs = 1'000'000'000;
+  static constexpr uint64_t kTrimSweepGapMaxNs = 64'000'000'000;
   static_assert(sizeof(SweepControl) <= 4096, "the sweep's control block is one page");
   bool sweep_init();
   void sweep_destroy();

@@ -174,7 +174,10 @@ bool Tracker::sweep_start(bool from_hook) {
     return false;
   const uint32_t e = stacks_.begin_sweep();
   // M1. On failure the epoch moved for nothing: hooks re-stamp and go on.
+  // A hook's barrier that failed asks again only a step of new stacks
+  // later, not at the next allocation.
   if (!process_barrier(!from_hook)) {
+    if (from_hook) stacks_.defer_sweep();
     c.cursor.store(phase_word(kIdle), std::memory_order_release);
     return false;
   }
@@ -297,9 +300,28 @@ void Tracker::sweep_advance(uint32_t phase, uint32_t e, bool from_hook) {
 }
 
 void Tracker::sweep_end() {
+  SweepControl& c = *sweep_;
+  // A sweep a trim asked for that freed less than an eighth of the
+  // stacks: the trims were churn's, ask half as often (see trim_finish()).
+  if (c.trim_sweep.exchange(false, std::memory_order_relaxed)) {
+    const uint64_t freed = c.freed.load(std::memory_order_relaxed);
+    const uint64_t gap = c.trim_sweep_gap.load(std::memory_order_relaxed);
+    uint64_t next = kTrimSweepGapNs;
+    if (freed * 8 < stacks_.count() + freed) {
+      next = gap != 0 ? gap * 2 : kTrimSweepGapNs * 2;
+      if (next > kTrimSweepGapMaxNs) next = kTrimSweepGapMaxNs;
+    }
+    c.trim_sweep_gap.store(next, std::memory_order_relaxed);
+  }
+  c.swept_at.store(clock_(), std::memory_order_relaxed);
   // What the sweep freed was counted at its finish (swept()).
   stacks_.end_sweep(0);
-  sweep_->swept_at.store(clock_(), std::memory_order_relaxed);
+  // A trim asked while this sweep ran, perhaps after its scan passed the
+  // blocks it saw freed: the next sweep is for it.
+  if (c.trim_sweep_again.exchange(false, std::memory_order_relaxed)) {
+    c.trim_sweep.store(true, std::memory_order_relaxed);
+    stacks_.want_sweep_now();
+  }
   // Records left retired go back only at the next compaction.
   if (stacks_.retired_count() != 0) stacks_.want_sweep_soon();
   sweeps_.fetch_add(1, std::memory_order_release);
@@ -410,20 +432,30 @@ void Tracker::trim_finish(uint64_t released) {
                     sweep_->trim_asked.load(std::memory_order_relaxed));
   });
   live_trimmed_.fetch_add(released, std::memory_order_relaxed);
-  // Pages given back by a trim the table asked for mean blocks freed in
-  // bulk, whose stacks no live block may use now. Sweeps come with new
-  // stacks only (StackTable::wants_sweep()), so a node whose start-up
-  // freed most of what it allocated would keep those stacks, their
-  // records and churn rows until it stored more (a preloaded RabbitMQ,
-  // drained: 4,930 stacks stored, 980 of them used). So such a trim asks
-  // for a sweep too, at most one a second (a sweep reads every live entry
-  // and stack slot), and only in a table with stacks enough to matter.
+  // Pages given back by a hooks' trim may mean blocks freed in bulk,
+  // whose stacks no live block uses now. Sweeps come with new stacks only
+  // (StackTable::wants_sweep()), so a node whose start-up freed most of
+  // what it allocated would keep those stacks, their records and churn
+  // rows until it stored more (a preloaded RabbitMQ, drained: 4,930
+  // stacks stored, 980 of them used). So such a trim asks for a sweep
+  // too, in a table with stacks enough to matter, at most one a gap (a
+  // sweep reads every live entry and stack slot). The pages may also be
+  // churn's (released counts pages a trim gave back before): a sweep that
+  // then frees little doubles the gap (sweep_end()).
   SweepControl& c = *sweep_;
+  const uint64_t swept_at = c.swept_at.load(std::memory_order_relaxed);
   const uint64_t now = clock_();
-  if (released != 0 && c.trim_asked.load(std::memory_order_relaxed) &&
-      stacks_.count() >= kTrimSweepStacks &&
-      now - c.swept_at.load(std::memory_order_relaxed) >= kTrimSweepGapNs)
-    stacks_.want_sweep_now();
+  const uint64_t gap = c.trim_sweep_gap.load(std::memory_order_relaxed);
+  if (released != 0 && hooks_sweep_ && c.trim_asked.load(std::memory_order_relaxed) &&
+      stacks_.count() >= kTrimSweepStacks && now >= swept_at &&
+      now - swept_at >= (gap != 0 ? gap : kTrimSweepGapNs)) {
+    if (sweep_active()) {
+      c.trim_sweep_again.store(true, std::memory_order_relaxed);
+    } else {
+      c.trim_sweep.store(true, std::memory_order_relaxed);
+      stacks_.want_sweep_now();
+    }
+  }
   trim_due_ns_.store(now + kTrimGapNs, std::memory_order_relaxed);
   live_trims_.fetch_add(1, std::memory_order_release);
   c.trim_cursor.store(0, std::memory_order_release);
