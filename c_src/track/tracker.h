@@ -574,13 +574,12 @@ class Tracker {
   // threshold, and may ask for a sweep: trim_finish()), not trim_live()'s.
   bool trim_step(bool start, bool asked);
   // A recorded allocation at `now` (clock_()) past trim_due_ns_: at least
-  // a trim a second while kTrimDueWords words are dirty, whatever the
+  // a trim a second while LiveTable::kTrimAt words are dirty, whatever the
   // threshold. Trims that gave nothing back double it; without this, a
   // burst of frees that dirtied fewer words than that would keep its
   // pages until the next burst.
   void trim_due(uint64_t now);
   static constexpr uint64_t kTrimGapNs = 1'000'000'000;
-  static constexpr uint32_t kTrimDueWords = 4;
   // Ends the running trim, which gave back `released` bytes; asks for a
   // stack sweep when that was from frees (see the definition).
   void trim_finish(uint64_t released);

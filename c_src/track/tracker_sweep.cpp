@@ -368,7 +368,7 @@ void Tracker::trim_due(uint64_t now) {
   // One caller a second: the others see the new time (a lost race only
   // means two threads look at the dirty count).
   trim_due_ns_.store(now + kTrimGapNs, std::memory_order_relaxed);
-  if (table_.dirty_words() >= kTrimDueWords) trim_step(true, true);
+  if (table_.dirty_words() >= LiveTable::kTrimAt) trim_step(true, true);
 }
 
 bool Tracker::trim_step(bool start, bool asked) {
